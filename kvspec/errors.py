@@ -1,0 +1,123 @@
+"""The exception hierarchy: every user error kvspec raises is a :class:`KVSpecError`.
+
+Each class also derives from the builtin exception a Python user would expect (``ValueError`` for bad
+values, ``TypeError`` for bad types, ``LookupError`` for missing registrations), so ``except ValueError``
+in existing engine code keeps working.
+"""
+
+from __future__ import annotations
+
+
+class KVSpecError(Exception):
+    """Base class of every error kvspec raises on purpose."""
+
+
+class KVSpecTypeError(KVSpecError, TypeError):
+    """An argument has the wrong type (raised by the runtime type checks at public boundaries)."""
+
+
+class SpecValidationError(KVSpecError, ValueError):
+    """A spec field has an invalid value; the message names the spec class, the field and the value."""
+
+
+class SpecMergeError(KVSpecError, ValueError):
+    """Specs that were asked to share one KV cache group cannot be merged into one spec."""
+
+
+class WindowSizeMismatchError(SpecMergeError):
+    """Attention layers in one group disagree on their sliding window or chunk size."""
+
+
+class UnsupportedConfigurationError(KVSpecError, ValueError):
+    """A valid spec was used in a setting it does not support (e.g. sliding window with decode CP)."""
+
+
+class RegistrationError(KVSpecError, TypeError):
+    """A spec/manager registration was rejected; the registry is left exactly as it was."""
+
+
+class MissingManagerError(RegistrationError):
+    """A spec class was registered without a manager class."""
+
+
+class UniformBaseError(RegistrationError):
+    """A spec class does not subclass the uniform-type base it declares."""
+
+
+class SpecProtocolError(RegistrationError):
+    """A class registered as a spec does not provide every member of the KVCacheSpec protocol."""
+
+
+class ManagerProtocolError(RegistrationError):
+    """A class registered as a manager does not provide every member of the KVCacheManager protocol."""
+
+
+class ConflictingRegistrationError(RegistrationError):
+    """A spec class is registered a second time with a different manager, base or capabilities."""
+
+
+class CapabilityError(RegistrationError, ValueError):
+    """Capability metadata attached to a registration is invalid."""
+
+
+class UnregisteredSpecError(KVSpecError, LookupError):
+    """A spec's type (or, in strict mode, its exact class) has no registration."""
+
+
+class PluginError(KVSpecError, RuntimeError):
+    """A plugin named in the ``kvspec.plugins`` entry-point group failed to load or to register."""
+
+
+class PlanningError(KVSpecError, ValueError):
+    """The memory planner cannot build a KV cache layout for the given specs and budget."""
+
+
+class InsufficientKVCacheMemoryError(PlanningError):
+    """The budget cannot hold one request of ``max_model_len`` tokens (or any block at all)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        needed_bytes: int,
+        available_bytes: int,
+        max_model_len: int,
+        estimated_max_model_len: int,
+    ) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.available_bytes = available_bytes
+        self.max_model_len = max_model_len
+        self.estimated_max_model_len = estimated_max_model_len
+
+
+class PageSizeUnificationError(PlanningError):
+    """Hybrid layers whose page sizes cannot be made equal by scaling block sizes."""
+
+
+class HybridUnificationError(PlanningError):
+    """Hybrid KV cache management is disabled, and the specs cannot be converted to one type."""
+
+
+class ConflictingLayerSpecError(PlanningError):
+    """Two workers report different specs for the same layer."""
+
+
+class ModelConfigError(KVSpecError, ValueError):
+    """A model config (Hugging Face config.json or preset name) is unknown, malformed or incomplete."""
+
+
+class BlockPoolError(KVSpecError, RuntimeError):
+    """The block pool was used in a way that breaks its invariants."""
+
+
+class NotEnoughFreeBlocksError(BlockPoolError):
+    """More blocks were requested than the pool has free."""
+
+
+class SchedulingError(KVSpecError, ValueError):
+    """A scheduler-facing call got arguments that contradict the request's state."""
+
+
+class DeviceError(KVSpecError, RuntimeError):
+    """A device backend is unknown or its hardware/runtime is unavailable."""

@@ -1,0 +1,229 @@
+"""Block hashing for prefix caching.
+
+A block's hash covers its parent block's hash, its token ids and its extra keys (LoRA name, multimodal
+items overlapping the block, prompt-embeds digest, and the tenant's cache salt on the first block), so a
+hit on block i implies a hit on every block before it. The chain's root is derived from a seed that is
+random per process unless given (or unless ``PYTHONHASHSEED`` is set), so hashes cannot be predicted across
+processes. sha256 (default) is collision-resistant: one tenant cannot forge another's cache entry.
+xxhash (xxh3-128) is a fast non-cryptographic option for single-tenant deployments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NewType, overload
+
+from kvspec.errors import KVSpecError
+
+if TYPE_CHECKING:
+    from kvspec.request import Request
+
+BlockHash = NewType("BlockHash", bytes)
+BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
+
+#: Algorithms by name; values build a digest of a bytes message.
+HASH_ALGORITHMS = ("sha256", "xxhash")
+
+
+class UnknownHashFunctionError(KVSpecError, ValueError):
+    """The requested hash algorithm does not exist or its package is missing."""
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def get_hash_fn_by_name(name: str) -> Callable[[bytes], bytes]:
+    """The digest function for ``name`` ("sha256" or "xxhash")."""
+    if name == "sha256":
+        return _sha256
+    if name == "xxhash":
+        try:
+            import xxhash
+        except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
+            raise UnknownHashFunctionError(
+                "The 'xxhash' block hash needs the xxhash package: pip install xxhash."
+            ) from exc
+        digest: Callable[[bytes], bytes] = xxhash.xxh3_128_digest
+        return digest
+    raise UnknownHashFunctionError(
+        f"Unsupported hash function: {name!r}; choose one of {HASH_ALGORITHMS}."
+    )
+
+
+def _process_seed() -> bytes:
+    env = os.environ.get("PYTHONHASHSEED")
+    if env:
+        return b"PYTHONHASHSEED=" + env.encode()
+    return os.urandom(32)
+
+
+#: Random per process (or derived from PYTHONHASHSEED); fixed for the process's lifetime.
+PROCESS_SEED = _process_seed()
+
+
+def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> BlockHashWithGroupId:
+    """Key of a block in the prefix-cache map: the hash followed by the 4-byte big-endian group id."""
+    return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
+
+
+def get_block_hash(key: bytes) -> BlockHash:
+    return BlockHash(key[:-4])
+
+
+def get_group_id(key: bytes) -> int:
+    return int.from_bytes(key[-4:], "big")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MultiModalFeature:
+    """One multimodal item of a prompt: its content ``identifier`` occupies tokens [offset, offset+length)."""
+
+    identifier: str
+    offset: int
+    length: int
+
+
+class BlockHasher:
+    """Hashes full blocks of ``block_size`` tokens into a chain rooted at a seed.
+
+    Invariant: the hash of block i depends on the tokens and extra keys of blocks 0..i only.
+    """
+
+    __slots__ = ("block_size", "algorithm", "_digest", "root_hash", "_token_bytes")
+
+    def __init__(
+        self, block_size: int, *, algorithm: str = "sha256", seed: bytes | str | None = None
+    ) -> None:
+        if block_size <= 0:
+            raise KVSpecError(f"BlockHasher.block_size must be positive, got {block_size}.")
+        self.block_size = block_size
+        self.algorithm = algorithm
+        self._digest = get_hash_fn_by_name(algorithm)
+        if isinstance(seed, str):
+            seed = seed.encode()
+        self.root_hash = BlockHash(self._digest(b"kvspec-root:" + (seed or PROCESS_SEED)))
+        self._token_bytes = block_size * 8
+
+    def hash_block_tokens(
+        self, parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple[Any, ...] | None = None
+    ) -> BlockHash:
+        """Hash of one block: (parent or root) || tokens as int64 || pickled extra keys."""
+        data = (parent or self.root_hash) + array("q", token_ids).tobytes()
+        if extra_keys:
+            data += b"\x01" + pickle.dumps(extra_keys, protocol=5)
+        return BlockHash(self._digest(data))
+
+    def hash_new_blocks(self, request: Request) -> list[BlockHash]:
+        """Hashes of the request's full blocks that are not hashed yet (appended to the request)."""
+        bs = self.block_size
+        start = len(request.block_hashes) * bs
+        num_tokens = len(request.all_token_ids)
+        if start + bs > num_tokens:
+            return []
+        end_all = num_tokens - (num_tokens - start) % bs
+        raw = array("q", request.all_token_ids[start:end_all]).tobytes()
+        step = self._token_bytes
+        digest = self._digest
+        parent: bytes = request.block_hashes[-1] if request.block_hashes else self.root_hash
+        needs_extra = request.needs_extra_keys
+        new: list[BlockHash] = []
+        append_hash = new.append
+        for i in range(0, len(raw), step):
+            data = parent + raw[i : i + step]
+            if needs_extra:
+                block_start = start + (i // step) * bs
+                extra = request.extra_keys_for_block(block_start, block_start + bs)
+                request.block_extra_keys.append(extra)
+                if extra:
+                    data += b"\x01" + pickle.dumps(extra, protocol=5)
+            else:
+                request.block_extra_keys.append(None)
+            parent = digest(data)
+            append_hash(BlockHash(parent))
+        request.block_hashes.extend(new)
+        return new
+
+
+def generate_block_hash_extra_keys(
+    *,
+    lora_name: str | None,
+    mm_features: Sequence[MultiModalFeature],
+    cache_salt: str | None,
+    prompt_embeds_digest: Callable[[int, int], bytes] | None,
+    start: int,
+    end: int,
+    start_mm_idx: int,
+) -> tuple[tuple[Any, ...] | None, int]:
+    """Extra hash keys of the block [start, end) and the index of the first mm item to look at next.
+
+    Order: LoRA name, multimodal (identifier, offset from block start) items, cache salt (first block only),
+    prompt-embeds digest. Multimodal items must be sorted by offset. The offset can be negative when an
+    item began in an earlier block.
+    """
+    keys: list[Any] = []
+    if lora_name is not None:
+        keys.append(lora_name)
+    idx = start_mm_idx
+    while idx < len(mm_features):
+        item = mm_features[idx]
+        if end <= item.offset:
+            break
+        if start >= item.offset + item.length:
+            idx += 1
+            continue
+        keys.append((item.identifier, item.offset - start))
+        if end >= item.offset + item.length:
+            idx += 1
+        else:
+            break
+    if cache_salt is not None and start == 0:
+        keys.append(cache_salt)
+    if prompt_embeds_digest is not None:
+        keys.append(prompt_embeds_digest(start, end))
+    return (tuple(keys) if keys else None), idx
+
+
+class BlockHashListWithBlockSize(Sequence[bytes]):
+    """A lazy coarse view of a hash list: block i of the coarse size is the concatenation of ``scale``
+    fine hashes (a byte concatenation, not a re-hash, so it stays a prefix chain)."""
+
+    __slots__ = ("_hashes", "_scale")
+
+    def __init__(self, hashes: Sequence[bytes], hash_block_size: int, target_block_size: int) -> None:
+        if target_block_size % hash_block_size:
+            raise KVSpecError(
+                f"Block size {target_block_size} is not a multiple of the hash block size "
+                f"{hash_block_size}."
+            )
+        self._hashes = hashes
+        self._scale = target_block_size // hash_block_size
+
+    def __len__(self) -> int:
+        return len(self._hashes) // self._scale
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(index)
+        s = self._scale
+        return b"".join(self._hashes[index * s : (index + 1) * s])
+
+    def __iter__(self) -> Iterator[bytes]:
+        for i in range(len(self)):
+            yield self[i]

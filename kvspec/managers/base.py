@@ -1,0 +1,225 @@
+"""Shared bookkeeping of the per-spec-type managers (vLLM's SingleTypeKVCacheManager).
+
+State per request: its block list (``req_to_blocks``; null blocks mark positions freed early) and how many
+of its leading blocks are already published in the prefix cache (``num_cached_block``; presence there
+means the request was admitted). No runtime type checks here: these methods run per step and per block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from kvspec.errors import SchedulingError
+from kvspec.pool import BlockPool, KVCacheBlock
+from kvspec.protocols import KVCacheSpec
+from kvspec.request import Request
+from kvspec.specs._common import cdiv
+
+
+class SingleTypeKVCacheManager:
+    """Base class with the behaviour most managers share; subclasses define the hit search."""
+
+    #: Spec classes whose new blocks are reported by take_new_block_ids (for zeroing on allocation).
+    tracks_new_block_ids: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        *,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        max_admission_blocks_per_request: int | None = None,
+    ) -> None:
+        cp = dcp_world_size * pcp_world_size
+        self.kv_cache_spec = kv_cache_spec
+        self.block_size = kv_cache_spec.block_size * cp
+        self.block_pool = block_pool
+        self.enable_caching = enable_caching
+        self.kv_cache_group_id = kv_cache_group_id
+        self.scheduler_block_size = scheduler_block_size
+        self.dcp_world_size = dcp_world_size
+        self.pcp_world_size = pcp_world_size
+        self.max_admission_blocks_per_request = max_admission_blocks_per_request
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_block: dict[str, int] = {}
+        self.new_block_ids: list[int] = []
+        self.use_eagle = False
+        self._null_block = block_pool.null_block
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        """New blocks plus prefix-hit blocks that touching would pull out of the free queue."""
+        num_required = cdiv(num_tokens, self.block_size)
+        cap = self.max_admission_blocks_per_request
+        if apply_admission_cap and cap is not None:
+            num_required = min(num_required, cap)
+        req_blocks = self.req_to_blocks.get(request_id, ())
+        if request_id in self.num_cached_block:
+            if new_computed_blocks:
+                raise SchedulingError(
+                    f"Request {request_id!r} is already running; it cannot take new prefix-hit blocks."
+                )
+            return max(num_required - len(req_blocks), 0)
+        num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        num_local = len(new_computed_blocks) + len(req_blocks)
+        num_new = max(num_required - max(num_skipped_blocks, num_local), 0)
+        skip = max(0, num_skipped_blocks - len(req_blocks))
+        num_evictable = 0
+        for block in new_computed_blocks[skip:]:
+            if block.ref_cnt == 0 and not block.is_null:
+                num_evictable += 1
+        return num_new + num_evictable
+
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        if request_id in self.num_cached_block:
+            if new_computed_blocks:
+                raise SchedulingError(
+                    f"Request {request_id!r} is already running; it cannot take new prefix-hit blocks."
+                )
+            return
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        total = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_tokens = self.get_num_skipped_tokens(total)
+        num_skipped_blocks = num_skipped_tokens // self.block_size
+        blocks = list(new_computed_blocks)
+        external = num_external_computed_tokens
+        if num_skipped_blocks > 0:
+            blocks = blocks[num_skipped_blocks:]
+            external = min(total - num_skipped_tokens, external)
+        if self.enable_caching:
+            self.block_pool.touch(blocks)
+        elif blocks:
+            raise SchedulingError("Computed blocks should be empty when prefix caching is disabled")
+        req_blocks.extend([self._null_block] * num_skipped_blocks)
+        req_blocks.extend(blocks)
+        self.num_cached_block[request_id] = len(req_blocks)
+        if external > 0:
+            num_new = cdiv(total, self.block_size) - len(req_blocks)
+            if num_new > 0:
+                allocated = self.block_pool.get_new_blocks(num_new)
+                req_blocks.extend(allocated)
+                if self.tracks_new_block_ids:
+                    self.new_block_ids.extend(b.block_id for b in allocated)
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        req_blocks = self.req_to_blocks.get(request_id)
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[request_id] = []
+        num_new = cdiv(num_tokens, self.block_size) - len(req_blocks)
+        if num_new <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new)
+        req_blocks.extend(new_blocks)
+        if self.tracks_new_block_ids:
+            self.new_block_ids.extend(b.block_id for b in new_blocks)
+        return new_blocks
+
+    # -- caching and freeing ------------------------------------------------------------------
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        num_cached = self.num_cached_block.get(request.request_id, 0)
+        num_full = num_tokens // self.block_size
+        if num_cached >= num_full:
+            return
+        self.block_pool.cache_full_blocks(
+            request,
+            self.req_to_blocks[request.request_id],
+            num_cached,
+            num_full,
+            self.block_size,
+            self.kv_cache_group_id,
+        )
+        self.num_cached_block[request.request_id] = num_full
+
+    def free(self, request_id: str) -> None:
+        blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """Replace blocks attention no longer reads with the null block; cached ones stay evictable
+        at the queue's tail, scratch (uncached) ones go to its head to be reused first."""
+        num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
+        if num_skipped_tokens <= 0:
+            return
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        null = self._null_block
+        cached: list[KVCacheBlock] = []
+        uncached: list[KVCacheBlock] = []
+        for i in range(min(num_skipped_tokens // self.block_size, len(blocks)) - 1, -1, -1):
+            block = blocks[i]
+            if block is null:
+                break
+            (uncached if block.block_hash is None else cached).append(block)
+            blocks[i] = null
+        if cached:
+            self.block_pool.free_blocks(cached)
+        if uncached:
+            self.block_pool.free_blocks(uncached, prepend=True)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return 0
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        return 0
+
+    def get_blocks(self, request_id: str) -> Sequence[KVCacheBlock]:
+        return self.req_to_blocks.get(request_id, ())
+
+    def new_step_starts(self) -> None:
+        return None
+
+    def take_new_block_ids(self) -> list[int]:
+        ids, self.new_block_ids = self.new_block_ids, []
+        return ids
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        raise NotImplementedError(f"{cls.__name__} does not define a prefix-cache hit search")
+
+
+def truncate_to_alignment(
+    computed: tuple[list[KVCacheBlock], ...], block_size: int, alignment_tokens: int
+) -> None:
+    """Pop blocks from every group until the hit is a multiple of ``alignment_tokens``."""
+    if block_size == alignment_tokens:
+        return
+    while computed[0] and (len(computed[0]) * block_size) % alignment_tokens:
+        for blocks in computed:
+            blocks.pop()

@@ -1,0 +1,46 @@
+"""Cross attention: blocks for the encoder's tokens, allocated once; never prefix-cached."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvspec.errors import SchedulingError, UnsupportedConfigurationError
+from kvspec.managers.base import SingleTypeKVCacheManager
+from kvspec.pool import BlockPool, KVCacheBlock
+from kvspec.protocols import KVCacheSpec
+from kvspec.request import Request
+
+
+class CrossAttentionManager(SingleTypeKVCacheManager):
+    """Encoder-decoder models run without prefix caching; the coordinator passes encoder token counts."""
+
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        if new_computed_blocks:
+            raise SchedulingError("Cross attention never has prefix-hit blocks.")
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        raise SchedulingError("Should not be called as prefix caching is disabled.")
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        raise UnsupportedConfigurationError(
+            "CrossAttentionManager does not support caching; run encoder-decoder models with "
+            "enable_caching=False."
+        )

@@ -1,0 +1,103 @@
+"""Full attention (and its MLA, TurboQuant, hidden-state and sink variants)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvspec.errors import SpecValidationError
+from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
+from kvspec.pool import BlockPool, KVCacheBlock
+from kvspec.protocols import KVCacheSpec
+from kvspec.specs.attention import SinkFullAttentionSpec
+
+
+class FullAttentionManager(SingleTypeKVCacheManager):
+    """Every block is needed until the request ends; hits are a left-to-right prefix of the chain."""
+
+    tracks_new_block_ids = True
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+        computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in kv_cache_group_ids)
+        max_num_blocks = min(max_length // block_size, len(block_hashes))
+        lookup = block_pool.get_cached_block
+        if len(kv_cache_group_ids) == 1:
+            only = computed[0]
+            for i in range(max_num_blocks):
+                hit = lookup(block_hashes[i], kv_cache_group_ids)
+                if hit is None:
+                    break
+                only.append(hit[0])
+        else:
+            for i in range(max_num_blocks):
+                hits = lookup(block_hashes[i], kv_cache_group_ids)
+                if hits is None:
+                    break
+                for blocks, block in zip(computed, hits):
+                    blocks.append(block)
+        if use_eagle and computed[0]:
+            for blocks in computed:
+                blocks.pop()
+        truncate_to_alignment(computed, block_size, alignment_tokens)
+        return computed
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        num_requests = len(self.req_to_blocks)
+        count = 0
+        for block in self.req_to_blocks.get(running_request_id, ()):
+            if block.ref_cnt != num_requests:
+                break
+            count += 1
+        return count
+
+
+class SinkFullAttentionManager(FullAttentionManager):
+    """Full attention whose sink tokens live in blocks reserved for the manager's lifetime.
+
+    The reserved blocks are held (ref_cnt 1) by the manager, so they never enter the free queue.
+    Fixed on purpose: vLLM 0.23's constructor did not accept ``scheduler_block_size``.
+    """
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        *,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        max_admission_blocks_per_request: int | None = None,
+    ) -> None:
+        super().__init__(
+            kv_cache_spec,
+            block_pool,
+            enable_caching=enable_caching,
+            kv_cache_group_id=kv_cache_group_id,
+            scheduler_block_size=scheduler_block_size,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            max_admission_blocks_per_request=max_admission_blocks_per_request,
+        )
+        sink_len = getattr(kv_cache_spec, "sink_len", None) if isinstance(
+            kv_cache_spec, SinkFullAttentionSpec
+        ) else None
+        if sink_len is None or sink_len <= 0 or sink_len % self.block_size:
+            raise SpecValidationError(
+                f"SinkFullAttentionSpec.sink_len must be a positive multiple of block_size="
+                f"{self.block_size}, got {sink_len!r}."
+            )
+        self.sink_blocks = block_pool.get_new_blocks(sink_len // self.block_size)

@@ -1,0 +1,184 @@
+"""Mamba (state-space) layers: a request needs only its latest state, plus speculative slots.
+
+Modes (``MambaSpec.mamba_cache_mode``):
+- "none": one state block per request (block_size is usually max_model_len), no prefix caching;
+- "all": one block per ``block_size`` tokens, every finished state cached, older ones freed;
+- "align": the running state lives in the last ``1 + num_speculative_blocks`` blocks; states at block
+  boundaries are cached, positions in between are null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvspec.errors import UnsupportedConfigurationError
+from kvspec.managers.base import SingleTypeKVCacheManager
+from kvspec.pool import BlockPool, KVCacheBlock
+from kvspec.protocols import KVCacheSpec
+from kvspec.request import Request
+from kvspec.specs._common import cdiv
+from kvspec.specs.mamba import MambaSpec
+
+
+class MambaManager(SingleTypeKVCacheManager):
+    """A request's hit is a single state block at a block boundary; everything before it is null."""
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        *,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        max_admission_blocks_per_request: int | None = None,
+    ) -> None:
+        if not isinstance(kv_cache_spec, MambaSpec):
+            raise UnsupportedConfigurationError(
+                f"MambaManager runs MambaSpec layers, got {type(kv_cache_spec).__name__}."
+            )
+        super().__init__(
+            kv_cache_spec,
+            block_pool,
+            enable_caching=enable_caching,
+            kv_cache_group_id=kv_cache_group_id,
+            scheduler_block_size=scheduler_block_size,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            max_admission_blocks_per_request=max_admission_blocks_per_request,
+        )
+        self.mamba_cache_mode = kv_cache_spec.mamba_cache_mode
+        self.num_speculative_blocks = kv_cache_spec.num_speculative_blocks
+        self.cached_blocks_this_step: set[bytes] = set()
+        self.last_state_block_idx: dict[str, int] = {}
+        self._allocated_block_reqs: set[str] = set()
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        if dcp_world_size * pcp_world_size != 1:
+            raise UnsupportedConfigurationError("Mamba prefix caching does not support context parallelism.")
+        block_size = kv_cache_spec.block_size
+        max_num_blocks = min(max_length // block_size, len(block_hashes))
+        null = block_pool.null_block
+        computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in kv_cache_group_ids)
+        for i in range(max_num_blocks - 1, -1, -1):
+            if ((i + 1) * block_size) % alignment_tokens:
+                continue
+            hits = block_pool.get_cached_block(block_hashes[i], kv_cache_group_ids)
+            if hits is not None:
+                for blocks, block in zip(computed, hits):
+                    blocks.extend([null] * i)
+                    blocks.append(block)
+                break
+        return computed
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - 1)
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        # Draft tokens may be rejected, so the states they would skip past are kept.
+        total = max(0, total_computed_tokens - self.num_speculative_blocks)
+        super().remove_skipped_blocks(request_id, total)
+        if self.mamba_cache_mode != "align":
+            return
+        idx = self.last_state_block_idx.get(request_id)
+        blocks = self.req_to_blocks.get(request_id)
+        if idx is None or not blocks or idx >= cdiv(total, self.block_size) - 1:
+            return
+        block = blocks[idx]
+        if not block.is_null:
+            blocks[idx] = self._null_block
+            self.block_pool.free_blocks([block], prepend=block.block_hash is None)
+        del self.last_state_block_idx[request_id]
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        if (
+            new_computed_blocks
+            and new_computed_blocks[-1].block_hash is not None
+            and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step
+        ):
+            # Cached by another request this very step: its state may not be written yet. Report
+            # "does not fit" so the scheduler retries next step.
+            return self.block_pool.num_gpu_blocks + 1
+        if self.mamba_cache_mode != "align":
+            return super().get_num_blocks_to_allocate(
+                request_id,
+                num_tokens + self.block_size * self.num_speculative_blocks,
+                new_computed_blocks,
+                total_computed_tokens,
+                num_tokens_main_model,
+                apply_admission_cap,
+            )
+        required = cdiv(num_tokens_main_model, self.block_size) + self.num_speculative_blocks
+        have = len(self.req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
+        num_new = 0
+        if required > have:
+            num_new = 1 if request_id in self._allocated_block_reqs else 1 + self.num_speculative_blocks
+        evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
+        return num_new + evictable
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        if self.mamba_cache_mode != "align":
+            return super().allocate_new_blocks(
+                request_id, num_tokens + self.block_size * self.num_speculative_blocks, num_tokens_main_model
+            )
+        nspec = self.num_speculative_blocks
+        blocks = self.req_to_blocks.setdefault(request_id, [])
+        required = cdiv(num_tokens_main_model, self.block_size) + nspec
+        if required <= len(blocks):
+            return []
+        null = self._null_block
+        first = request_id not in self._allocated_block_reqs
+        moved: list[KVCacheBlock] = []
+        if not first:
+            main_idx = len(blocks) - 1 - nspec
+            if main_idx >= 0 and not blocks[main_idx].is_null:
+                self.last_state_block_idx[request_id] = main_idx
+            if nspec:
+                moved = blocks[len(blocks) - nspec :]
+                blocks[len(blocks) - nspec :] = [null] * nspec
+        new_blocks = self.block_pool.get_new_blocks(1 + nspec if first else 1)
+        blocks.extend([null] * (required - nspec - 1 - len(blocks)))
+        blocks.append(new_blocks[0])
+        blocks.extend(moved if not first else new_blocks[1:])
+        self._allocated_block_reqs.add(request_id)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        num_before = self.num_cached_block.get(request.request_id, 0)
+        super().cache_blocks(request, num_tokens)
+        blocks = self.req_to_blocks.get(request.request_id, ())
+        for block in blocks[num_before : self.num_cached_block.get(request.request_id, 0)]:
+            if block.block_hash is not None:
+                self.cached_blocks_this_step.add(block.block_hash)
+
+    def free(self, request_id: str) -> None:
+        self.last_state_block_idx.pop(request_id, None)
+        self._allocated_block_reqs.discard(request_id)
+        super().free(request_id)
+
+    def new_step_starts(self) -> None:
+        self.cached_blocks_this_step.clear()

@@ -1,0 +1,99 @@
+"""Sliding-window attention: only the last ``sliding_window`` tokens are read, so earlier blocks are
+freed as the request advances and a prefix hit needs only the blocks covering the window."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvspec.errors import UnsupportedConfigurationError
+from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
+from kvspec.pool import BlockPool, KVCacheBlock
+from kvspec.protocols import KVCacheSpec
+from kvspec.specs._common import cdiv
+from kvspec.specs.attention import SlidingWindowSpec
+
+
+def _window(spec: KVCacheSpec) -> int:
+    if not isinstance(spec, SlidingWindowSpec):
+        raise UnsupportedConfigurationError(
+            f"SlidingWindowManager runs SlidingWindowSpec layers, got {type(spec).__name__}."
+        )
+    return spec.sliding_window
+
+
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    """Frees blocks that fell out of the window; searches hits right to left."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        if dcp_world_size * pcp_world_size != 1:
+            raise UnsupportedConfigurationError(
+                "Sliding-window prefix caching does not support context parallelism."
+            )
+        window = _window(kv_cache_spec)
+        block_size = kv_cache_spec.block_size
+        need = cdiv(window - 1, block_size) + (1 if use_eagle else 0)
+        max_num_blocks = min(max_length // block_size, len(block_hashes))
+        null = block_pool.null_block
+        computed: tuple[list[KVCacheBlock], ...] = tuple(
+            [null] * max_num_blocks for _ in kv_cache_group_ids
+        )
+        num_contiguous = 0
+        match_found = False
+        lookup = block_pool.get_cached_block
+        for i in range(max_num_blocks - 1, -1, -1):
+            hits = lookup(block_hashes[i], kv_cache_group_ids)
+            if hits is None:
+                num_contiguous = 0
+                continue
+            if (
+                num_contiguous == 0
+                and block_size != alignment_tokens
+                and ((i if use_eagle else i + 1) * block_size) % alignment_tokens
+            ):
+                continue
+            for blocks, block in zip(computed, hits):
+                blocks[i] = block
+            num_contiguous += 1
+            if num_contiguous >= need:
+                for blocks in computed:
+                    del blocks[i + num_contiguous :]
+                match_found = True
+                break
+        if not match_found:
+            # Only a run starting at block 0 can still be used: a hit shorter than the window.
+            for blocks in computed:
+                del blocks[num_contiguous:]
+            truncate_to_alignment(computed, block_size, alignment_tokens)
+        if use_eagle and computed[0]:
+            for blocks in computed:
+                blocks.pop()
+            truncate_to_alignment(computed, block_size, alignment_tokens)
+        return computed
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - _window(self.kv_cache_spec) + 1)
+
+    def free(self, request_id: str) -> None:
+        """Cached blocks join the tail (kept as cache longest); uncached scratch blocks the head."""
+        blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        if not blocks:
+            return
+        cached: list[KVCacheBlock] = []
+        uncached: list[KVCacheBlock] = []
+        for block in reversed(blocks):
+            (uncached if block.block_hash is None else cached).append(block)
+        self.block_pool.free_blocks(cached)
+        self.block_pool.free_blocks(uncached, prepend=True)

@@ -1,0 +1,501 @@
+"""Blocks, the LRU free queue, the prefix-cache map and the BlockPool all KV cache groups share.
+
+Invariants kept after every public call:
+- every block is either in the free queue (ref_cnt == 0) or held (ref_cnt > 0); the null block is neither;
+- a block has a hash iff the prefix-cache map holds it under that hash;
+- free + used == num_gpu_blocks - 1 (the null block is not counted).
+Eviction: the free queue's head is the least recently used block. A request frees its blocks tail
+first, so among blocks freed together the ones covering the most tokens are evicted first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvspec.errors import BlockPoolError, NotEnoughFreeBlocksError
+from kvspec.hashing import (
+    BlockHashListWithBlockSize,
+    BlockHashWithGroupId,
+    get_block_hash,
+    get_group_id,
+    make_block_hash_with_group_id,
+)
+from kvspec.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+class KVCacheBlock:
+    """One block id of the pool, with its reference count and (once full and cached) its hash."""
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free_block", "next_free_block", "is_null")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: BlockHashWithGroupId | None = None
+        self.prev_free_block: KVCacheBlock | None = None
+        self.next_free_block: KVCacheBlock | None = None
+        self.is_null = False
+
+    def __repr__(self) -> str:
+        prev_id = self.prev_free_block.block_id if self.prev_free_block else None
+        next_id = self.next_free_block.block_id if self.next_free_block else None
+        return (
+            f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
+            f"hashed={self.block_hash is not None}, prev={prev_id}, next={next_id})"
+        )
+
+
+class FreeKVCacheBlockQueue:
+    """Doubly linked list of free blocks threaded through the blocks themselves (O(1), no allocation).
+
+    Starts in block-id order; ``popleft`` takes the least recently used block.
+    """
+
+    __slots__ = ("num_free_blocks", "_head", "_tail")
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        self.num_free_blocks = len(blocks)
+        self._head = KVCacheBlock(-1)
+        self._tail = KVCacheBlock(-1)
+        prev = self._head
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+        prev.next_free_block = self._tail
+        self._tail.prev_free_block = prev
+
+    def popleft(self) -> KVCacheBlock:
+        first = self._head.next_free_block
+        if first is None or first is self._tail:
+            raise NotEnoughFreeBlocksError("No free blocks available")
+        nxt = first.next_free_block
+        if nxt is None:
+            raise BlockPoolError(f"Free queue is corrupt at block {first.block_id}")
+        self._head.next_free_block = nxt
+        nxt.prev_free_block = self._head
+        first.prev_free_block = first.next_free_block = None
+        self.num_free_blocks -= 1
+        return first
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        if n == 0:
+            return []
+        if n > self.num_free_blocks:
+            raise NotEnoughFreeBlocksError(
+                f"Cannot take {n} blocks from a free queue of {self.num_free_blocks}"
+            )
+        out: list[KVCacheBlock] = []
+        append = out.append
+        cur = self._head.next_free_block
+        for _ in range(n):
+            assert cur is not None
+            append(cur)
+            nxt = cur.next_free_block
+            cur.prev_free_block = cur.next_free_block = None
+            cur = nxt
+        assert cur is not None
+        self._head.next_free_block = cur
+        cur.prev_free_block = self._head
+        self.num_free_blocks -= n
+        return out
+
+    def remove(self, block: KVCacheBlock) -> None:
+        prev, nxt = block.prev_free_block, block.next_free_block
+        if prev is None or nxt is None:
+            raise BlockPoolError(f"remove() called on block {block.block_id}, which is not free")
+        prev.next_free_block = nxt
+        nxt.prev_free_block = prev
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        last = self._tail.prev_free_block
+        assert last is not None
+        last.next_free_block = block
+        block.prev_free_block = last
+        block.next_free_block = self._tail
+        self._tail.prev_free_block = block
+        self.num_free_blocks += 1
+
+    def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        if not blocks:
+            return
+        last = self._tail.prev_free_block
+        assert last is not None
+        for block in blocks:
+            block.prev_free_block = last
+            last.next_free_block = block
+            last = block
+        last.next_free_block = self._tail
+        self._tail.prev_free_block = last
+        self.num_free_blocks += len(blocks)
+
+    def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Put ``blocks`` at the head, keeping their order (they will be reused first)."""
+        if not blocks:
+            return
+        first = self._head.next_free_block
+        assert first is not None
+        prev = self._head
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+        prev.next_free_block = first
+        first.prev_free_block = prev
+        self.num_free_blocks += len(blocks)
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        out: list[KVCacheBlock] = []
+        cur = self._head.next_free_block
+        while cur is not None and cur is not self._tail:
+            out.append(cur)
+            cur = cur.next_free_block
+        return out
+
+
+class BlockHashToBlockMap:
+    """Prefix-cache map: key -> one block, or a dict of blocks when several hold the same content.
+
+    Duplicates are kept, not merged: block tables are append-only, so a block id never changes.
+    """
+
+    __slots__ = ("_cache",)
+
+    def __init__(self) -> None:
+        self._cache: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+
+    def get_one_block(self, key: bytes) -> KVCacheBlock | None:
+        entry = self._cache.get(key)
+        if entry is None or isinstance(entry, KVCacheBlock):
+            return entry
+        return next(iter(entry.values()))
+
+    def insert(self, key: bytes, block: KVCacheBlock) -> None:
+        entry = self._cache.get(key)
+        if entry is None:
+            self._cache[key] = block
+        elif isinstance(entry, KVCacheBlock):
+            self._cache[key] = {entry.block_id: entry, block.block_id: block}
+        else:
+            entry[block.block_id] = block
+
+    def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
+        entry = self._cache.pop(key, None)
+        if entry is None:
+            return None
+        if isinstance(entry, KVCacheBlock):
+            if entry.block_id == block_id:
+                return entry
+            self._cache[key] = entry
+            return None
+        block = entry.pop(block_id, None)
+        if entry:
+            self._cache[key] = entry if len(entry) > 1 else next(iter(entry.values()))
+        return block
+
+    def blocks_for(self, key: bytes) -> list[KVCacheBlock]:
+        entry = self._cache.get(key)
+        if entry is None:
+            return []
+        if isinstance(entry, KVCacheBlock):
+            return [entry]
+        return list(entry.values())
+
+    def items(self) -> Iterable[tuple[bytes, KVCacheBlock]]:
+        for key, entry in self._cache.items():
+            if isinstance(entry, KVCacheBlock):
+                yield key, entry
+            else:
+                for block in entry.values():
+                    yield key, block
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+ExternalBlockHash = bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockStored:
+    """Full blocks were published in the prefix cache (for KV-aware routers)."""
+
+    block_hashes: list[ExternalBlockHash]
+    parent_block_hash: ExternalBlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str
+    lora_name: str | None
+    cache_salt: str | None = None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockRemoved:
+    """Cached blocks were evicted (their content is gone)."""
+
+    block_hashes: list[ExternalBlockHash]
+    medium: str
+    group_idx: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AllBlocksCleared:
+    """The prefix cache was reset."""
+
+
+KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class BlockPool:
+    """All physical blocks of the KV cache, shared by every group; block 0 is the null block.
+
+    The null block stands for positions a request no longer needs (outside a sliding window, skipped
+    Mamba states); it never enters the free queue and never gets a hash.
+    """
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool = True,
+        hash_block_size: int = 16,
+        enable_kv_cache_events: bool = False,
+        medium: str = "GPU",
+    ) -> None:
+        if num_gpu_blocks <= 0:
+            raise BlockPoolError(f"BlockPool needs at least 1 block (the null block), got {num_gpu_blocks}.")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.hash_block_size = hash_block_size
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.medium = medium
+        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.kv_event_queue: list[KVCacheEvent] = []
+
+    def get_cached_block(
+        self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
+    ) -> list[KVCacheBlock] | None:
+        """One cached block per group for ``block_hash``, or None if any group misses."""
+        lookup = self.cached_block_hash_to_block.get_one_block
+        if len(kv_cache_group_ids) == 1:
+            block = lookup(block_hash + kv_cache_group_ids[0].to_bytes(4, "big"))
+            return None if block is None else [block]
+        out: list[KVCacheBlock] = []
+        for gid in kv_cache_group_ids:
+            block = lookup(block_hash + gid.to_bytes(4, "big"))
+            if block is None:
+                return None
+            out.append(block)
+        return out
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        """Publish ``blocks[num_cached_blocks:num_full_blocks]`` under the request's block hashes.
+
+        Null and masked-out blocks are skipped. ``block_size`` may be a multiple of the pool's hash
+        block size; hashes of the coarser size are concatenations of the fine ones.
+        """
+        if num_cached_blocks >= num_full_blocks:
+            return
+        hashes: Sequence[bytes] = request.block_hashes
+        if block_size != self.hash_block_size:
+            hashes = BlockHashListWithBlockSize(hashes, self.hash_block_size, block_size)
+        if len(hashes) < num_full_blocks:
+            raise BlockPoolError(
+                f"Request {request.request_id!r} has {len(hashes)} block hashes of size {block_size}, "
+                f"fewer than the {num_full_blocks} full blocks to cache; was it built with a BlockHasher "
+                f"of block size {self.hash_block_size}?"
+            )
+        suffix = kv_cache_group_id.to_bytes(4, "big")
+        insert = self.cached_block_hash_to_block.insert
+        stored: list[bytes] = []
+        for i in range(num_cached_blocks, num_full_blocks):
+            block = blocks[i]
+            if block.is_null or (block_mask is not None and not block_mask[i]):
+                continue
+            if block.block_hash is not None:
+                raise BlockPoolError(f"Block {block.block_id} already has a hash; it cannot be cached again.")
+            key = BlockHashWithGroupId(hashes[i] + suffix)
+            block.block_hash = key
+            insert(key, block)
+            if self.enable_kv_cache_events:
+                stored.append(hashes[i])
+        if self.enable_kv_cache_events and stored:
+            parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
+            extra: list[tuple[Any, ...] | None] | None = None
+            if request.needs_extra_keys and block_size == self.hash_block_size:
+                extra = request.block_extra_keys[num_cached_blocks:num_full_blocks]
+            self.kv_event_queue.append(
+                BlockStored(
+                    block_hashes=stored,
+                    parent_block_hash=parent,
+                    token_ids=request.all_token_ids[
+                        num_cached_blocks * block_size : num_full_blocks * block_size
+                    ],
+                    block_size=block_size,
+                    lora_id=None,
+                    medium=self.medium,
+                    lora_name=request.lora_name,
+                    cache_salt=request.cache_salt,
+                    extra_keys=extra,
+                    group_idx=kv_cache_group_id,
+                )
+            )
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Take ``num_blocks`` from the free queue's head (evicting their cached content), ref_cnt 1."""
+        if num_blocks > self.free_block_queue.num_free_blocks:
+            raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        if self.enable_caching:
+            evict = self._maybe_evict_cached_block
+            for block in blocks:
+                if block.block_hash is not None:
+                    evict(block)
+                block.ref_cnt = 1
+        else:
+            for block in blocks:
+                block.ref_cnt = 1
+        return blocks
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        key = block.block_hash
+        if key is None:
+            return False
+        if self.cached_block_hash_to_block.pop(key, block.block_id) is None:
+            return False
+        block.block_hash = None
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(
+                BlockRemoved(
+                    block_hashes=[get_block_hash(key)], medium=self.medium, group_idx=get_group_id(key)
+                )
+            )
+        return True
+
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Take a reference on prefix-hit blocks; free ones leave the free queue."""
+        remove = self.free_block_queue.remove
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], prepend: bool = False) -> None:
+        """Drop one reference on each block; blocks reaching 0 join the free queue in the given order
+        (at the tail, or at the head with ``prepend`` so they are reused first)."""
+        released: list[KVCacheBlock] = []
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0 and not block.is_null:
+                released.append(block)
+        if prepend:
+            self.free_block_queue.prepend_n(released)
+        else:
+            self.free_block_queue.append_n(released)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop cached content of blocks (a KV connector found it stale); the blocks stay where they are."""
+        ids = list(block_ids)
+        for block_id in ids:
+            if not 0 <= block_id < self.num_gpu_blocks:
+                raise BlockPoolError(
+                    f"evict_blocks got block id {block_id}, outside [0, {self.num_gpu_blocks}); "
+                    "this indicates a bug in the KV connector."
+                )
+        for block_id in ids:
+            self._maybe_evict_cached_block(self.blocks[block_id])
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False) while any request still holds blocks."""
+        num_used = self.num_gpu_blocks - self.get_num_free_blocks()
+        if num_used != 1:
+            logger.warning(
+                "Failed to reset prefix cache because some blocks (%d) are not freed yet", num_used - 1
+            )
+            return False
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        for block in self.blocks:
+            block.block_hash = None
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
+        return True
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of usable blocks (null block excluded) that are held by requests."""
+        total = self.num_gpu_blocks - 1
+        if total <= 0:
+            return 0.0
+        return 1.0 - self.get_num_free_blocks() / total
+
+    def take_events(self) -> list[KVCacheEvent]:
+        if not self.enable_kv_cache_events:
+            return []
+        events, self.kv_event_queue = self.kv_event_queue, []
+        return events
+
+    def check_invariants(self) -> None:
+        """Raise BlockPoolError if the free queue, ref counts or cache map disagree (for tests/debug)."""
+        free = self.free_block_queue.get_all_free_blocks()
+        if len(free) != self.free_block_queue.num_free_blocks:
+            raise BlockPoolError("free queue length and counter disagree")
+        free_ids = {b.block_id for b in free}
+        if len(free_ids) != len(free):
+            raise BlockPoolError("a block is in the free queue twice")
+        for block in self.blocks:
+            if block.is_null:
+                if block.block_id in free_ids or block.block_hash is not None:
+                    raise BlockPoolError("the null block is free or hashed")
+                continue
+            if (block.ref_cnt == 0) != (block.block_id in free_ids):
+                raise BlockPoolError(
+                    f"block {block.block_id}: ref_cnt={block.ref_cnt} but free={block.block_id in free_ids}"
+                )
+            if block.ref_cnt < 0:
+                raise BlockPoolError(f"block {block.block_id} has ref_cnt {block.ref_cnt}")
+            if block.block_hash is not None and block not in self.cached_block_hash_to_block.blocks_for(
+                block.block_hash
+            ):
+                raise BlockPoolError(f"block {block.block_id} has a hash the cache map does not hold")
+        for key, block in self.cached_block_hash_to_block.items():
+            if block.block_hash != key:
+                raise BlockPoolError(f"cache map holds block {block.block_id} under a foreign hash")
+
+
+__all__ = [
+    "AllBlocksCleared",
+    "BlockHashToBlockMap",
+    "BlockPool",
+    "BlockRemoved",
+    "BlockStored",
+    "FreeKVCacheBlockQueue",
+    "KVCacheBlock",
+    "KVCacheEvent",
+    "make_block_hash_with_group_id",
+]

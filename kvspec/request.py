@@ -1,0 +1,125 @@
+"""The request value the scheduler-facing API works on: token ids that grow, and their block hashes."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from kvspec.hashing import BlockHash, BlockHasher, MultiModalFeature, generate_block_hash_extra_keys
+
+
+class Request:
+    """One sequence being served.
+
+    Invariants: ``block_hashes[i]`` is the hash of tokens [i*B, (i+1)*B) for the hasher's block size B;
+    only full blocks are hashed; hashes are extended whenever tokens are appended.
+    """
+
+    __slots__ = (
+        "request_id",
+        "all_token_ids",
+        "num_prompt_tokens",
+        "num_computed_tokens",
+        "num_preemptions",
+        "lora_name",
+        "mm_features",
+        "cache_salt",
+        "prompt_embeds",
+        "skip_reading_prefix_cache",
+        "block_hashes",
+        "block_extra_keys",
+        "_hasher",
+        "_next_mm_idx",
+        "_embeds_digests",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        *,
+        block_hasher: BlockHasher | None = None,
+        lora_name: str | None = None,
+        mm_features: Sequence[MultiModalFeature] = (),
+        cache_salt: str | None = None,
+        prompt_embeds: torch.Tensor | None = None,
+        skip_reading_prefix_cache: bool = False,
+    ) -> None:
+        self.request_id = request_id
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.all_token_ids)
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.lora_name = lora_name
+        self.mm_features = tuple(sorted(mm_features, key=lambda f: f.offset))
+        self.cache_salt = cache_salt
+        self.prompt_embeds = prompt_embeds
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        self.block_hashes: list[BlockHash] = []
+        self.block_extra_keys: list[tuple[Any, ...] | None] = []
+        self._hasher = block_hasher
+        self._next_mm_idx = 0
+        self._embeds_digests: dict[tuple[int, int], bytes] = {}
+        if block_hasher is not None:
+            block_hasher.hash_new_blocks(self)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def needs_extra_keys(self) -> bool:
+        return bool(
+            self.mm_features
+            or self.lora_name is not None
+            or self.cache_salt is not None
+            or self.prompt_embeds is not None
+        )
+
+    def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
+        """Append generated tokens and hash any block they complete."""
+        if isinstance(token_ids, int):
+            self.all_token_ids.append(token_ids)
+        else:
+            self.all_token_ids.extend(token_ids)
+        if self._hasher is not None:
+            self._hasher.hash_new_blocks(self)
+
+    def _prompt_embeds_digest(self, start: int, end: int) -> bytes:
+        key = (start, end)
+        digest = self._embeds_digests.get(key)
+        if digest is None:
+            assert self.prompt_embeds is not None
+            chunk = self.prompt_embeds[start:end].detach().contiguous().cpu()
+            raw = chunk.view(torch.uint8).numpy().tobytes() if chunk.numel() else b""
+            digest = hashlib.sha256(raw).digest()
+            self._embeds_digests[key] = digest
+        return digest
+
+    def extra_keys_for_block(self, start: int, end: int) -> tuple[Any, ...] | None:
+        """Extra hash keys of tokens [start, end); advances the multimodal cursor (blocks go in order)."""
+        keys, self._next_mm_idx = generate_block_hash_extra_keys(
+            lora_name=self.lora_name,
+            mm_features=self.mm_features,
+            cache_salt=self.cache_salt,
+            prompt_embeds_digest=(
+                self._prompt_embeds_digest if self.prompt_embeds is not None else None
+            ),
+            start=start,
+            end=end,
+            start_mm_idx=self._next_mm_idx,
+        )
+        return keys
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, hashed_blocks={len(self.block_hashes)})"
+        )

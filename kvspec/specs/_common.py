@@ -1,0 +1,95 @@
+"""Helpers shared by the spec families: integer math, dtype sizes, quantisation modes, validation."""
+
+from __future__ import annotations
+
+import math
+from enum import IntEnum
+
+import torch
+
+from kvspec.errors import SpecValidationError
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative ints."""
+    return -(a // -b)
+
+
+def round_up(x: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``x``."""
+    return cdiv(x, multiple) * multiple
+
+
+def nvfp4_full(head_size: int) -> int:
+    """Bytes-equivalent elements of one NVFP4 head: packed 4-bit values plus one scale per 16."""
+    return head_size // 2 + head_size // 16
+
+
+def dtype_size(dtype: torch.dtype) -> int:
+    """Bytes per element of ``dtype``."""
+    return int(dtype.itemsize)
+
+
+class KVQuantMode(IntEnum):
+    """How the KV cache is quantised (vLLM's numbering)."""
+
+    NONE = 0
+    FP8_PER_TENSOR = 1
+    INT8_PER_TOKEN_HEAD = 2
+    FP8_PER_TOKEN_HEAD = 3
+    NVFP4 = 4
+
+    @property
+    def is_per_token_head(self) -> bool:
+        """Modes that store one fp32 scale per token and head for K and for V."""
+        return self in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD)
+
+    @property
+    def is_nvfp4(self) -> bool:
+        return self is KVQuantMode.NVFP4
+
+
+def get_kv_quant_mode(kv_cache_dtype: str) -> KVQuantMode:
+    """Map an engine's ``kv_cache_dtype`` string to a quantisation mode (unknown strings: NONE)."""
+    if kv_cache_dtype == "int8_per_token_head":
+        return KVQuantMode.INT8_PER_TOKEN_HEAD
+    if kv_cache_dtype == "fp8_per_token_head":
+        return KVQuantMode.FP8_PER_TOKEN_HEAD
+    if kv_cache_dtype == "nvfp4":
+        return KVQuantMode.NVFP4
+    if kv_cache_dtype.startswith("fp8"):
+        return KVQuantMode.FP8_PER_TENSOR
+    return KVQuantMode.NONE
+
+
+def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
+    """True for every cache dtype other than "auto" (the model dtype)."""
+    return kv_cache_dtype != "auto"
+
+
+def kv_cache_uses_per_token_head_scales(kv_cache_dtype: str) -> bool:
+    return get_kv_quant_mode(kv_cache_dtype).is_per_token_head
+
+
+def require_positive(spec: object, field: str, value: object) -> None:
+    """Raise SpecValidationError unless ``value`` is a positive int."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecValidationError(
+            f"{type(spec).__name__}.{field} must be a positive int, got {value!r}."
+        )
+
+
+def require_optional_positive(spec: object, field: str, value: object) -> None:
+    if value is not None:
+        require_positive(spec, field, value)
+
+
+def require_dtype(spec: object, field: str, value: object) -> None:
+    if not isinstance(value, torch.dtype):
+        raise SpecValidationError(
+            f"{type(spec).__name__}.{field} must be a torch.dtype (e.g. torch.bfloat16), got {value!r}."
+        )
+
+
+def prod(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)

@@ -1,0 +1,371 @@
+"""Attention KV cache specs: full, TurboQuant, sink, sliding window, chunked local, encoder, cross.
+
+All are frozen, keyword-only, slotted dataclasses (hashable values). Units: ``block_size`` in tokens,
+``page_size_bytes`` in bytes per block of one layer, ``max_memory_usage_bytes`` in bytes per request.
+Methods of slotted subclasses call their base explicitly (zero-argument ``super()`` breaks with slots on
+CPython < 3.14).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from typing_extensions import Self
+
+from kvspec._checking import check_api
+from kvspec.errors import (
+    SpecMergeError,
+    SpecValidationError,
+    UnsupportedConfigurationError,
+    WindowSizeMismatchError,
+)
+from kvspec.protocols import KVCacheSpec, SchedulerLimits
+from kvspec.specs._common import (
+    KVQuantMode,
+    cdiv,
+    dtype_size,
+    nvfp4_full,
+    require_dtype,
+    require_optional_positive,
+    require_positive,
+)
+
+#: Fields that FullAttentionSpec.merge combines instead of requiring equality.
+_WINDOW_FIELDS = frozenset({"sliding_window", "attention_chunk_size"})
+
+
+def first_difference(
+    a: object, b: object, skip: frozenset[str] = frozenset()
+) -> tuple[str, Any, Any] | None:
+    """The first dataclass field (name, a's value, b's value) where ``a`` and ``b`` differ."""
+    for f in dataclasses.fields(a):  # type: ignore[arg-type]
+        if f.name in skip:
+            continue
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        if va != vb:
+            return f.name, va, vb
+    return None
+
+
+def merge_equal_specs(cls: type, specs: Sequence[Any], skip: frozenset[str] = frozenset()) -> Any:
+    """Check that ``specs`` are of one exact type and agree on every field outside ``skip``."""
+    if not specs:
+        raise SpecMergeError(f"{cls.__name__}.merge() needs at least one spec, got none.")
+    first = specs[0]
+    for spec in specs[1:]:
+        if type(spec) is not type(first):
+            raise SpecMergeError(
+                f"Cannot merge {type(first).__name__} with {type(spec).__name__}: all layers in the "
+                "same KV cache group must have the same spec type. Put them in separate groups "
+                "(hybrid KV cache management) instead."
+            )
+        diff = first_difference(first, spec, skip)
+        if diff is not None:
+            name, va, vb = diff
+            raise SpecMergeError(
+                f"Cannot merge {type(first).__name__} specs: field {name!r} differs "
+                f"({va!r} vs {vb!r}). All layers in the same KV cache group must be the same."
+            )
+    return first
+
+
+def merge_window_sizes(spec_name: str, field: str, values: set[int | None]) -> int | None:
+    """The one window (or chunk) size of a group: None if no layer has one."""
+    real = {v for v in values if v is not None}
+    if len(real) > 1:
+        raise WindowSizeMismatchError(
+            f"All attention layers in the same KV cache group must have the same {field}; "
+            f"{spec_name} layers have {sorted(real)}."
+        )
+    return next(iter(real), None)
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttentionSpec:
+    """Common fields of attention specs; abstract (not registered, no memory bound of its own).
+
+    Page layout: one K and one V vector of ``head_size`` elements per token and KV head; per-token-head
+    quantisation adds two fp32 scales per token and head; ``page_size_padded`` (bytes) overrides the
+    total and must not be smaller than it.
+    """
+
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: torch.dtype
+    kv_quant_mode: KVQuantMode = KVQuantMode.NONE
+    page_size_padded: int | None = None
+
+    def __post_init__(self) -> None:
+        require_positive(self, "block_size", self.block_size)
+        require_positive(self, "num_kv_heads", self.num_kv_heads)
+        require_positive(self, "head_size", self.head_size)
+        require_dtype(self, "dtype", self.dtype)
+        if not isinstance(self.kv_quant_mode, KVQuantMode):
+            raise SpecValidationError(
+                f"{type(self).__name__}.kv_quant_mode must be a KVQuantMode, got {self.kv_quant_mode!r}."
+            )
+        require_optional_positive(self, "page_size_padded", self.page_size_padded)
+        if self.page_size_padded is not None and self.page_size_padded < self.unpadded_page_size_bytes:
+            raise SpecValidationError(
+                f"{type(self).__name__}.page_size_padded={self.page_size_padded} is smaller than the "
+                f"page it pads ({self.unpadded_page_size_bytes} bytes); use a value >= that or None."
+            )
+
+    @property
+    def storage_block_size(self) -> int:
+        """Tokens stored per block in the tensor (differs from block_size only with compression)."""
+        return self.block_size
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        """K and V bytes of one block, without scales or padding."""
+        d = dtype_size(self.dtype)
+        if self.kv_quant_mode.is_nvfp4:
+            return 2 * self.block_size * self.num_kv_heads * nvfp4_full(self.head_size) * d
+        return 2 * self.block_size * self.num_kv_heads * self.head_size * d
+
+    @property
+    def unpadded_page_size_bytes(self) -> int:
+        """Real page bytes plus fp32 per-token-head scales (one for K, one for V) if quantised so."""
+        page = self.real_page_size_bytes
+        if self.kv_quant_mode.is_per_token_head:
+            page += 2 * self.block_size * self.num_kv_heads * 4
+        return page
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one block of this layer, padding included."""
+        if self.page_size_padded is not None:
+            return self.page_size_padded
+        return self.unpadded_page_size_bytes
+
+    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+        raise NotImplementedError(f"{type(self).__name__} has no memory bound of its own")
+
+    def copy_with_new_block_size(self, block_size: int) -> Self:
+        return dataclasses.replace(self, block_size=block_size)
+
+    @classmethod
+    def merge(cls, specs: Sequence[Self]) -> Self:
+        """Specs that are all equal merge into the first one; anything else is a SpecMergeError."""
+        merged: Self = merge_equal_specs(cls, specs)
+        return merged
+
+    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+        return all(isinstance(s, type(self)) for s in specs)
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FullAttentionSpec(AttentionSpec):
+    """Every token attends to every earlier token: one block per ``block_size`` tokens of the request.
+
+    ``head_size_v`` defaults to ``head_size``. ``sliding_window`` / ``attention_chunk_size`` are set only
+    when a windowed layer was converted to full attention (hybrid manager disabled); at most one is set.
+    """
+
+    head_size_v: int | None = None
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+    #: MLA specs must be merged by MLAAttentionSpec.merge, never mixed with plain full attention.
+    is_mla: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if self.head_size_v is None:
+            object.__setattr__(self, "head_size_v", self.head_size)
+        require_positive(self, "head_size_v", self.head_size_v)
+        require_optional_positive(self, "sliding_window", self.sliding_window)
+        require_optional_positive(self, "attention_chunk_size", self.attention_chunk_size)
+        if self.sliding_window is not None and self.attention_chunk_size is not None:
+            raise SpecValidationError(
+                f"{type(self).__name__} sets both sliding_window={self.sliding_window} and "
+                f"attention_chunk_size={self.attention_chunk_size}; a layer has at most one of them."
+            )
+        AttentionSpec.__post_init__(self)
+
+    @property
+    def value_head_size(self) -> int:
+        hsv = self.head_size_v
+        return self.head_size if hsv is None else hsv
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        d = dtype_size(self.dtype)
+        b, h = self.block_size, self.num_kv_heads
+        if self.kv_quant_mode.is_nvfp4:
+            return b * h * (nvfp4_full(self.head_size) + nvfp4_full(self.value_head_size)) * d
+        return b * h * (self.head_size + self.value_head_size) * d
+
+    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+        """ceil(tokens / block_size) pages, tokens being max_model_len split over the CP ranks."""
+        tokens = limits.max_model_len
+        cp = limits.context_parallel_size
+        if cp > 1:
+            tokens = cdiv(tokens, cp)
+        return cdiv(tokens, self.block_size) * self.page_size_bytes
+
+    @classmethod
+    def merge(cls, specs: Sequence[Self]) -> Self:
+        """Merge one group's full-attention specs.
+
+        Differences from vLLM 0.23, on purpose: the specs must be of one exact class (a TurboQuant or sink
+        spec merged into a plain one would silently change its page size), and every field other than the
+        window sizes must agree (vLLM does not compare ``head_size_v`` or the subclass fields).
+        """
+        first: Self = merge_equal_specs(cls, specs, skip=_WINDOW_FIELDS)
+        if any(getattr(s, "is_mla", False) for s in specs) and not cls.is_mla:
+            raise SpecMergeError(
+                "MLAAttentionSpec must be merged by MLAAttentionSpec.merge, not with full attention."
+            )
+        name = type(first).__name__
+        window = merge_window_sizes(
+            name, "sliding_window", {getattr(s, "sliding_window") for s in specs}
+        )
+        chunk = merge_window_sizes(
+            name, "attention_chunk_size", {getattr(s, "attention_chunk_size") for s in specs}
+        )
+        if window is not None and chunk is not None:
+            raise SpecMergeError(
+                f"{name} layers of one group mix sliding_window={window} and "
+                f"attention_chunk_size={chunk}; a group can only have one of them."
+            )
+        return dataclasses.replace(first, sliding_window=window, attention_chunk_size=chunk)
+
+    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+        return all(isinstance(s, FullAttentionSpec) for s in specs)
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TQFullAttentionSpec(FullAttentionSpec):
+    """TurboQuant full attention: each token-head slot is ``tq_slot_size`` bytes for K and V together."""
+
+    tq_slot_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tq_slot_size < 0:
+            raise SpecValidationError(
+                f"TQFullAttentionSpec.tq_slot_size must be >= 0, got {self.tq_slot_size!r}."
+            )
+        FullAttentionSpec.__post_init__(self)
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        if self.tq_slot_size > 0:
+            return self.block_size * self.num_kv_heads * self.tq_slot_size
+        return FullAttentionSpec.real_page_size_bytes.fget(self)  # type: ignore[attr-defined,no-any-return]
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SinkFullAttentionSpec(FullAttentionSpec):
+    """Full attention whose first ``sink_len`` tokens (attention sinks) live in reserved blocks."""
+
+    sink_len: int | None = None
+
+    def __post_init__(self) -> None:
+        require_optional_positive(self, "sink_len", self.sink_len)
+        FullAttentionSpec.__post_init__(self)
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlidingWindowSpec(AttentionSpec):
+    """Each token attends to the last ``sliding_window`` tokens (itself included)."""
+
+    sliding_window: int
+    head_size_v: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.head_size_v is None:
+            object.__setattr__(self, "head_size_v", self.head_size)
+        require_positive(self, "head_size_v", self.head_size_v)
+        require_positive(self, "sliding_window", self.sliding_window)
+        AttentionSpec.__post_init__(self)
+
+    @property
+    def value_head_size(self) -> int:
+        hsv = self.head_size_v
+        return self.head_size if hsv is None else hsv
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        d = dtype_size(self.dtype)
+        b, h = self.block_size, self.num_kv_heads
+        if self.kv_quant_mode.is_nvfp4:
+            return b * h * (nvfp4_full(self.head_size) + nvfp4_full(self.value_head_size)) * d
+        return b * h * (self.head_size + self.value_head_size) * d
+
+    def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
+        """Blocks one request can hold at once: the window plus one step's tokens, +1 because the
+        window may start in the middle of a block."""
+        tokens = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+        return cdiv(tokens, self.block_size) + 1
+
+    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+        if limits.decode_context_parallel_size != 1:
+            raise UnsupportedConfigurationError(
+                f"{type(self).__name__} does not support decode context parallelism "
+                f"(decode_context_parallel_size={limits.decode_context_parallel_size}); use 1."
+            )
+        blocks = self.max_admission_blocks_per_request(limits.batched_tokens, limits.max_model_len)
+        return blocks * self.page_size_bytes
+
+    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+        return all(
+            isinstance(s, SlidingWindowSpec) and s.sliding_window == self.sliding_window
+            for s in specs
+        )
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    """Tokens attend only within their chunk of ``attention_chunk_size`` tokens (Llama 4 local layers)."""
+
+    attention_chunk_size: int
+
+    def __post_init__(self) -> None:
+        require_positive(self, "attention_chunk_size", self.attention_chunk_size)
+        AttentionSpec.__post_init__(self)
+
+    def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
+        """Blocks one request can hold at once: one chunk plus one step's tokens."""
+        tokens = min(self.attention_chunk_size + max_num_batched_tokens, max_model_len)
+        return cdiv(tokens, self.block_size)
+
+    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+        blocks = self.max_admission_blocks_per_request(limits.batched_tokens, limits.max_model_len)
+        return blocks * self.page_size_bytes
+
+    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+        return all(
+            isinstance(s, ChunkedLocalAttentionSpec)
+            and s.attention_chunk_size == self.attention_chunk_size
+            for s in specs
+        )
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EncoderOnlyAttentionSpec(AttentionSpec):
+    """Encoder self-attention: computed in one pass, never cached by the scheduler (0 bytes)."""
+
+    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+        return 0
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CrossAttentionSpec(AttentionSpec):
+    """Decoder cross-attention over encoder outputs: sized by the encoder's input tokens."""
+
+    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+        return cdiv(limits.max_num_encoder_input_tokens, self.block_size) * self.page_size_bytes

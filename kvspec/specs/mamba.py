@@ -1,0 +1,105 @@
+"""State-space (Mamba) layers: a fixed-size state per request instead of per-token KV."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from typing_extensions import Self
+
+from kvspec._checking import check_api
+from kvspec.errors import SpecValidationError
+from kvspec.protocols import MAMBA_CACHE_MODES, KVCacheSpec, MambaCacheMode, SchedulerLimits
+from kvspec.specs._common import (
+    cdiv,
+    dtype_size,
+    prod,
+    require_dtype,
+    require_optional_positive,
+    require_positive,
+)
+from kvspec.specs.attention import merge_equal_specs
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MambaSpec:
+    """One Mamba layer's recurrent state: tensors of ``shapes`` with ``dtypes``, one set per block.
+
+    A "block" holds one state snapshot. Memory per request depends on the scheduler's Mamba cache mode
+    (read from ``SchedulerLimits``, as vLLM reads it from its config): "none" keeps 1 state, "align" 2,
+    "all" one per ``block_size`` tokens; each mode adds ``num_speculative_blocks``.
+    """
+
+    block_size: int
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+    page_size_padded: int | None = None
+    mamba_type: str = "mamba2"
+    mamba_cache_mode: MambaCacheMode = "none"
+    num_speculative_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        require_positive(self, "block_size", self.block_size)
+        if not self.shapes or len(self.shapes) != len(self.dtypes):
+            raise SpecValidationError(
+                f"MambaSpec needs one dtype per state shape; got {len(self.shapes)} shapes and "
+                f"{len(self.dtypes)} dtypes."
+            )
+        for shape in self.shapes:
+            if not shape or any(isinstance(n, bool) or n <= 0 for n in shape):
+                raise SpecValidationError(
+                    f"MambaSpec.shapes must hold non-empty shapes of positive sizes, got {shape!r}."
+                )
+        for dtype in self.dtypes:
+            require_dtype(self, "dtypes", dtype)
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise SpecValidationError(
+                f"MambaSpec.mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, "
+                f"got {self.mamba_cache_mode!r}."
+            )
+        if self.num_speculative_blocks < 0:
+            raise SpecValidationError(
+                f"MambaSpec.num_speculative_blocks must be >= 0, got {self.num_speculative_blocks!r}."
+            )
+        require_optional_positive(self, "page_size_padded", self.page_size_padded)
+        if self.page_size_padded is not None and self.page_size_padded < self.unpadded_page_size_bytes:
+            raise SpecValidationError(
+                f"MambaSpec.page_size_padded={self.page_size_padded} is smaller than the state it pads "
+                f"({self.unpadded_page_size_bytes} bytes)."
+            )
+
+    @property
+    def unpadded_page_size_bytes(self) -> int:
+        return sum(prod(s) * dtype_size(d) for s, d in zip(self.shapes, self.dtypes, strict=True))
+
+    @property
+    def page_size_bytes(self) -> int:
+        if self.page_size_padded is not None:
+            return self.page_size_padded
+        return self.unpadded_page_size_bytes
+
+    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+        if limits.mamba_cache_mode == "all":
+            blocks = cdiv(limits.max_model_len, self.block_size)
+        elif limits.mamba_cache_mode == "align":
+            blocks = 2
+        else:
+            blocks = 1
+        return (blocks + self.num_speculative_blocks) * self.page_size_bytes
+
+    def copy_with_new_block_size(self, block_size: int) -> Self:
+        return dataclasses.replace(self, block_size=block_size)
+
+    @classmethod
+    def merge(cls, specs: Sequence[Self]) -> Self:
+        merged: Self = merge_equal_specs(cls, specs)
+        return merged
+
+    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+        return all(
+            isinstance(s, MambaSpec) and s.num_speculative_blocks == self.num_speculative_blocks
+            for s in specs
+        )

@@ -1,0 +1,121 @@
+"""Multi-head latent attention (DeepSeek) specs: MLA, its hidden-state marker, and sliding-window MLA.
+
+MLA stores one latent vector per token (no separate K and V, so no factor 2). ``fp8_ds_mla`` packs a
+token into 656 bytes (584 for DeepSeek V4). ``compress_ratio`` > 1 stores ``block_size // compress_ratio``
+tokens per block (DeepSeek V4). ``alignment`` pads the page up to a multiple of that many bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kvspec._checking import check_api
+from kvspec.errors import SpecValidationError
+from kvspec.protocols import KVCacheSpec
+from kvspec.specs._common import dtype_size, require_optional_positive, require_positive, round_up
+from kvspec.specs.attention import AttentionSpec, FullAttentionSpec, SlidingWindowSpec
+
+FP8_DS_MLA = "fp8_ds_mla"
+DEEPSEEK_V4 = "deepseek_v4"
+#: Bytes per token of the fp8_ds_mla layout (DeepSeek V3 / V3.2) and of DeepSeek V4's.
+FP8_DS_MLA_TOKEN_BYTES = 656
+FP8_DS_MLA_V4_TOKEN_BYTES = 584
+
+
+def _validate_mla_fields(spec: AttentionSpec, compress_ratio: int, alignment: int | None) -> None:
+    require_positive(spec, "compress_ratio", compress_ratio)
+    require_optional_positive(spec, "alignment", alignment)
+    if spec.block_size % compress_ratio:
+        raise SpecValidationError(
+            f"{type(spec).__name__}.block_size={spec.block_size} must be a multiple of "
+            f"compress_ratio={compress_ratio}."
+        )
+
+
+def _apply_alignment_padding(spec: AttentionSpec, alignment: int | None) -> None:
+    """Pad the page to a multiple of ``alignment`` bytes (recomputed on every construction)."""
+    if alignment is None:
+        return
+    real = spec.real_page_size_bytes
+    padded = round_up(real, alignment)
+    if padded != real:
+        object.__setattr__(spec, "page_size_padded", padded)
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """Full attention over a compressed latent KV (one vector of ``head_size`` per token and KV head)."""
+
+    cache_dtype_str: str | None = None
+    alignment: int | None = None
+    compress_ratio: int = 1
+    model_version: str | None = None
+
+    is_mla: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _validate_mla_fields(self, self.compress_ratio, self.alignment)
+        FullAttentionSpec.__post_init__(self)
+        _apply_alignment_padding(self, self.alignment)
+
+    @property
+    def storage_block_size(self) -> int:
+        return self.block_size // self.compress_ratio
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        if self.cache_dtype_str == FP8_DS_MLA:
+            if self.model_version == DEEPSEEK_V4:
+                return self.storage_block_size * FP8_DS_MLA_V4_TOKEN_BYTES
+            return self.block_size * FP8_DS_MLA_TOKEN_BYTES
+        return self.storage_block_size * self.num_kv_heads * self.head_size * dtype_size(self.dtype)
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HiddenStateCacheSpec(MLAAttentionSpec):
+    """Marks layers that cache hidden states (speculative decoding); each becomes its own group."""
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlidingWindowMLASpec(SlidingWindowSpec):
+    """Sliding-window attention over an MLA latent (DeepSeek V4's local layers).
+
+    Fixed on purpose: vLLM 0.23 never runs SlidingWindowSpec's initialiser here, so ``head_size_v`` stays
+    None; kvspec sets it to ``head_size`` like every other attention spec.
+    """
+
+    cache_dtype_str: str | None = None
+    alignment: int | None = None
+    compress_ratio: int = 1
+    model_version: str | None = None
+
+    def __post_init__(self) -> None:
+        _validate_mla_fields(self, self.compress_ratio, self.alignment)
+        if self.model_version not in (None, DEEPSEEK_V4):
+            raise SpecValidationError(
+                f"SlidingWindowMLASpec.model_version must be None or {DEEPSEEK_V4!r}, "
+                f"got {self.model_version!r}."
+            )
+        SlidingWindowSpec.__post_init__(self)
+        _apply_alignment_padding(self, self.alignment)
+
+    @property
+    def storage_block_size(self) -> int:
+        return self.block_size // self.compress_ratio
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        if self.cache_dtype_str == FP8_DS_MLA and self.model_version == DEEPSEEK_V4:
+            return self.storage_block_size * FP8_DS_MLA_V4_TOKEN_BYTES
+        return self.storage_block_size * self.num_kv_heads * self.head_size * dtype_size(self.dtype)
+
+    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+        return all(
+            isinstance(s, SlidingWindowMLASpec) and s.sliding_window == self.sliding_window
+            for s in specs
+        )

@@ -1,0 +1,81 @@
+"""Several layers of one spec family that differ in shape (e.g. head size) but share block size."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from typing_extensions import Self
+
+from kvspec._checking import check_api
+from kvspec.errors import SpecValidationError
+from kvspec.protocols import KVCacheSpec, SchedulerLimits
+from kvspec.specs._common import cdiv, require_positive
+from kvspec.specs.attention import merge_equal_specs
+
+
+@check_api
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UniformTypeKVCacheSpecs:
+    """One KV cache group whose layers share a block size and a uniform type but not a page size.
+
+    ``page_size_bytes`` is the sum over layers (one block id addresses one page in every layer);
+    ``max_memory_usage_bytes`` is the largest per-layer need in blocks, times that summed page.
+    Unlike vLLM's, it is hashable (hashed over its (layer, spec) items).
+    """
+
+    block_size: int
+    kv_cache_specs: Mapping[str, KVCacheSpec]
+
+    def __post_init__(self) -> None:
+        require_positive(self, "block_size", self.block_size)
+        if not self.kv_cache_specs:
+            raise SpecValidationError("UniformTypeKVCacheSpecs needs at least one layer spec.")
+        for layer, spec in self.kv_cache_specs.items():
+            if spec.block_size != self.block_size:
+                raise SpecValidationError(
+                    f"UniformTypeKVCacheSpecs: layer {layer!r} has block_size={spec.block_size}, "
+                    f"but the group's is {self.block_size}."
+                )
+        object.__setattr__(self, "kv_cache_specs", dict(self.kv_cache_specs))
+
+    def __hash__(self) -> int:
+        return hash((self.block_size, tuple(self.kv_cache_specs.items())))
+
+    @property
+    def page_size_bytes(self) -> int:
+        return sum(spec.page_size_bytes for spec in self.kv_cache_specs.values())
+
+    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+        blocks = max(
+            cdiv(spec.max_memory_usage_bytes(limits), spec.page_size_bytes)
+            for spec in self.kv_cache_specs.values()
+        )
+        return blocks * self.page_size_bytes
+
+    def get_page_sizes(self) -> list[int]:
+        """The distinct page sizes of the layers, in first-seen order."""
+        return list(dict.fromkeys(s.page_size_bytes for s in self.kv_cache_specs.values()))
+
+    def first_spec(self) -> KVCacheSpec:
+        """The spec that stands for the group in the scheduler (vLLM: the first inner spec)."""
+        return next(iter(self.kv_cache_specs.values()))
+
+    def narrowed_to(self, layer_names: Sequence[str]) -> Self:
+        """The same group restricted to ``layer_names`` (a worker's share)."""
+        keep = {n: s for n, s in self.kv_cache_specs.items() if n in set(layer_names)}
+        return dataclasses.replace(self, kv_cache_specs=keep)
+
+    def copy_with_new_block_size(self, block_size: int) -> Self:
+        inner = {n: s.copy_with_new_block_size(block_size) for n, s in self.kv_cache_specs.items()}
+        return dataclasses.replace(self, block_size=block_size, kv_cache_specs=inner)
+
+    @classmethod
+    def merge(cls, specs: Sequence[Self]) -> Self:
+        merged: Self = merge_equal_specs(cls, specs)
+        return merged
+
+    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+        inner = list(self.kv_cache_specs.values())
+        return inner[0].is_uniform_with_collection(inner)

@@ -51,9 +51,7 @@ def get_hash_fn_by_name(name: str) -> Callable[[bytes], bytes]:
             ) from exc
         digest: Callable[[bytes], bytes] = xxhash.xxh3_128_digest
         return digest
-    raise UnknownHashFunctionError(
-        f"Unsupported hash function: {name!r}; choose one of {HASH_ALGORITHMS}."
-    )
+    raise UnknownHashFunctionError(f"Unsupported hash function: {name!r}; choose one of {HASH_ALGORITHMS}.")
 
 
 def _process_seed() -> bytes:
@@ -95,7 +93,7 @@ class BlockHasher:
     Invariant: the hash of block i depends on the tokens and extra keys of blocks 0..i only.
     """
 
-    __slots__ = ("block_size", "algorithm", "_digest", "root_hash", "_token_bytes")
+    __slots__ = ("_digest", "_token_bytes", "algorithm", "block_size", "root_hash")
 
     def __init__(
         self, block_size: int, *, algorithm: str = "sha256", seed: bytes | str | None = None
@@ -198,8 +196,7 @@ class BlockHashListWithBlockSize(Sequence[bytes]):
     def __init__(self, hashes: Sequence[bytes], hash_block_size: int, target_block_size: int) -> None:
         if target_block_size % hash_block_size:
             raise KVSpecError(
-                f"Block size {target_block_size} is not a multiple of the hash block size "
-                f"{hash_block_size}."
+                f"Block size {target_block_size} is not a multiple of the hash block size {hash_block_size}."
             )
         self._hashes = hashes
         self._scale = target_block_size // hash_block_size

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 class KVCacheBlock:
     """One block id of the pool, with its reference count and (once full and cached) its hash."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free_block", "next_free_block", "is_null")
+    __slots__ = ("block_hash", "block_id", "is_null", "next_free_block", "prev_free_block", "ref_cnt")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -56,7 +56,7 @@ class FreeKVCacheBlockQueue:
     Starts in block-id order; ``popleft`` takes the least recently used block.
     """
 
-    __slots__ = ("num_free_blocks", "_head", "_tail")
+    __slots__ = ("_head", "_tail", "num_free_blocks")
 
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
         self.num_free_blocks = len(blocks)

@@ -45,9 +45,7 @@ class SchedulerLimits:
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise SpecValidationError(
-                    f"SchedulerLimits.{name} must be a positive int, got {value!r}."
-                )
+                raise SpecValidationError(f"SchedulerLimits.{name} must be a positive int, got {value!r}.")
         if self.max_num_batched_tokens is None:
             object.__setattr__(self, "max_num_batched_tokens", self.max_model_len)
         elif self.max_num_batched_tokens <= 0:

@@ -21,8 +21,8 @@ from kvspec._checking import check_api
 from kvspec.errors import (
     CapabilityError,
     ConflictingRegistrationError,
-    MissingManagerError,
     ManagerProtocolError,
+    MissingManagerError,
     PluginError,
     SpecProtocolError,
     UniformBaseError,
@@ -165,8 +165,7 @@ class Registry(Generic[SpecT, MgrT]):
         base = spec_cls if base is None else base
         if not issubclass(spec_cls, base):
             raise UniformBaseError(
-                f"{_name(spec_cls)} must inherit from its declared uniform_type_base_spec "
-                f"{_name(base)}."
+                f"{_name(spec_cls)} must inherit from its declared uniform_type_base_spec {_name(base)}."
             )
         return Registration(
             spec_cls=spec_cls,
@@ -335,9 +334,7 @@ def register_kv_cache_spec(
     target = default_registry if registry is None else registry
 
     def decorate(spec_cls: type[SpecT]) -> type[SpecT]:
-        target.register(
-            spec_cls, manager_class, uniform_type_base_spec, capabilities=capabilities
-        )
+        target.register(spec_cls, manager_class, uniform_type_base_spec, capabilities=capabilities)
         return spec_cls
 
     return decorate

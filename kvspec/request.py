@@ -19,21 +19,21 @@ class Request:
     """
 
     __slots__ = (
-        "request_id",
-        "all_token_ids",
-        "num_prompt_tokens",
-        "num_computed_tokens",
-        "num_preemptions",
-        "lora_name",
-        "mm_features",
-        "cache_salt",
-        "prompt_embeds",
-        "skip_reading_prefix_cache",
-        "block_hashes",
-        "block_extra_keys",
+        "_embeds_digests",
         "_hasher",
         "_next_mm_idx",
-        "_embeds_digests",
+        "all_token_ids",
+        "block_extra_keys",
+        "block_hashes",
+        "cache_salt",
+        "lora_name",
+        "mm_features",
+        "num_computed_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "prompt_embeds",
+        "request_id",
+        "skip_reading_prefix_cache",
     )
 
     def __init__(
@@ -109,9 +109,7 @@ class Request:
             lora_name=self.lora_name,
             mm_features=self.mm_features,
             cache_salt=self.cache_salt,
-            prompt_embeds_digest=(
-                self._prompt_embeds_digest if self.prompt_embeds is not None else None
-            ),
+            prompt_embeds_digest=(self._prompt_embeds_digest if self.prompt_embeds is not None else None),
             start=start,
             end=end,
             start_mm_idx=self._next_mm_idx,

@@ -9,6 +9,8 @@ from kvspec.managers.chunked_local import ChunkedLocalAttentionManager as Chunke
 from kvspec.managers.cross import CrossAttentionManager as CrossAttentionManager
 from kvspec.managers.full import (
     FullAttentionManager as FullAttentionManager,
+)
+from kvspec.managers.full import (
     SinkFullAttentionManager as SinkFullAttentionManager,
 )
 from kvspec.managers.mamba import MambaManager as MambaManager
@@ -38,13 +40,43 @@ def register_builtins(registry: Registry[KVCacheSpec, KVCacheManager]) -> None:
     paged = frozenset({"cpu", "cuda", "npu"})
     table: list[tuple[type[KVCacheSpec], type[KVCacheManager], type[KVCacheSpec], str, str]] = [
         (FullAttentionSpec, FullAttentionManager, FullAttentionSpec, "kvspec.full_attention", "paged_kv"),
-        (TQFullAttentionSpec, FullAttentionManager, FullAttentionSpec, "kvspec.turboquant_full_attention", "paged_kv"),
+        (
+            TQFullAttentionSpec,
+            FullAttentionManager,
+            FullAttentionSpec,
+            "kvspec.turboquant_full_attention",
+            "paged_kv",
+        ),
         (MLAAttentionSpec, FullAttentionManager, FullAttentionSpec, "kvspec.mla_attention", "paged_latent"),
-        (HiddenStateCacheSpec, FullAttentionManager, FullAttentionSpec, "kvspec.hidden_state", "paged_latent"),
-        (SinkFullAttentionSpec, SinkFullAttentionManager, FullAttentionSpec, "kvspec.sink_full_attention", "paged_kv"),
+        (
+            HiddenStateCacheSpec,
+            FullAttentionManager,
+            FullAttentionSpec,
+            "kvspec.hidden_state",
+            "paged_latent",
+        ),
+        (
+            SinkFullAttentionSpec,
+            SinkFullAttentionManager,
+            FullAttentionSpec,
+            "kvspec.sink_full_attention",
+            "paged_kv",
+        ),
         (SlidingWindowSpec, SlidingWindowManager, SlidingWindowSpec, "kvspec.sliding_window", "paged_kv"),
-        (SlidingWindowMLASpec, SlidingWindowManager, SlidingWindowMLASpec, "kvspec.sliding_window_mla", "paged_latent"),
-        (ChunkedLocalAttentionSpec, ChunkedLocalAttentionManager, ChunkedLocalAttentionSpec, "kvspec.chunked_local_attention", "paged_kv"),
+        (
+            SlidingWindowMLASpec,
+            SlidingWindowManager,
+            SlidingWindowMLASpec,
+            "kvspec.sliding_window_mla",
+            "paged_latent",
+        ),
+        (
+            ChunkedLocalAttentionSpec,
+            ChunkedLocalAttentionManager,
+            ChunkedLocalAttentionSpec,
+            "kvspec.chunked_local_attention",
+            "paged_kv",
+        ),
         (MambaSpec, MambaManager, MambaSpec, "kvspec.mamba", "state"),
         (CrossAttentionSpec, CrossAttentionManager, CrossAttentionSpec, "kvspec.cross_attention", "paged_kv"),
     ]

@@ -54,9 +54,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         start_token = (max_length // chunk) * chunk if max_length > 0 else 0
         start_block = start_token // block_size
         null = block_pool.null_block
-        computed: tuple[list[KVCacheBlock], ...] = tuple(
-            [null] * start_block for _ in kv_cache_group_ids
-        )
+        computed: tuple[list[KVCacheBlock], ...] = tuple([null] * start_block for _ in kv_cache_group_ids)
         for i in range(start_block, max_num_blocks):
             hits = block_pool.get_cached_block(block_hashes[i], kv_cache_group_ids)
             if hits is None:

@@ -92,9 +92,11 @@ class SinkFullAttentionManager(FullAttentionManager):
             pcp_world_size=pcp_world_size,
             max_admission_blocks_per_request=max_admission_blocks_per_request,
         )
-        sink_len = getattr(kv_cache_spec, "sink_len", None) if isinstance(
-            kv_cache_spec, SinkFullAttentionSpec
-        ) else None
+        sink_len = (
+            getattr(kv_cache_spec, "sink_len", None)
+            if isinstance(kv_cache_spec, SinkFullAttentionSpec)
+            else None
+        )
         if sink_len is None or sink_len <= 0 or sink_len % self.block_size:
             raise SpecValidationError(
                 f"SinkFullAttentionSpec.sink_len must be a positive multiple of block_size="

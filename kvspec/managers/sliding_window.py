@@ -46,9 +46,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         need = cdiv(window - 1, block_size) + (1 if use_eagle else 0)
         max_num_blocks = min(max_length // block_size, len(block_hashes))
         null = block_pool.null_block
-        computed: tuple[list[KVCacheBlock], ...] = tuple(
-            [null] * max_num_blocks for _ in kv_cache_group_ids
-        )
+        computed: tuple[list[KVCacheBlock], ...] = tuple([null] * max_num_blocks for _ in kv_cache_group_ids)
         num_contiguous = 0
         match_found = False
         lookup = block_pool.get_cached_block

@@ -74,9 +74,7 @@ def kv_cache_uses_per_token_head_scales(kv_cache_dtype: str) -> bool:
 def require_positive(spec: object, field: str, value: object) -> None:
     """Raise SpecValidationError unless ``value`` is a positive int."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecValidationError(
-            f"{type(spec).__name__}.{field} must be a positive int, got {value!r}."
-        )
+        raise SpecValidationError(f"{type(spec).__name__}.{field} must be a positive int, got {value!r}.")
 
 
 def require_optional_positive(spec: object, field: str, value: object) -> None:

@@ -38,9 +38,7 @@ from kvspec.specs._common import (
 _WINDOW_FIELDS = frozenset({"sliding_window", "attention_chunk_size"})
 
 
-def first_difference(
-    a: object, b: object, skip: frozenset[str] = frozenset()
-) -> tuple[str, Any, Any] | None:
+def first_difference(a: object, b: object, skip: frozenset[str] = frozenset()) -> tuple[str, Any, Any] | None:
     """The first dataclass field (name, a's value, b's value) where ``a`` and ``b`` differ."""
     for f in dataclasses.fields(a):  # type: ignore[arg-type]
         if f.name in skip:
@@ -225,12 +223,8 @@ class FullAttentionSpec(AttentionSpec):
                 "MLAAttentionSpec must be merged by MLAAttentionSpec.merge, not with full attention."
             )
         name = type(first).__name__
-        window = merge_window_sizes(
-            name, "sliding_window", {getattr(s, "sliding_window") for s in specs}
-        )
-        chunk = merge_window_sizes(
-            name, "attention_chunk_size", {getattr(s, "attention_chunk_size") for s in specs}
-        )
+        window = merge_window_sizes(name, "sliding_window", {s.sliding_window for s in specs})
+        chunk = merge_window_sizes(name, "attention_chunk_size", {s.attention_chunk_size for s in specs})
         if window is not None and chunk is not None:
             raise SpecMergeError(
                 f"{name} layers of one group mix sliding_window={window} and "
@@ -320,8 +314,7 @@ class SlidingWindowSpec(AttentionSpec):
 
     def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
         return all(
-            isinstance(s, SlidingWindowSpec) and s.sliding_window == self.sliding_window
-            for s in specs
+            isinstance(s, SlidingWindowSpec) and s.sliding_window == self.sliding_window for s in specs
         )
 
 
@@ -347,8 +340,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
         return all(
-            isinstance(s, ChunkedLocalAttentionSpec)
-            and s.attention_chunk_size == self.attention_chunk_size
+            isinstance(s, ChunkedLocalAttentionSpec) and s.attention_chunk_size == self.attention_chunk_size
             for s in specs
         )
 

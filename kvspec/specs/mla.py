@@ -116,6 +116,5 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
 
     def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
         return all(
-            isinstance(s, SlidingWindowMLASpec) and s.sliding_window == self.sliding_window
-            for s in specs
+            isinstance(s, SlidingWindowMLASpec) and s.sliding_window == self.sliding_window for s in specs
         )

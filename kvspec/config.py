@@ -1,0 +1,68 @@
+"""The KV cache layout a planner produces and the coordinator and workers consume."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvspec.protocols import KVCacheSpec
+from kvspec.specs.mamba import MambaSpec
+from kvspec.specs.uniform import UniformTypeKVCacheSpecs
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KVCacheTensor:
+    """One device buffer of ``size`` bytes; every layer in ``shared_by`` aliases it.
+
+    Layers of different groups may share a buffer: their block ids come from one pool, so they never
+    write the same block.
+    """
+
+    size: int
+    shared_by: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KVCacheGroupSpec:
+    """Layers that share one block table (same spec, or a uniform-type spec of them)."""
+
+    layer_names: tuple[str, ...]
+    kv_cache_spec: KVCacheSpec
+    is_eagle_group: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KVCacheConfig:
+    """``num_blocks`` blocks per layer; ``kv_cache_tensors`` back them; ``kv_cache_groups`` run them.
+
+    An attention-free model has no groups or tensors and one block (the pool's null block).
+    """
+
+    num_blocks: int
+    kv_cache_tensors: tuple[KVCacheTensor, ...]
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...]
+
+    @property
+    def has_mamba_layers(self) -> bool:
+        return any(_is_mamba(g.kv_cache_spec) for g in self.kv_cache_groups)
+
+    @property
+    def needs_kv_cache_zeroing(self) -> bool:
+        """Mamba states are read before they are written, so their buffers start zeroed."""
+        return self.has_mamba_layers
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.size for t in self.kv_cache_tensors)
+
+
+def _is_mamba(spec: KVCacheSpec) -> bool:
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return any(isinstance(s, MambaSpec) for s in spec.kv_cache_specs.values())
+    return isinstance(spec, MambaSpec)
+
+
+def scheduler_spec(spec: KVCacheSpec) -> KVCacheSpec:
+    """The spec the scheduler sees for a group: a uniform-type group is run by its first layer's spec."""
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return spec.first_spec()
+    return spec

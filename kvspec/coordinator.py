@@ -1,0 +1,563 @@
+"""The scheduler-facing facade: one block pool, one manager per KV cache group, prefix-cache hits
+that agree across groups, and the ``allocate_slots`` / ``free`` calls an engine makes every step.
+
+Atomicity: ``allocate_slots`` checks capacity before it changes anything, so a ``None`` return leaves
+ref counts, the free queue and the cache map as they were (only blocks that fell out of a sliding window
+are released first, which is what the request would do next step anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from kvspec._checking import check_api, check_hot
+from kvspec.config import KVCacheConfig, scheduler_spec
+from kvspec.errors import SchedulingError, UnsupportedConfigurationError
+from kvspec.hashing import BlockHasher, BlockHashListWithBlockSize
+from kvspec.pool import BlockPool, BlockStored, KVCacheBlock, KVCacheEvent
+from kvspec.protocols import KVCacheManager, KVCacheSpec, SchedulerLimits
+from kvspec.registry import Registry, default_registry
+from kvspec.request import Request
+from kvspec.specs.attention import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    SlidingWindowSpec,
+)
+from kvspec.specs.kinds import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
+from kvspec.specs.mamba import MambaSpec
+
+logger = logging.getLogger(__name__)
+
+
+class KVCacheBlocks:
+    """Blocks per group (outer index = group id), as returned by allocation and hit lookup."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> None:
+        self.blocks = blocks
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in group] for group in self.blocks)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        """Ids of blocks without a hash; only for single-group configs."""
+        if len(self.blocks) != 1:
+            raise SchedulingError("get_unhashed_block_ids() needs exactly one KV cache group.")
+        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def get_unhashed_block_ids_all_groups(self) -> list[int]:
+        return [b.block_id for g in self.blocks for b in g if b.block_hash is None and not b.is_null]
+
+    def is_empty(self) -> bool:
+        return not any(self.blocks)
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlocks({self.get_block_ids()})"
+
+
+@dataclass(kw_only=True, slots=True)
+class PrefixCacheStats:
+    """Prefix-cache counters since the last ``make_prefix_cache_stats`` (tokens, not blocks)."""
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+    reset: bool = False
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _SpecGroup:
+    spec: KVCacheSpec
+    group_ids: tuple[int, ...]
+    manager_cls: type[KVCacheManager]
+    is_full: bool
+    use_eagle: bool
+
+
+def resolve_block_sizes(
+    config: KVCacheConfig, limits: SchedulerLimits, enable_caching: bool, hash_block_size: int | None
+) -> tuple[int, int]:
+    """(scheduler_block_size, hash_block_size) in tokens for ``config``.
+
+    One group: both are its block size times the CP size. Several: the scheduler block is the LCM of
+    the groups' block sizes; hashes are taken at their GCD (or at the LCM without caching or when a
+    Mamba group's block size is not the smallest), and every group's block size must be a multiple.
+    """
+    specs = [scheduler_spec(g.kv_cache_spec) for g in config.kv_cache_groups]
+    cp = limits.context_parallel_size
+    if len(specs) <= 1:
+        size = (specs[0].block_size if specs else 16) * cp
+        return size, size if hash_block_size is None else hash_block_size
+    sizes = [s.block_size for s in specs]
+    if cp > 1 and len(set(sizes)) > 1:
+        raise UnsupportedConfigurationError(
+            "Hybrid KV cache groups with multiple block sizes do not support context parallelism."
+        )
+    scheduler = math.lcm(*sizes) * (cp if len(set(sizes)) == 1 else 1)
+    if hash_block_size is not None:
+        chosen = hash_block_size
+    elif not enable_caching or any(isinstance(s, MambaSpec) and s.block_size != min(sizes) for s in specs):
+        chosen = scheduler
+    else:
+        chosen = math.gcd(*sizes)
+    bad = [s for s in sizes if s % chosen]
+    if bad or scheduler % chosen:
+        raise UnsupportedConfigurationError(
+            f"Invalid hash_block_size={chosen}: every KV cache group block size ({sorted(set(sizes))}) "
+            "must be a multiple of it."
+        )
+    return scheduler, chosen
+
+
+class KVCacheCoordinator:
+    """Scheduler API over all KV cache groups of one model (vLLM's KVCacheManager + coordinator)."""
+
+    @check_api
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        limits: SchedulerLimits,
+        *,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        enable_kv_cache_events: bool = False,
+        log_stats: bool = False,
+        hash_block_size: int | None = None,
+        hash_algorithm: str = "sha256",
+        registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
+    ) -> None:
+        registry = default_registry if registry is None else registry
+        self.kv_cache_config = kv_cache_config
+        self.limits = limits
+        self.max_model_len = limits.max_model_len
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.hash_algorithm = hash_algorithm
+        groups = kv_cache_config.kv_cache_groups
+        self.specs: tuple[KVCacheSpec, ...] = tuple(scheduler_spec(g.kv_cache_spec) for g in groups)
+        if enable_caching and any(isinstance(s, CrossAttentionSpec) for s in self.specs):
+            raise UnsupportedConfigurationError(
+                "Encoder-decoder models (cross attention) must run with enable_caching=False."
+            )
+        if enable_caching and use_eagle and any(isinstance(s, MambaSpec) for s in self.specs):
+            raise UnsupportedConfigurationError("EAGLE with Mamba prefix caching is not supported.")
+        self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(
+            kv_cache_config, limits, enable_caching, hash_block_size
+        )
+        for spec in self.specs:
+            if spec.block_size % self.hash_block_size and len(self.specs) > 1:
+                raise UnsupportedConfigurationError(
+                    f"Group block size {spec.block_size} is not a multiple of hash_block_size "
+                    f"{self.hash_block_size}."
+                )
+        self.block_pool = BlockPool(
+            kv_cache_config.num_blocks,
+            enable_caching=enable_caching,
+            hash_block_size=self.hash_block_size,
+            enable_kv_cache_events=enable_kv_cache_events,
+        )
+        eagle_ids = {i for i, g in enumerate(groups) if g.is_eagle_group}
+        if use_eagle and not eagle_ids:
+            eagle_ids = set(range(len(groups)))
+        self._eagle_group_ids: Final = frozenset(eagle_ids if use_eagle else ())
+        mnbt, mml = limits.batched_tokens, limits.max_model_len
+        cp_d, cp_p = limits.decode_context_parallel_size, limits.prefill_context_parallel_size
+        self.managers: list[KVCacheManager] = []
+        for gid, spec in enumerate(self.specs):
+            manager_cls = registry.require(spec, f"group {gid}").manager_cls
+            cap = None
+            if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
+                cap = spec.max_admission_blocks_per_request(mnbt, mml)
+            manager = manager_cls(
+                spec,
+                self.block_pool,
+                enable_caching=enable_caching,
+                kv_cache_group_id=gid,
+                scheduler_block_size=self.scheduler_block_size,
+                dcp_world_size=cp_d,
+                pcp_world_size=cp_p,
+                max_admission_blocks_per_request=cap,
+            )
+            if gid in self._eagle_group_ids:
+                manager.use_eagle = True
+            self.managers.append(manager)
+        self._is_cross = tuple(isinstance(s, CrossAttentionSpec) for s in self.specs)
+        self._has_cross = any(self._is_cross)
+        self._spec_groups = self._split_spec_groups(registry)
+        self._event_metadata = tuple(
+            (get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in self.specs
+        )
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        self._empty = KVCacheBlocks(tuple(() for _ in self.specs))
+
+    def _split_spec_groups(self, registry: Registry[KVCacheSpec, KVCacheManager]) -> tuple[_SpecGroup, ...]:
+        by_spec: dict[KVCacheSpec, list[int]] = {}
+        for gid, spec in enumerate(self.specs):
+            by_spec.setdefault(spec, []).append(gid)
+        out = [
+            _SpecGroup(
+                spec=spec,
+                group_ids=tuple(gids),
+                manager_cls=type(self.managers[gids[0]]),
+                is_full=isinstance(spec, FullAttentionSpec),
+                use_eagle=any(g in self._eagle_group_ids for g in gids),
+            )
+            for spec, gids in by_spec.items()
+        ]
+        # Full attention first: its hits are downward-closed, so later passes only truncate them.
+        out.sort(key=lambda g: not g.is_full)
+        return tuple(out)
+
+    # -- helpers for engines ------------------------------------------------------------------
+
+    def make_block_hasher(self, seed: bytes | str | None = None) -> BlockHasher:
+        """A hasher with this coordinator's hash block size, for the engine's Request objects."""
+        return BlockHasher(self.hash_block_size, algorithm=self.hash_algorithm, seed=seed)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.specs)
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    # -- prefix-cache hits --------------------------------------------------------------------
+
+    @check_hot
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The longest cached prefix of ``request`` (blocks per group, tokens).
+
+        The last token is never a hit (its logits must be computed), so at most num_tokens - 1.
+        """
+        if not self.enable_caching or request.skip_reading_prefix_cache or not self.specs:
+            return self._empty, 0
+        blocks, num_hit_tokens = self.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
+        return KVCacheBlocks(blocks), num_hit_tokens
+
+    def _hash_view(self, hashes: Sequence[bytes], block_size: int) -> Sequence[bytes]:
+        if block_size == self.hash_block_size:
+            return hashes
+        return BlockHashListWithBlockSize(hashes, self.hash_block_size, block_size)
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[bytes], max_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        pool = self.block_pool
+        if len(self._spec_groups) == 1:
+            group = self._spec_groups[0]
+            bs = manager_block_size(self.managers[group.group_ids[0]])
+            hit = group.manager_cls.find_longest_cache_hit(
+                self._hash_view(block_hashes, group.spec.block_size),
+                max_length,
+                group.group_ids,
+                pool,
+                group.spec,
+                group.use_eagle,
+                self.scheduler_block_size if len(self.specs) > 1 else bs,
+                self.limits.decode_context_parallel_size,
+                self.limits.prefill_context_parallel_size,
+            )
+            per_group: list[list[KVCacheBlock]] = [[] for _ in self.specs]
+            for gid, blocks in zip(group.group_ids, hit):
+                per_group[gid] = blocks
+            return tuple(per_group), len(hit[0]) * bs
+        return self._hybrid_hit(block_hashes, max_length)
+
+    def _hybrid_hit(
+        self, block_hashes: Sequence[bytes], max_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        """Fixed point: each group's hit can only shorten the common hit; repeat until it is stable."""
+        hit_length = max_length
+        results: dict[int, tuple[list[KVCacheBlock], ...]] = {}
+        first_pass = True
+        while True:
+            current = hit_length
+            for idx, group in enumerate(self._spec_groups):
+                bs = group.spec.block_size
+                if group.is_full and not first_pass and not group.use_eagle:
+                    for blocks in results[idx]:
+                        del blocks[current // bs :]
+                    continue
+                lookup = min(current + bs, max_length) if group.use_eagle else current
+                hit = group.manager_cls.find_longest_cache_hit(
+                    self._hash_view(block_hashes, bs),
+                    lookup,
+                    group.group_ids,
+                    self.block_pool,
+                    group.spec,
+                    group.use_eagle,
+                    self.scheduler_block_size,
+                )
+                results[idx] = hit
+                current = min(current, len(hit[0]) * bs)
+            if current == hit_length and not first_pass:
+                break
+            stable = current == hit_length
+            hit_length = current
+            first_pass = False
+            if stable:
+                break
+        per_group: list[list[KVCacheBlock]] = [[] for _ in self.specs]
+        for idx, group in enumerate(self._spec_groups):
+            keep = hit_length // group.spec.block_size
+            for gid, blocks in zip(group.group_ids, results[idx]):
+                del blocks[keep:]
+                per_group[gid] = blocks
+        return tuple(per_group), hit_length
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    @check_hot
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+    ) -> KVCacheBlocks | None:
+        """Blocks for ``num_new_tokens`` more tokens of ``request``, or None if they do not fit.
+
+        ``new_computed_blocks`` / ``num_new_computed_tokens`` come from ``get_computed_blocks`` for a
+        request being admitted. ``num_lookahead_tokens`` reserves room for speculative tokens.
+        ``full_sequence_must_fit`` admits the request only if its whole prompt fits now.
+        """
+        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+            raise SchedulingError("num_new_tokens must be greater than 0 (or tokens must be external).")
+        computed = self._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
+        request_id = request.request_id
+        mml = self.max_model_len
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total = min(local + num_external_computed_tokens, mml)
+        managers = self.managers
+        free = self.block_pool.get_num_free_blocks()
+        if full_sequence_must_fit:
+            need_all = self._blocks_needed(
+                request_id,
+                min(request.num_tokens, mml),
+                computed,
+                total,
+                min(request.num_tokens, mml),
+                num_encoder_tokens,
+                apply_admission_cap=True,
+            )
+            if need_all > free:
+                return None
+        main = total + num_new_tokens
+        need_tokens = min(main + num_lookahead_tokens, mml)
+        for manager in managers:
+            manager.remove_skipped_blocks(request_id, total)
+        free = self.block_pool.get_num_free_blocks()
+        num_blocks = self._blocks_needed(request_id, need_tokens, computed, total, main, num_encoder_tokens)
+        if num_blocks > free - reserved_blocks:
+            return None
+        cross = self._is_cross
+        for gid, manager in enumerate(managers):
+            if cross[gid]:
+                manager.allocate_new_computed_blocks(request_id, (), 0, 0)
+            else:
+                manager.allocate_new_computed_blocks(
+                    request_id, computed[gid], local, num_external_computed_tokens
+                )
+        new_blocks = tuple(
+            manager.allocate_new_blocks(
+                request_id,
+                num_encoder_tokens if cross[gid] else need_tokens,
+                num_encoder_tokens if cross[gid] else main,
+            )
+            for gid, manager in enumerate(managers)
+        )
+        if self.enable_caching and not delay_cache_blocks:
+            self.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
+        if not any(new_blocks):
+            return self._empty
+        return KVCacheBlocks(new_blocks)
+
+    def _blocks_needed(
+        self,
+        request_id: str,
+        num_tokens: int,
+        computed: tuple[Sequence[KVCacheBlock], ...],
+        total_computed: int,
+        num_tokens_main_model: int,
+        num_encoder_tokens: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        total = 0
+        cross = self._is_cross
+        for gid, manager in enumerate(self.managers):
+            if cross[gid]:
+                total += manager.get_num_blocks_to_allocate(
+                    request_id, num_encoder_tokens, (), 0, num_encoder_tokens, apply_admission_cap
+                )
+            else:
+                total += manager.get_num_blocks_to_allocate(
+                    request_id,
+                    num_tokens,
+                    computed[gid],
+                    total_computed,
+                    num_tokens_main_model,
+                    apply_admission_cap,
+                )
+        return total
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Publish the request's full blocks up to ``num_computed_tokens`` (aligned for hybrids)."""
+        if not self.enable_caching:
+            return
+        if len(self.specs) == 1:
+            self.managers[0].cache_blocks(request, num_computed_tokens)
+            return
+        sbs = self.scheduler_block_size
+        aligned = num_computed_tokens // sbs * sbs
+        for gid, manager in enumerate(self.managers):
+            if self._is_cross[gid]:
+                continue
+            n = aligned
+            if gid in self._eagle_group_ids and aligned > 0:
+                n = min(num_computed_tokens, aligned + manager_block_size(manager))
+            manager.cache_blocks(request, n)
+
+    @check_hot
+    def free(self, request: Request) -> None:
+        """Release every block of the request, tail first (so tails are evicted first)."""
+        for manager in self.managers:
+            manager.free(request.request_id)
+
+    def free_request_id(self, request_id: str) -> None:
+        for manager in self.managers:
+            manager.free(request_id)
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request_id, total_computed_tokens)
+
+    def new_step_starts(self) -> None:
+        for manager in self.managers:
+            manager.new_step_starts()
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(m.get_blocks(request_id) for m in self.managers))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in m.get_blocks(request_id)] for m in self.managers)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [m.get_num_common_prefix_blocks(running_request_id) for m in self.managers]
+
+    def take_new_block_ids(self) -> list[int]:
+        ids: list[int] = []
+        for manager in self.managers:
+            ids.extend(manager.take_new_block_ids())
+        return ids
+
+    def evict_blocks(self, block_ids: Sequence[int]) -> None:
+        self.block_pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached blocks; False (nothing changed) while requests still hold blocks."""
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The stats gathered since the last call (None when log_stats is off); starts new ones."""
+        stats = self.prefix_cache_stats
+        if stats is None:
+            return None
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """KV events since the last call, BlockStored annotated with its group's spec kind and window."""
+        events = self.block_pool.take_events()
+        out: list[KVCacheEvent] = []
+        for event in events:
+            if isinstance(event, BlockStored) and event.group_idx is not None:
+                if 0 <= event.group_idx < len(self._event_metadata):
+                    kind, window = self._event_metadata[event.group_idx]
+                    event = BlockStored(
+                        block_hashes=event.block_hashes,
+                        parent_block_hash=event.parent_block_hash,
+                        token_ids=event.token_ids,
+                        block_size=event.block_size,
+                        lora_id=event.lora_id,
+                        medium=event.medium,
+                        lora_name=event.lora_name,
+                        cache_salt=event.cache_salt,
+                        extra_keys=event.extra_keys,
+                        group_idx=event.group_idx,
+                        kv_cache_spec_kind=kind,
+                        kv_cache_spec_sliding_window=window,
+                    )
+                else:
+                    logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
+            out.append(event)
+        return out
+
+    def check_invariants(self) -> None:
+        """Raise if any block's ref count differs from the number of holders (requests + reservations),
+        or if the pool's queue and cache map disagree. For tests and debugging; O(blocks)."""
+        from kvspec.errors import BlockPoolError
+
+        self.block_pool.check_invariants()
+        holders = [0] * self.block_pool.num_gpu_blocks
+        for manager in self.managers:
+            for blocks in manager.req_to_blocks.values():
+                for block in blocks:
+                    if not block.is_null:
+                        holders[block.block_id] += 1
+            for block in getattr(manager, "sink_blocks", ()):
+                holders[block.block_id] += 1
+        for block in self.block_pool.blocks:
+            if not block.is_null and block.ref_cnt != holders[block.block_id]:
+                raise BlockPoolError(
+                    f"block {block.block_id} has ref_cnt {block.ref_cnt} but {holders[block.block_id]} holders"
+                )
+
+
+def manager_block_size(manager: KVCacheManager) -> int:
+    size: int = manager.block_size
+    return size

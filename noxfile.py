@@ -1,0 +1,38 @@
+"""Sessions: ``nox`` runs tests, mypy and lint; ``nox -s tests -- -k registry`` passes pytest arguments."""
+
+from __future__ import annotations
+
+import nox
+
+nox.needs_version = ">=2024.10.9"
+nox.options.default_venv_backend = "venv"  # pip takes torch==2.13.0 from the local wheel; uv would not
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["tests", "mypy", "lint"]
+
+
+def _install(session: nox.Session) -> None:
+    if session.venv_backend == "none":  # `nox --no-venv`: the caller's environment is complete
+        return
+    session.install("-c", "constraints.txt", "torch==2.13.0")
+    session.install("-c", "constraints.txt", "-e", ".[dev]")
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """pytest, with every kvspec boundary and hot-path method type-checked by beartype."""
+    _install(session)
+    session.run("pytest", *session.posargs, env={"KVSPEC_TYPECHECK": "full"})
+
+
+@nox.session(python="3.11")
+def mypy(session: nox.Session) -> None:
+    """mypy --strict over kvspec/, stubs/, tests/ and benchmarks/ in one process (config in mypy.ini)."""
+    _install(session)
+    session.run("mypy", *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    _install(session)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")

@@ -203,9 +203,8 @@ class KVCacheCoordinator:
                 dcp_world_size=cp_d,
                 pcp_world_size=cp_p,
                 max_admission_blocks_per_request=cap,
+                use_eagle=gid in self._eagle_group_ids,
             )
-            if gid in self._eagle_group_ids:
-                manager.use_eagle = True
             self.managers.append(manager)
         self._is_cross = tuple(isinstance(s, CrossAttentionSpec) for s in self.specs)
         self._has_cross = any(self._is_cross)
@@ -278,7 +277,7 @@ class KVCacheCoordinator:
         pool = self.block_pool
         if len(self._spec_groups) == 1:
             group = self._spec_groups[0]
-            bs = manager_block_size(self.managers[group.group_ids[0]])
+            bs = group.spec.block_size * self.limits.context_parallel_size
             hit = group.manager_cls.find_longest_cache_hit(
                 self._hash_view(block_hashes, group.spec.block_size),
                 max_length,
@@ -453,7 +452,7 @@ class KVCacheCoordinator:
                 continue
             n = aligned
             if gid in self._eagle_group_ids and aligned > 0:
-                n = min(num_computed_tokens, aligned + manager_block_size(manager))
+                n = min(num_computed_tokens, aligned + self.specs[gid].block_size)
             manager.cache_blocks(request, n)
 
     @check_hot
@@ -545,19 +544,10 @@ class KVCacheCoordinator:
         self.block_pool.check_invariants()
         holders = [0] * self.block_pool.num_gpu_blocks
         for manager in self.managers:
-            for blocks in manager.req_to_blocks.values():
-                for block in blocks:
-                    if not block.is_null:
-                        holders[block.block_id] += 1
-            for block in getattr(manager, "sink_blocks", ()):
+            for block in manager.iter_held_blocks():
                 holders[block.block_id] += 1
         for block in self.block_pool.blocks:
             if not block.is_null and block.ref_cnt != holders[block.block_id]:
                 raise BlockPoolError(
                     f"block {block.block_id} has ref_cnt {block.ref_cnt} but {holders[block.block_id]} holders"
                 )
-
-
-def manager_block_size(manager: KVCacheManager) -> int:
-    size: int = manager.block_size
-    return size

@@ -8,7 +8,7 @@ signatures or return types of a class.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar, runtime_checkable
 
@@ -151,6 +151,7 @@ class KVCacheManager(Protocol):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         max_admission_blocks_per_request: int | None = None,
+        use_eagle: bool = False,
     ) -> None: ...
 
     def get_num_blocks_to_allocate(
@@ -223,6 +224,10 @@ class KVCacheManager(Protocol):
 
     def new_step_starts(self) -> None:
         """Called once at the start of every scheduler step."""
+        ...
+
+    def iter_held_blocks(self) -> Iterator[KVCacheBlock]:
+        """Every non-null block this manager holds a reference on, once per reference."""
         ...
 
     def take_new_block_ids(self) -> list[int]:

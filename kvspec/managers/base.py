@@ -7,7 +7,7 @@ means the request was admitted). No runtime type checks here: these methods run 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 from kvspec.errors import SchedulingError
@@ -34,6 +34,7 @@ class SingleTypeKVCacheManager:
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         max_admission_blocks_per_request: int | None = None,
+        use_eagle: bool = False,
     ) -> None:
         cp = dcp_world_size * pcp_world_size
         self.kv_cache_spec = kv_cache_spec
@@ -48,7 +49,7 @@ class SingleTypeKVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.new_block_ids: list[int] = []
-        self.use_eagle = False
+        self.use_eagle = use_eagle
         self._null_block = block_pool.null_block
 
     # -- allocation ---------------------------------------------------------------------------
@@ -193,6 +194,12 @@ class SingleTypeKVCacheManager:
 
     def new_step_starts(self) -> None:
         return None
+
+    def iter_held_blocks(self) -> Iterator[KVCacheBlock]:
+        for blocks in self.req_to_blocks.values():
+            for block in blocks:
+                if not block.is_null:
+                    yield block
 
     def take_new_block_ids(self) -> list[int]:
         ids, self.new_block_ids = self.new_block_ids, []

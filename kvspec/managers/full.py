@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from kvspec.errors import SpecValidationError
 from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
@@ -81,6 +81,7 @@ class SinkFullAttentionManager(FullAttentionManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         max_admission_blocks_per_request: int | None = None,
+        use_eagle: bool = False,
     ) -> None:
         super().__init__(
             kv_cache_spec,
@@ -91,6 +92,7 @@ class SinkFullAttentionManager(FullAttentionManager):
             dcp_world_size=dcp_world_size,
             pcp_world_size=pcp_world_size,
             max_admission_blocks_per_request=max_admission_blocks_per_request,
+            use_eagle=use_eagle,
         )
         sink_len = (
             getattr(kv_cache_spec, "sink_len", None)
@@ -103,3 +105,7 @@ class SinkFullAttentionManager(FullAttentionManager):
                 f"{self.block_size}, got {sink_len!r}."
             )
         self.sink_blocks = block_pool.get_new_blocks(sink_len // self.block_size)
+
+    def iter_held_blocks(self) -> Iterator[KVCacheBlock]:
+        yield from self.sink_blocks
+        yield from super().iter_held_blocks()

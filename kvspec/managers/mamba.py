@@ -34,6 +34,7 @@ class MambaManager(SingleTypeKVCacheManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         max_admission_blocks_per_request: int | None = None,
+        use_eagle: bool = False,
     ) -> None:
         if not isinstance(kv_cache_spec, MambaSpec):
             raise UnsupportedConfigurationError(
@@ -48,6 +49,7 @@ class MambaManager(SingleTypeKVCacheManager):
             dcp_world_size=dcp_world_size,
             pcp_world_size=pcp_world_size,
             max_admission_blocks_per_request=max_admission_blocks_per_request,
+            use_eagle=use_eagle,
         )
         self.mamba_cache_mode = kv_cache_spec.mamba_cache_mode
         self.num_speculative_blocks = kv_cache_spec.num_speculative_blocks

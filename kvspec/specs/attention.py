@@ -6,7 +6,6 @@ Methods of slotted subclasses call their base explicitly (zero-argument ``super(
 CPython < 3.14).
 """
 
-from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
@@ -176,6 +175,7 @@ class FullAttentionSpec(AttentionSpec):
     is_mla: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
+        require_positive(self, "head_size", self.head_size)
         if self.head_size_v is None:
             object.__setattr__(self, "head_size_v", self.head_size)
         require_positive(self, "head_size_v", self.head_size_v)
@@ -278,6 +278,7 @@ class SlidingWindowSpec(AttentionSpec):
     head_size_v: int | None = None
 
     def __post_init__(self) -> None:
+        require_positive(self, "head_size", self.head_size)
         if self.head_size_v is None:
             object.__setattr__(self, "head_size_v", self.head_size)
         require_positive(self, "head_size_v", self.head_size_v)

@@ -1,6 +1,5 @@
 """State-space (Mamba) layers: a fixed-size state per request instead of per-token KV."""
 
-from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence

@@ -1,0 +1,20 @@
+"""Test configuration: every kvspec boundary and hot-path method is type-checked by beartype."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KVSPEC_TYPECHECK", "full")
+
+from collections.abc import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+from kvspec.registry import default_registry  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _restore_default_registry() -> Iterator[None]:
+    """Registrations a test makes never leak into the next test."""
+    with default_registry.isolated():
+        yield

@@ -6,11 +6,11 @@ import os
 
 os.environ.setdefault("KVSPEC_TYPECHECK", "full")
 
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Iterator
 
-import pytest  # noqa: E402
+import pytest
 
-from kvspec.registry import default_registry  # noqa: E402
+from kvspec.registry import default_registry
 
 
 @pytest.fixture(autouse=True)

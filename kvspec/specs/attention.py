@@ -6,7 +6,6 @@ Methods of slotted subclasses call their base explicitly (zero-argument ``super(
 CPython < 3.14).
 """
 
-
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass

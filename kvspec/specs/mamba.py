@@ -1,6 +1,5 @@
 """State-space (Mamba) layers: a fixed-size state per request instead of per-token KV."""
 
-
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass

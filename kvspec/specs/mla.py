@@ -5,7 +5,6 @@ token into 656 bytes (584 for DeepSeek V4). ``compress_ratio`` > 1 stores ``bloc
 tokens per block (DeepSeek V4). ``alignment`` pads the page up to a multiple of that many bytes.
 """
 
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar

@@ -1,6 +1,5 @@
 """Several layers of one spec family that differ in shape (e.g. head size) but share block size."""
 
-
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass

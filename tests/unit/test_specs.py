@@ -155,9 +155,7 @@ class TestPageSizes:
         capped = SchedulerLimits(max_model_len=100, max_num_batched_tokens=1024)
         assert spec.max_memory_usage_bytes(capped) == (7 + 1) * 65_536
         with pytest.raises(UnsupportedConfigurationError, match="decode context parallelism"):
-            spec.max_memory_usage_bytes(
-                SchedulerLimits(max_model_len=100, decode_context_parallel_size=2)
-            )
+            spec.max_memory_usage_bytes(SchedulerLimits(max_model_len=100, decode_context_parallel_size=2))
 
     def test_chunked_local(self) -> None:
         spec = ChunkedLocalAttentionSpec(
@@ -171,7 +169,10 @@ class TestPageSizes:
 
     def test_mamba_modes(self) -> None:
         spec = MambaSpec(
-            block_size=16, shapes=((16, 64), (8, 32, 32)), dtypes=(BF16, torch.float32), num_speculative_blocks=2
+            block_size=16,
+            shapes=((16, 64), (8, 32, 32)),
+            dtypes=(BF16, torch.float32),
+            num_speculative_blocks=2,
         )
         assert spec.page_size_bytes == 16 * 64 * 2 + 8 * 32 * 32 * 4 == 34_816
         none = SchedulerLimits(max_model_len=1000)
@@ -209,7 +210,13 @@ class TestPageSizes:
 class TestValidation:
     @pytest.mark.parametrize(
         ("field", "value"),
-        [("block_size", 0), ("num_kv_heads", -1), ("head_size", 0), ("head_size_v", 0), ("sliding_window", 0)],
+        [
+            ("block_size", 0),
+            ("num_kv_heads", -1),
+            ("head_size", 0),
+            ("head_size_v", 0),
+            ("sliding_window", 0),
+        ],
     )
     def test_field_must_be_positive(self, field: str, value: int) -> None:
         with pytest.raises(SpecValidationError, match=f"FullAttentionSpec.{field} must be a positive int"):
@@ -334,7 +341,9 @@ class TestKinds:
     def test_specific_kinds_win(self) -> None:
         mla = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=BF16)
         hidden = HiddenStateCacheSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=BF16)
-        swmla = SlidingWindowMLASpec(block_size=16, num_kv_heads=1, head_size=576, dtype=BF16, sliding_window=8)
+        swmla = SlidingWindowMLASpec(
+            block_size=16, num_kv_heads=1, head_size=576, dtype=BF16, sliding_window=8
+        )
         sink = SinkFullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=BF16, sink_len=16)
         assert get_kv_cache_spec_kind(mla) is KVCacheSpecKind.MLA_ATTENTION
         assert get_kv_cache_spec_kind(hidden) is KVCacheSpecKind.MLA_ATTENTION

@@ -1,0 +1,15 @@
+from kvspec import FullAttentionManager, default_registry, register_kv_cache_spec
+
+
+class NotASpec:
+    block_size: int = 16
+
+
+default_registry.register(
+    NotASpec, FullAttentionManager
+)  # E: [arg-type] "type[NotASpec]"; expected "type[KVCacheSpec]"
+
+
+@register_kv_cache_spec(FullAttentionManager)
+class AlsoNotASpec:  # E: [type-var] Value of type variable "SpecT" of function cannot be "AlsoNotASpec"
+    block_size: int = 16

@@ -56,8 +56,16 @@ ATTN: dict[str, Any] = dict(block_size=64, num_kv_heads=8, head_size=128, dtype=
 BUILTINS: list[tuple[KVCacheSpec, type, type]] = [
     (FullAttentionSpec(**ATTN), FullAttentionManager, FullAttentionSpec),
     (TQFullAttentionSpec(**ATTN, tq_slot_size=64), FullAttentionManager, FullAttentionSpec),
-    (MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576, dtype=BF16), FullAttentionManager, FullAttentionSpec),
-    (HiddenStateCacheSpec(block_size=64, num_kv_heads=1, head_size=576, dtype=BF16), FullAttentionManager, FullAttentionSpec),
+    (
+        MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576, dtype=BF16),
+        FullAttentionManager,
+        FullAttentionSpec,
+    ),
+    (
+        HiddenStateCacheSpec(block_size=64, num_kv_heads=1, head_size=576, dtype=BF16),
+        FullAttentionManager,
+        FullAttentionSpec,
+    ),
     (SinkFullAttentionSpec(**ATTN, sink_len=64), SinkFullAttentionManager, FullAttentionSpec),
     (SlidingWindowSpec(**ATTN, sliding_window=128), SlidingWindowManager, SlidingWindowSpec),
     (
@@ -65,7 +73,11 @@ BUILTINS: list[tuple[KVCacheSpec, type, type]] = [
         SlidingWindowManager,
         SlidingWindowMLASpec,
     ),
-    (ChunkedLocalAttentionSpec(**ATTN, attention_chunk_size=256), ChunkedLocalAttentionManager, ChunkedLocalAttentionSpec),
+    (
+        ChunkedLocalAttentionSpec(**ATTN, attention_chunk_size=256),
+        ChunkedLocalAttentionManager,
+        ChunkedLocalAttentionSpec,
+    ),
     (MambaSpec(block_size=64, shapes=((4, 8),), dtypes=(BF16,)), MambaManager, MambaSpec),
     (CrossAttentionSpec(**ATTN), CrossAttentionManager, CrossAttentionSpec),
 ]
@@ -95,7 +107,8 @@ def test_custom_spec_register(spec: KVCacheSpec, manager: type, base: type) -> N
     class Custom(parent):  # type: ignore[valid-type,misc]
         extra_field: int = 7
 
-    custom = Custom(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)  # type: ignore[arg-type] if f.init})
+    fields = dataclasses.fields(spec)  # type: ignore[arg-type]
+    custom = Custom(**{f.name: getattr(spec, f.name) for f in fields if f.init})
     assert default_registry.get_manager_class(custom) is manager
     assert default_registry.get_uniform_type_base_spec(custom) is base
     assert default_registry.lookup(Custom) is not None
@@ -137,7 +150,9 @@ def test_unregistered_spec_without_registered_parent() -> None:
     orphan = Orphan()
     assert default_registry.get_manager_class(orphan) is None
     assert default_registry.get_uniform_type_base_spec(orphan) is None
-    with pytest.raises(UnregisteredSpecError, match="Unsupported KV cache spec type for layer layer_0: Orphan"):
+    with pytest.raises(
+        UnregisteredSpecError, match="Unsupported KV cache spec type for layer layer_0: Orphan"
+    ):
         default_registry.check({"layer_0": orphan})
     with pytest.raises(UnregisteredSpecError, match="Unsupported KV cache spec type"):
         default_registry.is_uniform_type([orphan, orphan])
@@ -215,7 +230,11 @@ def test_different_uniform_groups_are_not_uniform_in_either_order(a: type, b: ty
 def test_sliding_window_and_its_mla_variant_are_symmetric_with_equal_windows() -> None:
     sw_ = SlidingWindowSpec(**ATTN, sliding_window=128)
     swmla = SlidingWindowMLASpec(block_size=64, num_kv_heads=1, head_size=576, dtype=BF16, sliding_window=128)
-    assert default_registry.is_uniform_type([sw_, swmla]) is default_registry.is_uniform_type([swmla, sw_]) is False
+    assert (
+        default_registry.is_uniform_type([sw_, swmla])
+        is default_registry.is_uniform_type([swmla, sw_])
+        is False
+    )
 
 
 def test_different_block_sizes_are_not_uniform() -> None:
@@ -245,7 +264,9 @@ class TestRegistrationErrors:
         assert default_registry.snapshot() == before
 
     def test_conflicting_registration_is_rejected(self) -> None:
-        with pytest.raises(ConflictingRegistrationError, match="Conflicting registration for KVCacheSpec FullAttentionSpec"):
+        with pytest.raises(
+            ConflictingRegistrationError, match="Conflicting registration for KVCacheSpec FullAttentionSpec"
+        ):
             default_registry.register(FullAttentionSpec, SlidingWindowManager)
         assert default_registry.get_manager_class(FullAttentionSpec(**ATTN)) is FullAttentionManager
 
@@ -295,7 +316,9 @@ class TestRegistrationErrors:
             assert "allocate_new_blocks" in str(info.value)
         reg: Registry[KVCacheSpec, Any] = Registry()
         # Bypassing beartype's protocol check shows kvspec's own message, which names what is missing.
-        with pytest.raises(ManagerProtocolError, match="missing allocate_new_blocks, allocate_new_computed_blocks"):
+        with pytest.raises(
+            ManagerProtocolError, match="missing allocate_new_blocks, allocate_new_computed_blocks"
+        ):
             reg._validate(Spec2, HalfManager, None, None, "test")
 
     def test_capabilities_validated(self) -> None:
@@ -305,9 +328,13 @@ class TestRegistrationErrors:
             Capabilities(identifier="acme.x", storage_layout="weird")
         with pytest.raises(CapabilityError, match="unknown: \\['gpu9'\\]"):
             Capabilities(identifier="acme.x", devices=frozenset({"gpu9"}))
-        caps = Capabilities(identifier="acme.paged_mla", storage_layout="paged_latent", devices=frozenset({"npu"}))
+        caps = Capabilities(
+            identifier="acme.paged_mla", storage_layout="paged_latent", devices=frozenset({"npu"})
+        )
 
-        @register_kv_cache_spec(FullAttentionManager, uniform_type_base_spec=FullAttentionSpec, capabilities=caps)
+        @register_kv_cache_spec(
+            FullAttentionManager, uniform_type_base_spec=FullAttentionSpec, capabilities=caps
+        )
         @dataclass(frozen=True, kw_only=True, slots=True)
         class AcmeMLA(MLAAttentionSpec):
             pass
@@ -396,7 +423,9 @@ class TestPlugins:
     @pytest.fixture
     def plugins(self, monkeypatch: pytest.MonkeyPatch) -> list[_FakeEntryPoint]:
         eps: list[_FakeEntryPoint] = []
-        monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: eps if group == "kvspec.plugins" else [])
+        monkeypatch.setattr(
+            importlib.metadata, "entry_points", lambda group: eps if group == "kvspec.plugins" else []
+        )
         monkeypatch.delenv("KVSPEC_PLUGINS", raising=False)
         return eps
 
@@ -411,7 +440,9 @@ class TestPlugins:
         assert load_plugins() == ["a", "b"]
         assert a in default_registry and b in default_registry
 
-    def test_allow_list_from_environment(self, plugins: list[_FakeEntryPoint], monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_allow_list_from_environment(
+        self, plugins: list[_FakeEntryPoint], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         a, b = self._spec_class("PluginA"), self._spec_class("PluginB")
         plugins.append(_FakeEntryPoint("a", lambda reg: reg.register(a, FullAttentionManager)))
         plugins.append(_FakeEntryPoint("b", lambda reg: reg.register(b, FullAttentionManager)))

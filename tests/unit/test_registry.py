@@ -174,7 +174,7 @@ def test_strict_mode_rejects_unregistered_subclass() -> None:
         pass
 
     default_registry.set_strict(True)
-    with pytest.raises(UnregisteredSpecError, match="strict registry 'default'.*FullAttentionManager"):
+    with pytest.raises(UnregisteredSpecError, match=r"strict registry 'default'.*FullAttentionManager"):
         default_registry.get_manager_class(NpuFull(**ATTN))
     assert default_registry.get_manager_class(FullAttentionSpec(**ATTN)) is FullAttentionManager
     default_registry.register(NpuFull, FullAttentionManager, FullAttentionSpec)

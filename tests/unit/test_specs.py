@@ -235,7 +235,7 @@ class TestValidation:
             full(sliding_window=8, attention_chunk_size=16)
 
     def test_sliding_window_must_be_positive(self) -> None:
-        with pytest.raises(SpecValidationError, match="SlidingWindowSpec.sliding_window"):
+        with pytest.raises(SpecValidationError, match=r"SlidingWindowSpec\.sliding_window"):
             sw(0)
 
     def test_mamba_validation(self) -> None:

@@ -10,9 +10,7 @@ class HalfManager:
         pass
 
 
-default_registry.register(
-    FullAttentionSpec, HalfManager
-)  # E: [arg-type] "type[HalfManager]"; expected "type[KVCacheManager] | None"
+default_registry.register(FullAttentionSpec, HalfManager)  # E: [arg-type] "type[HalfManager]"; expected "type[KVCacheManager] | None"
 
 
 @register_kv_cache_spec(HalfManager)  # E: [arg-type] "type[HalfManager]"; expected "type[KVCacheManager]"

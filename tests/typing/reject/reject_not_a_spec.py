@@ -5,9 +5,7 @@ class NotASpec:
     block_size: int = 16
 
 
-default_registry.register(
-    NotASpec, FullAttentionManager
-)  # E: [arg-type] "type[NotASpec]"; expected "type[KVCacheSpec]"
+default_registry.register(NotASpec, FullAttentionManager)  # E: [arg-type] "type[NotASpec]"; expected "type[KVCacheSpec]"
 
 
 @register_kv_cache_spec(FullAttentionManager)

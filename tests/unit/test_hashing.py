@@ -1,0 +1,162 @@
+"""Block hash chains, extra keys, salts, incremental hashing, and the hash algorithms."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kvspec import BlockHasher, MultiModalFeature, Request
+from kvspec.hashing import (
+    BlockHashListWithBlockSize,
+    UnknownHashFunctionError,
+    generate_block_hash_extra_keys,
+    get_block_hash,
+    get_group_id,
+    make_block_hash_with_group_id,
+)
+
+
+def extra(
+    start: int, end: int, mm: list[MultiModalFeature], idx: int = 0, **kw: object
+) -> tuple[object, int]:
+    args: dict[str, object] = dict(lora_name=None, cache_salt=None, prompt_embeds_digest=None)
+    args.update(kw)
+    return generate_block_hash_extra_keys(mm_features=mm, start=start, end=end, start_mm_idx=idx, **args)  # type: ignore[arg-type]
+
+
+class TestExtraKeys:
+    MM = [
+        MultiModalFeature(identifier="hash1", offset=3, length=5),
+        MultiModalFeature(identifier="hash2", offset=10, length=5),
+    ]
+
+    def test_mm_items_overlapping_a_block(self) -> None:
+        assert extra(0, 5, self.MM) == ((("hash1", 3),), 0)
+        assert extra(5, 10, self.MM) == ((("hash1", -2),), 1)  # offset relative to the block, negative
+        assert extra(10, 15, self.MM, 1) == ((("hash2", 0),), 2)
+        assert extra(15, 20, self.MM, 2) == (None, 2)
+
+    def test_several_items_in_one_block(self) -> None:
+        assert extra(0, 20, self.MM) == ((("hash1", 3), ("hash2", 10)), 2)
+
+    def test_no_overlap(self) -> None:
+        assert extra(0, 3, self.MM) == (None, 0)
+        assert extra(0, 3, []) == (None, 0)
+
+    def test_lora_salt_and_embeds_order(self) -> None:
+        keys, _ = extra(
+            0, 5, self.MM, lora_name="adapter", cache_salt="tenant-a", prompt_embeds_digest=lambda s, e: b"d"
+        )
+        assert keys == ("adapter", ("hash1", 3), "tenant-a", b"d")
+        keys, _ = extra(5, 10, [], cache_salt="tenant-a")
+        assert keys is None  # the salt goes on the first block only
+
+
+class TestChains:
+    def test_hash_covers_parent_tokens_and_extras(self) -> None:
+        h = BlockHasher(4, seed="s")
+        a = h.hash_block_tokens(None, [1, 2, 3, 4])
+        assert a == h.hash_block_tokens(None, [1, 2, 3, 4])
+        assert a != h.hash_block_tokens(None, [1, 2, 3, 5])
+        assert a != h.hash_block_tokens(None, [1, 2, 3, 4], ("lora",))
+        assert h.hash_block_tokens(a, [5, 6, 7, 8]) != h.hash_block_tokens(None, [5, 6, 7, 8])
+        assert len(a) == 32
+
+    def test_request_hashes_only_full_blocks_and_grows(self) -> None:
+        h = BlockHasher(4, seed="s")
+        req = Request("r", [1, 2, 3, 4, 5, 6], block_hasher=h)
+        assert len(req.block_hashes) == 1
+        assert req.block_hashes[0] == h.hash_block_tokens(None, [1, 2, 3, 4])
+        req.append_output_token_ids([7, 8, 9])
+        assert len(req.block_hashes) == 2
+        assert req.block_hashes[1] == h.hash_block_tokens(req.block_hashes[0], [5, 6, 7, 8])
+        req.append_output_token_ids(10)
+        assert len(req.block_hashes) == 2
+        whole = Request("w", list(range(1, 13)), block_hasher=h)
+        inc = Request("i", [1], block_hasher=h)
+        for t in range(2, 13):
+            inc.append_output_token_ids(t)
+        assert whole.block_hashes == inc.block_hashes
+
+    def test_mm_inputs_change_the_chain(self) -> None:
+        h = BlockHasher(4, seed="s")
+        toks = list(range(12))
+        a = Request(
+            "a", toks, block_hasher=h, mm_features=[MultiModalFeature(identifier="img-a", offset=2, length=4)]
+        )
+        b = Request(
+            "b", toks, block_hasher=h, mm_features=[MultiModalFeature(identifier="img-b", offset=2, length=4)]
+        )
+        plain = Request("c", toks, block_hasher=h)
+        assert a.block_hashes[0] != b.block_hashes[0]
+        assert all(x != y for x, y in zip(a.block_hashes, b.block_hashes))
+        assert a.block_extra_keys[:3] == [(("img-a", 2),), (("img-a", -2),), None]
+        assert plain.block_extra_keys == [None, None, None]
+
+    def test_salt_isolates_tenants(self) -> None:
+        h = BlockHasher(4, seed="s")
+        toks = list(range(12))
+        a, b = (
+            Request("a", toks, block_hasher=h, cache_salt="A"),
+            Request("b", toks, block_hasher=h, cache_salt="B"),
+        )
+        assert all(x != y for x, y in zip(a.block_hashes, b.block_hashes))
+        assert a.block_extra_keys == [("A",), None, None]
+
+    def test_prompt_embeds_digest_per_block(self) -> None:
+        h = BlockHasher(2, seed="s")
+        emb = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+        a = Request("a", [0, 0, 0, 0], block_hasher=h, prompt_embeds=emb)
+        b = Request("b", [0, 0, 0, 0], block_hasher=h, prompt_embeds=emb.clone())
+        c = Request("c", [0, 0, 0, 0], block_hasher=h, prompt_embeds=emb + 1)
+        assert a.block_hashes == b.block_hashes
+        assert a.block_hashes[0] != c.block_hashes[0]
+        assert a.block_extra_keys[0] != a.block_extra_keys[1]
+
+    def test_root_is_random_per_process_unless_seeded(self) -> None:
+        code = "from kvspec import BlockHasher; print(BlockHasher(4).root_hash.hex())"
+        env_free = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONHASHSEED"}
+        runs = {
+            subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, env=env_free, check=True
+            ).stdout
+            for _ in range(2)
+        }
+        assert len(runs) == 2
+        seeded = {
+            subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                env={**env_free, "PYTHONHASHSEED": "7"},
+                check=True,
+            ).stdout
+            for _ in range(2)
+        }
+        assert len(seeded) == 1
+        assert BlockHasher(4, seed="x").root_hash == BlockHasher(4, seed=b"x").root_hash
+
+    def test_xxhash_option(self) -> None:
+        h = BlockHasher(4, algorithm="xxhash", seed="s")
+        assert len(h.hash_block_tokens(None, [1, 2, 3, 4])) == 16
+        with pytest.raises(UnknownHashFunctionError, match="Unsupported hash function: 'md5'"):
+            BlockHasher(4, algorithm="md5")
+
+
+class TestGroupKeysAndViews:
+    def test_group_id_suffix(self) -> None:
+        key = make_block_hash_with_group_id(b"abc", 3)
+        assert key == b"abc\x00\x00\x00\x03"
+        assert get_block_hash(key) == b"abc" and get_group_id(key) == 3
+
+    def test_coarse_view_concatenates(self) -> None:
+        view = BlockHashListWithBlockSize([b"a", b"b", b"c", b"d", b"e"], 16, 32)
+        assert len(view) == 2
+        assert view[0] == b"ab" and view[1] == b"cd" and view[-1] == b"cd"
+        assert view[0:2] == [b"ab", b"cd"]
+        assert list(view) == [b"ab", b"cd"]
+        with pytest.raises(IndexError):
+            view[2]

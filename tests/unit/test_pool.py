@@ -1,0 +1,218 @@
+"""The free queue, the prefix-cache map and the block pool, with a hypothesis model of the queue."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvspec import BlockPool, BlockPoolError, KVCacheBlock, NotEnoughFreeBlocksError, Request
+from kvspec.pool import (
+    AllBlocksCleared,
+    BlockHashToBlockMap,
+    BlockRemoved,
+    BlockStored,
+    FreeKVCacheBlockQueue,
+)
+from tests.helpers import ids
+
+
+def queue_of(n: int) -> tuple[list[KVCacheBlock], FreeKVCacheBlockQueue]:
+    blocks = [KVCacheBlock(i) for i in range(n)]
+    return blocks, FreeKVCacheBlockQueue(blocks)
+
+
+class TestBlock:
+    def test_slots_and_repr(self) -> None:
+        block = KVCacheBlock(3)
+        assert not hasattr(block, "__dict__")
+        with pytest.raises(AttributeError):
+            block.other = 1  # type: ignore[attr-defined]
+        assert "block_id=3" in repr(block)
+
+
+class TestFreeQueue:
+    def test_initial_order_and_popleft(self) -> None:
+        blocks, q = queue_of(4)
+        assert q.num_free_blocks == 4
+        assert ids(q.get_all_free_blocks()) == [0, 1, 2, 3]
+        assert q.popleft() is blocks[0]
+        assert blocks[0].prev_free_block is None and blocks[0].next_free_block is None
+        assert ids(q.popleft_n(2)) == [1, 2]
+        assert q.popleft_n(0) == []
+        assert ids(q.get_all_free_blocks()) == [3]
+
+    def test_remove_append_prepend(self) -> None:
+        blocks, q = queue_of(5)
+        q.remove(blocks[2])
+        assert ids(q.get_all_free_blocks()) == [0, 1, 3, 4]
+        q.append(blocks[2])
+        assert ids(q.get_all_free_blocks()) == [0, 1, 3, 4, 2]
+        taken = q.popleft_n(3)
+        q.prepend_n(taken[::-1])
+        assert ids(q.get_all_free_blocks()) == [3, 1, 0, 4, 2]
+        q.append_n([])
+        q.prepend_n([])
+        assert q.num_free_blocks == 5
+
+    def test_errors(self) -> None:
+        blocks, q = queue_of(1)
+        q.popleft()
+        with pytest.raises(NotEnoughFreeBlocksError, match="No free blocks available"):
+            q.popleft()
+        with pytest.raises(NotEnoughFreeBlocksError):
+            q.popleft_n(1)
+        with pytest.raises(BlockPoolError, match="not free"):
+            q.remove(blocks[0])
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(st.sampled_from(["pop", "popn", "remove", "append", "prepend"]), st.integers(0, 7)),
+            max_size=60,
+        )
+    )
+    def test_matches_a_list_model(self, ops: list[tuple[str, int]]) -> None:
+        blocks, q = queue_of(8)
+        model = list(range(8))
+        for op, k in ops:
+            if op == "pop" and model:
+                assert q.popleft().block_id == model.pop(0)
+            elif op == "popn" and model:
+                n = min(k, len(model))
+                got = ids(q.popleft_n(n))
+                assert got == model[:n]
+                del model[:n]
+            elif op == "remove" and model:
+                victim = model[k % len(model)]
+                q.remove(blocks[victim])
+                model.remove(victim)
+            elif op == "append":
+                out = [i for i in range(8) if i not in model]
+                if out:
+                    b = out[k % len(out)]
+                    q.append(blocks[b])
+                    model.append(b)
+            elif op == "prepend":
+                out = [i for i in range(8) if i not in model][: k % 3 + 1]
+                q.prepend_n([blocks[i] for i in out])
+                model[:0] = out
+            assert ids(q.get_all_free_blocks()) == model
+            assert q.num_free_blocks == len(model)
+
+
+class TestHashMap:
+    def test_single_block_per_key(self) -> None:
+        m = BlockHashToBlockMap()
+        b0 = KVCacheBlock(0)
+        m.insert(b"k", b0)
+        assert m.get_one_block(b"k") is b0 and len(m) == 1
+        assert m.pop(b"k", 1) is None  # wrong id: put back
+        assert m.get_one_block(b"k") is b0
+        assert m.pop(b"k", 0) is b0 and len(m) == 0
+        assert m.pop(b"missing", 0) is None
+
+    def test_multiple_blocks_per_key(self) -> None:
+        m = BlockHashToBlockMap()
+        b0, b1, b2 = KVCacheBlock(0), KVCacheBlock(1), KVCacheBlock(2)
+        for b in (b0, b1, b2):
+            m.insert(b"k", b)
+        assert m.get_one_block(b"k") is b0
+        assert ids(m.blocks_for(b"k")) == [0, 1, 2]
+        assert m.pop(b"k", 1) is b1
+        assert ids(m.blocks_for(b"k")) == [0, 2]
+        assert m.pop(b"k", 7) is None
+        assert m.pop(b"k", 0) is b0
+        assert m.get_one_block(b"k") is b2 and len(m) == 1
+
+
+def req(tokens: list[int], block_size: int = 4) -> Request:
+    from kvspec import BlockHasher
+
+    return Request("r", tokens, block_hasher=BlockHasher(block_size, seed="p"))
+
+
+class TestBlockPool:
+    def test_null_block_and_usage(self) -> None:
+        pool = BlockPool(5, hash_block_size=4)
+        assert pool.null_block.block_id == 0 and pool.null_block.is_null
+        assert pool.get_num_free_blocks() == 4
+        blocks = pool.get_new_blocks(2)
+        assert ids(blocks) == [1, 2] and all(b.ref_cnt == 1 for b in blocks)
+        assert pool.get_usage() == 0.5
+        with pytest.raises(NotEnoughFreeBlocksError, match="Cannot get 3 free blocks from the pool"):
+            pool.get_new_blocks(3)
+        assert BlockPool(1).get_usage() == 0.0
+        with pytest.raises(BlockPoolError):
+            BlockPool(0)
+
+    def test_cache_touch_free_and_evict(self) -> None:
+        pool = BlockPool(6, hash_block_size=4, enable_kv_cache_events=True)
+        r = req(list(range(10)))
+        blocks = pool.get_new_blocks(3)
+        pool.cache_full_blocks(r, blocks, 0, 2, 4, 0)
+        assert blocks[0].block_hash == r.block_hashes[0] + b"\0\0\0\0"
+        assert blocks[2].block_hash is None
+        assert pool.get_cached_block(r.block_hashes[1], [0]) == [blocks[1]]
+        assert pool.get_cached_block(r.block_hashes[1], [0, 1]) is None
+        (stored,) = pool.take_events()
+        assert isinstance(stored, BlockStored)
+        assert stored.block_hashes == r.block_hashes[:2] and stored.parent_block_hash is None
+        assert stored.token_ids == list(range(8)) and stored.group_idx == 0
+        pool.free_blocks(reversed(blocks))
+        assert ids(pool.free_block_queue.get_all_free_blocks()) == [4, 5, 3, 2, 1]
+        pool.touch([blocks[0]])
+        assert blocks[0].ref_cnt == 1 and 1 not in ids(pool.free_block_queue.get_all_free_blocks())
+        pool.free_blocks([blocks[0]])
+        fresh = pool.get_new_blocks(5)  # evicts the two cached blocks
+        assert ids(fresh) == [4, 5, 3, 2, 1]
+        removed = pool.take_events()
+        assert [type(e) for e in removed] == [BlockRemoved, BlockRemoved]
+        assert all(b.block_hash is None for b in fresh)
+        pool.check_invariants()
+
+    def test_cache_requires_enough_hashes(self) -> None:
+        pool = BlockPool(6, hash_block_size=4)
+        r = req([1, 2, 3])
+        with pytest.raises(BlockPoolError, match="fewer than the 1 full blocks"):
+            pool.cache_full_blocks(r, pool.get_new_blocks(1), 0, 1, 4, 0)
+
+    def test_reset_refused_while_in_use(self) -> None:
+        pool = BlockPool(4, hash_block_size=4, enable_kv_cache_events=True)
+        r = req(list(range(8)))
+        blocks = pool.get_new_blocks(2)
+        pool.cache_full_blocks(r, blocks, 0, 2, 4, 0)
+        assert not pool.reset_prefix_cache()
+        assert blocks[0].block_hash is not None
+        pool.free_blocks(blocks)
+        assert pool.reset_prefix_cache()
+        assert all(b.block_hash is None for b in pool.blocks) and len(pool.cached_block_hash_to_block) == 0
+        assert isinstance(pool.take_events()[-1], AllBlocksCleared)
+
+    def test_evict_blocks_checks_range(self) -> None:
+        pool = BlockPool(4, hash_block_size=4)
+        r = req(list(range(4)))
+        (block,) = pool.get_new_blocks(1)
+        pool.cache_full_blocks(r, [block], 0, 1, 4, 0)
+        pool.evict_blocks([block.block_id])
+        assert block.block_hash is None and block.ref_cnt == 1
+        with pytest.raises(BlockPoolError, match="bug in the KV connector"):
+            pool.evict_blocks([9])
+
+    def test_duplicate_hash_blocks_evict_one_at_a_time(self) -> None:
+        pool = BlockPool(5, hash_block_size=4)
+        r = req(list(range(4)))
+        a, b = pool.get_new_blocks(2)
+        pool.cache_full_blocks(r, [a], 0, 1, 4, 0)
+        pool.cache_full_blocks(r, [b], 0, 1, 4, 0)
+        key = r.block_hashes[0] + b"\0\0\0\0"
+        assert ids(pool.cached_block_hash_to_block.blocks_for(key)) == [1, 2]
+        assert pool._maybe_evict_cached_block(a)
+        assert pool.get_cached_block(r.block_hashes[0], [0]) == [b]
+        assert not pool._maybe_evict_cached_block(a)
+
+    def test_events_disabled_returns_nothing(self) -> None:
+        pool = BlockPool(4, hash_block_size=4)
+        r = req(list(range(4)))
+        pool.cache_full_blocks(r, pool.get_new_blocks(1), 0, 1, 4, 0)
+        assert pool.take_events() == []

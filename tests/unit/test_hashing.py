@@ -27,28 +27,29 @@ def extra(
     return generate_block_hash_extra_keys(mm_features=mm, start=start, end=end, start_mm_idx=idx, **args)  # type: ignore[arg-type]
 
 
-class TestExtraKeys:
-    MM = [
-        MultiModalFeature(identifier="hash1", offset=3, length=5),
-        MultiModalFeature(identifier="hash2", offset=10, length=5),
-    ]
+MM = [
+    MultiModalFeature(identifier="hash1", offset=3, length=5),
+    MultiModalFeature(identifier="hash2", offset=10, length=5),
+]
 
+
+class TestExtraKeys:
     def test_mm_items_overlapping_a_block(self) -> None:
-        assert extra(0, 5, self.MM) == ((("hash1", 3),), 0)
-        assert extra(5, 10, self.MM) == ((("hash1", -2),), 1)  # offset relative to the block, negative
-        assert extra(10, 15, self.MM, 1) == ((("hash2", 0),), 2)
-        assert extra(15, 20, self.MM, 2) == (None, 2)
+        assert extra(0, 5, MM) == ((("hash1", 3),), 0)
+        assert extra(5, 10, MM) == ((("hash1", -2),), 1)  # offset relative to the block, negative
+        assert extra(10, 15, MM, 1) == ((("hash2", 0),), 2)
+        assert extra(15, 20, MM, 2) == (None, 2)
 
     def test_several_items_in_one_block(self) -> None:
-        assert extra(0, 20, self.MM) == ((("hash1", 3), ("hash2", 10)), 2)
+        assert extra(0, 20, MM) == ((("hash1", 3), ("hash2", 10)), 2)
 
     def test_no_overlap(self) -> None:
-        assert extra(0, 3, self.MM) == (None, 0)
+        assert extra(0, 3, MM) == (None, 0)
         assert extra(0, 3, []) == (None, 0)
 
     def test_lora_salt_and_embeds_order(self) -> None:
         keys, _ = extra(
-            0, 5, self.MM, lora_name="adapter", cache_salt="tenant-a", prompt_embeds_digest=lambda s, e: b"d"
+            0, 5, MM, lora_name="adapter", cache_salt="tenant-a", prompt_embeds_digest=lambda s, e: b"d"
         )
         assert keys == ("adapter", ("hash1", 3), "tenant-a", b"d")
         keys, _ = extra(5, 10, [], cache_salt="tenant-a")

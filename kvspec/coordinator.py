@@ -126,6 +126,8 @@ def resolve_block_sizes(
         chosen = scheduler
     else:
         chosen = math.gcd(*sizes)
+    if not enable_caching:
+        return scheduler, chosen  # no prefix caching: hashes are never read
     bad = [s for s in sizes if s % chosen]
     if bad or scheduler % chosen:
         raise UnsupportedConfigurationError(
@@ -171,7 +173,7 @@ class KVCacheCoordinator:
             kv_cache_config, limits, enable_caching, hash_block_size
         )
         for spec in self.specs:
-            if spec.block_size % self.hash_block_size and len(self.specs) > 1:
+            if enable_caching and spec.block_size % self.hash_block_size and len(self.specs) > 1:
                 raise UnsupportedConfigurationError(
                     f"Group block size {spec.block_size} is not a multiple of hash_block_size "
                     f"{self.hash_block_size}."

@@ -1,0 +1,468 @@
+"""Scheduler-facing coordinator: prefix caching scenarios of vLLM's test_prefix_caching (§9.4)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kvspec import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheCoordinator,
+    MambaSpec,
+    MultiModalFeature,
+    SchedulerLimits,
+    SchedulingError,
+    UnsupportedConfigurationError,
+)
+from tests.helpers import (
+    free_ids,
+    full_spec,
+    ids,
+    make_config,
+    make_coordinator,
+    make_request,
+    schedule,
+    sw_spec,
+)
+
+
+def common_tokens(n: int = 48) -> list[int]:
+    return list(range(n))
+
+
+class TestPrefill:
+    @pytest.mark.parametrize("algorithm", ["sha256", "xxhash"])
+    def test_prefill(self, algorithm: str) -> None:
+        coord = make_coordinator([full_spec()], 11, hash_algorithm=algorithm)
+        r0 = make_request(coord, "0", common_tokens() + [100] * 7)
+        computed, n = coord.get_computed_blocks(r0)
+        assert n == 0 and computed.get_block_ids() == ([],)
+        assert schedule(coord, r0) == [[1, 2, 3, 4]]
+        for i, block in enumerate(coord.block_pool.blocks[1:4]):
+            assert block.block_hash == r0.block_hashes[i] + b"\0\0\0\0" and block.ref_cnt == 1
+        assert coord.block_pool.blocks[4].block_hash is None
+
+        r1 = make_request(coord, "1", common_tokens() + [200] * 5)
+        computed, n = coord.get_computed_blocks(r1)
+        assert n == 48 and computed.get_block_ids() == ([1, 2, 3],)
+        new = coord.allocate_slots(r1, 5, n, computed)
+        assert new is not None and new.get_block_ids() == ([5],)
+        assert [b.ref_cnt for b in coord.block_pool.blocks[1:4]] == [2, 2, 2]
+        coord.check_invariants()
+
+        coord.free(r0)
+        coord.free(r1)
+        # unallocated blocks first, then each request's unique blocks, then the shared prefix in reverse
+        assert free_ids(coord) == [6, 7, 8, 9, 10, 4, 5, 3, 2, 1]
+
+        r2 = make_request(coord, "2", common_tokens() + [300] * 7)
+        computed, n = coord.get_computed_blocks(r2)
+        assert n == 48 and computed.get_block_ids() == ([1, 2, 3],)
+        assert coord.allocate_slots(r2, 7, n, computed).get_block_ids() == ([6],)  # type: ignore[union-attr]
+        assert free_ids(coord) == [7, 8, 9, 10, 4, 5]  # touched hits left the queue
+        coord.free(r2)
+        assert free_ids(coord) == [7, 8, 9, 10, 4, 5, 6, 3, 2, 1]
+
+        r3 = make_request(coord, "3", [999] * (16 * 10 - 1))
+        assert schedule(coord, r3) == [[7, 8, 9, 10, 4, 5, 6, 3, 2, 1]]
+        assert coord.num_free_blocks == 0
+        coord.check_invariants()
+
+    def test_last_token_is_never_a_hit(self) -> None:
+        coord = make_coordinator([full_spec()], 10)
+        r0 = make_request(coord, "0", list(range(32)))
+        schedule(coord, r0)
+        r1 = make_request(coord, "1", list(range(32)))
+        _, n = coord.get_computed_blocks(r1)
+        assert n == 16  # 32 tokens cached, but at most 31 can hit, so one whole block is recomputed
+
+    def test_skip_reading_prefix_cache(self) -> None:
+        coord = make_coordinator([full_spec()], 10)
+        schedule(coord, make_request(coord, "0", list(range(40))))
+        plp = make_request(coord, "1", list(range(40)), skip_reading_prefix_cache=True)
+        computed, n = coord.get_computed_blocks(plp)
+        assert n == 0
+        new = schedule(coord, plp)
+        assert len(new[0]) == 3
+        coord.check_invariants()
+
+
+class TestHybrid:
+    def _hybrid(self) -> KVCacheCoordinator:
+        return make_coordinator([full_spec(), sw_spec(32), sw_spec(32)], 20)
+
+    def test_prefill_hybrid_model(self) -> None:
+        coord = self._hybrid()
+        r0 = make_request(coord, "0", common_tokens() + [100] * 7)
+        assert schedule(coord, r0) == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+        r1 = make_request(coord, "1", common_tokens() + [200] * 5)
+        computed, n = coord.get_computed_blocks(r1)
+        assert n == 48
+        assert computed.get_block_ids() == ([1, 2, 3], [0, 6, 7], [0, 10, 11])
+        assert coord.allocate_slots(r1, 5, n, computed) is not None
+        coord.check_invariants()
+        coord.free(r0)
+        coord.free(r1)
+        coord.check_invariants()
+
+    @pytest.mark.parametrize(
+        ("evicted", "expected"),
+        [
+            ([5], ([1, 2, 3], [0, 6, 7], [0, 10, 11])),  # outside the window: no effect
+            ([1], ([], [], [])),  # the first full block: total miss
+            ([7], ([1, 2], [5, 6], [9, 10])),  # the last SW block: the window run ends at block 1
+            ([11], ([1, 2], [5, 6], [9, 10])),  # a miss in one SW group is a miss for both
+            ([2, 10], ([1], [5], [9])),
+        ],
+    )
+    def test_evictions_change_the_hit(self, evicted: list[int], expected: tuple[list[int], ...]) -> None:
+        coord = self._hybrid()
+        r0 = make_request(coord, "0", common_tokens() + [100] * 7)
+        schedule(coord, r0)
+        coord.free(r0)
+        coord.evict_blocks(evicted)
+        r1 = make_request(coord, "1", common_tokens() + [200] * 5)
+        computed, n = coord.get_computed_blocks(r1)
+        assert computed.get_block_ids() == expected
+        assert n == 16 * len(expected[0])
+
+    def test_eagle_drops_the_last_block(self) -> None:
+        coord = make_coordinator([full_spec()], 20, use_eagle=True)
+        r0 = make_request(coord, "0", common_tokens() + [100] * 7)
+        schedule(coord, r0)
+        r1 = make_request(coord, "1", common_tokens() + [200] * 5)
+        computed, n = coord.get_computed_blocks(r1)
+        assert computed.get_block_ids() == ([1, 2],) and n == 32
+
+    def test_hybrid_eagle(self) -> None:
+        coord = make_coordinator([full_spec(), sw_spec(32)], 30, use_eagle=True)
+        r0 = make_request(coord, "0", list(range(80)) + [100] * 7)
+        schedule(coord, r0)
+        r1 = make_request(coord, "1", list(range(80)) + [200] * 5)
+        computed, n = coord.get_computed_blocks(r1)
+        # 5 cached blocks, one dropped for EAGLE's draft head: 4 blocks in both groups
+        assert n == 64
+        full_ids, sw_ids = computed.get_block_ids()
+        assert full_ids == [1, 2, 3, 4]
+        assert len(sw_ids) == 4 and sw_ids[0] == 0
+
+    def test_different_block_sizes_align_to_lcm(self) -> None:
+        full32 = full_spec(block_size=32, dtype=torch.float16)
+        sw16 = sw_spec(32, block_size=16, dtype=torch.float32)
+        assert full32.page_size_bytes == sw16.page_size_bytes
+        coord = make_coordinator([full32, sw16], 40)
+        assert (coord.scheduler_block_size, coord.hash_block_size) == (32, 16)
+        r0 = make_request(coord, "0", list(range(90)))
+        schedule(coord, r0)
+        r1 = make_request(coord, "1", list(range(90)))
+        computed, n = coord.get_computed_blocks(r1)
+        # 89 tokens could hit: 5 blocks of 16 (80 tokens) cut to a multiple of 32
+        assert n == 64
+        assert [len(g) for g in computed.get_block_ids()] == [2, 4]
+
+    def test_mixed_block_sizes_hash_view(self) -> None:
+        coord = make_coordinator(
+            [full_spec(block_size=32, dtype=torch.float16), sw_spec(32, dtype=torch.float32)], 40
+        )
+        r0 = make_request(coord, "0", list(range(70)))
+        schedule(coord, r0)
+        coord.check_invariants()
+        # full group cached 2 blocks of 32 (keys built from concatenated 16-token hashes)
+        assert len(coord.block_pool.cached_block_hash_to_block) == 2 + 4
+
+    def test_hybrid_with_mamba(self) -> None:
+        mamba = MambaSpec(block_size=16, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode="all")
+        coord = make_coordinator([full_spec(), mamba], 30)
+        r0 = make_request(coord, "0", common_tokens() + [1] * 7)
+        schedule(coord, r0)
+        coord.check_invariants()
+        r1 = make_request(coord, "1", common_tokens() + [2] * 5)
+        computed, n = coord.get_computed_blocks(r1)
+        assert n == 48
+        full_ids, mamba_ids = computed.get_block_ids()
+        assert len(full_ids) == 3 and mamba_ids[:2] == [0, 0] and mamba_ids[2] != 0
+        # The state was cached in this very step (its kernel may not have written it yet): defer.
+        assert coord.allocate_slots(r1, 5, n, computed) is None
+        coord.new_step_starts()
+        assert coord.allocate_slots(r1, 5, n, computed) is not None
+        coord.check_invariants()
+
+
+class TestDecodeAndEviction:
+    def test_decode(self) -> None:
+        coord = make_coordinator([full_spec()], 11)
+        r0 = make_request(coord, "0", common_tokens() + [7] * 7)
+        schedule(coord, r0)
+        for i in range(9):
+            r0.append_output_token_ids(i)
+            new = coord.allocate_slots(r0, 1)
+            assert new is not None and new.is_empty()
+            r0.num_computed_tokens += 1
+        assert r0.num_tokens == 64 and len(coord.get_block_ids("0")[0]) == 4
+        r0.append_output_token_ids(9)
+        new = coord.allocate_slots(r0, 1)
+        assert new is not None and new.get_block_ids() == ([5],)
+        assert coord.block_pool.blocks[4].block_hash is not None  # the block that filled is now cached
+        coord.check_invariants()
+
+    def test_computed_blocks_not_evicted(self) -> None:
+        coord = make_coordinator([full_spec()], 5)
+        r0 = make_request(coord, "0", list(range(16)))
+        schedule(coord, r0)
+        r1 = make_request(coord, "1", list(range(100, 132)))
+        schedule(coord, r1)
+        coord.free(r0)
+        coord.free(r1)
+        r2 = make_request(coord, "2", list(range(16)) + [5] * 17)
+        computed, n = coord.get_computed_blocks(r2)
+        assert computed.get_block_ids() == ([1],) and n == 16
+        new = coord.allocate_slots(r2, 17, n, computed)
+        assert new is not None and new.get_block_ids() == (
+            [4, 3],
+        )  # takes free/evictable others, not the hit
+
+    def test_hash_reset_when_block_reused(self) -> None:
+        coord = make_coordinator([full_spec()], 2)
+        r0 = make_request(coord, "0", list(range(16)))
+        schedule(coord, r0)
+        coord.free(r0)
+        assert coord.block_pool.blocks[1].block_hash is not None
+        r1 = make_request(coord, "1", list(range(50, 60)))
+        schedule(coord, r1)
+        assert coord.block_pool.blocks[1].block_hash is None
+        assert len(coord.block_pool.cached_block_hash_to_block) == 0
+
+    def test_prefix_caching_disabled(self) -> None:
+        coord = make_coordinator([full_spec()], 10, enable_caching=False)
+        r0 = make_request(coord, "0", list(range(40)))
+        schedule(coord, r0)
+        coord.free(r0)
+        r1 = make_request(coord, "1", list(range(40)))
+        _, n = coord.get_computed_blocks(r1)
+        assert n == 0 and len(coord.block_pool.cached_block_hash_to_block) == 0
+
+    def test_swa_free_keeps_cached_tail_ahead_of_scratch(self) -> None:
+        coord = make_coordinator([sw_spec(32)], 10)
+        r0 = make_request(coord, "0", list(range(40)))
+        assert schedule(coord, r0) == [[1, 2, 3]]
+        coord.free(r0)
+        # block 3 holds 8 tokens (uncached scratch): reused first; cached 2, 1 stay at the tail
+        assert free_ids(coord) == [3, 4, 5, 6, 7, 8, 9, 2, 1]
+
+
+class TestHashInputs:
+    def test_mm_prefix_caching(self) -> None:
+        coord = make_coordinator([full_spec()], 20)
+        img = MultiModalFeature(identifier="img-a", offset=10, length=20)
+        r0 = make_request(coord, "0", list(range(60)), mm_features=[img])
+        schedule(coord, r0)
+        same = make_request(coord, "1", list(range(60)), mm_features=[img])
+        assert coord.get_computed_blocks(same)[1] == 48
+        other = make_request(
+            coord, "2", list(range(60)), mm_features=[dataclasses.replace(img, identifier="img-b")]
+        )
+        assert coord.get_computed_blocks(other)[1] == 0
+
+    def test_cache_key_salting(self) -> None:
+        coord = make_coordinator([full_spec()], 20)
+        r0 = make_request(coord, "0", list(range(60)), cache_salt="tenant-a")
+        schedule(coord, r0)
+        assert (
+            coord.get_computed_blocks(make_request(coord, "1", list(range(60)), cache_salt="tenant-a"))[1]
+            == 48
+        )
+        assert (
+            coord.get_computed_blocks(make_request(coord, "2", list(range(60)), cache_salt="tenant-b"))[1]
+            == 0
+        )
+        assert coord.get_computed_blocks(make_request(coord, "3", list(range(60))))[1] == 0
+
+    def test_same_hash_in_two_groups_is_two_keys(self) -> None:
+        coord = make_coordinator([full_spec(), sw_spec(32)], 20)
+        r0 = make_request(coord, "0", list(range(32)))
+        schedule(coord, r0)
+        keys = [b.block_hash for b in coord.block_pool.blocks if b.block_hash is not None]
+        assert len(keys) == 4 and len(set(keys)) == 4
+        assert {k[-4:] for k in keys if k is not None} == {b"\0\0\0\0", b"\0\0\0\1"}
+
+
+class TestFailureAndReset:
+    def test_failed_allocation_changes_nothing(self) -> None:
+        coord = make_coordinator([full_spec()], 7)
+        r0 = make_request(coord, "0", list(range(48)))
+        schedule(coord, r0)
+        coord.free(r0)
+        r1 = make_request(coord, "1", list(range(32)) + [9] * 70)
+        computed, n = coord.get_computed_blocks(r1)
+        assert n == 32
+        ref_before = [b.ref_cnt for b in coord.block_pool.blocks]
+        free_before = free_ids(coord)
+        cache_before = dict(coord.block_pool.cached_block_hash_to_block.items())
+        assert coord.allocate_slots(r1, 70, n, computed) is None
+        assert [b.ref_cnt for b in coord.block_pool.blocks] == ref_before
+        assert free_ids(coord) == free_before
+        assert dict(coord.block_pool.cached_block_hash_to_block.items()) == cache_before
+        assert coord.get_block_ids("1") == ([],)
+        coord.check_invariants()
+
+    def test_zero_new_tokens_is_an_error(self) -> None:
+        coord = make_coordinator([full_spec()], 7)
+        with pytest.raises(SchedulingError, match="num_new_tokens must be greater than 0"):
+            coord.allocate_slots(make_request(coord, "0", [1, 2]), 0)
+
+    def test_reset_prefix_cache(self) -> None:
+        coord = make_coordinator([full_spec()], 10, log_stats=True, events=True)
+        r0 = make_request(coord, "0", list(range(40)))
+        schedule(coord, r0)
+        assert not coord.reset_prefix_cache()
+        assert len(coord.block_pool.cached_block_hash_to_block) == 2
+        coord.free(r0)
+        assert coord.reset_prefix_cache()
+        assert len(coord.block_pool.cached_block_hash_to_block) == 0
+        assert all(b.block_hash is None for b in coord.block_pool.blocks)
+        stats = coord.make_prefix_cache_stats()
+        assert stats is not None and stats.reset
+        assert isinstance(coord.take_events()[-1], AllBlocksCleared)
+
+    def test_stats(self) -> None:
+        coord = make_coordinator([full_spec()], 10, log_stats=True)
+        schedule(coord, make_request(coord, "0", list(range(40))))
+        schedule(coord, make_request(coord, "1", list(range(40))))
+        stats = coord.make_prefix_cache_stats()
+        assert stats is not None
+        assert (stats.requests, stats.queries, stats.hits) == (2, 80, 32)
+        assert stats.hit_rate == 0.4
+        fresh = coord.make_prefix_cache_stats()
+        assert fresh is not None and fresh.requests == 0
+        assert make_coordinator([full_spec()], 10).make_prefix_cache_stats() is None
+
+
+class TestEvents:
+    @pytest.mark.parametrize("num_blocks", [2, 3, 10])
+    def test_kv_cache_events(self, num_blocks: int) -> None:
+        coord = make_coordinator([full_spec()], num_blocks + 1, events=True)
+        r0 = make_request(coord, "0", list(range(16 * num_blocks)), lora_name="adapter")
+        schedule(coord, r0)
+        (stored,) = coord.take_events()
+        assert isinstance(stored, BlockStored)
+        assert len(stored.token_ids) == 16 * len(stored.block_hashes) == 16 * num_blocks
+        assert stored.kv_cache_spec_kind == "full_attention" and stored.lora_name == "adapter"
+        assert stored.parent_block_hash is None and stored.group_idx == 0
+        assert coord.take_events() == []
+        coord.free(r0)
+        r1 = make_request(coord, "1", list(range(1000, 1000 + 16 * num_blocks)))
+        schedule(coord, r1)
+        events = coord.take_events()
+        assert [type(e) for e in events] == [BlockRemoved] * num_blocks + [BlockStored]
+
+    def test_parent_hash_is_logical_even_when_physical_parent_is_null(self) -> None:
+        coord = make_coordinator([sw_spec(16, block_size=16)], 20, events=True)
+        r0 = make_request(coord, "0", list(range(40)))
+        schedule(coord, r0, 32)
+        r0.num_computed_tokens = 32
+        coord.take_events()
+        r0.append_output_token_ids([1] * 8)
+        assert coord.allocate_slots(r0, 16) is not None  # blocks 0 left the window: now null
+        (stored,) = coord.take_events()
+        assert isinstance(stored, BlockStored)
+        assert stored.parent_block_hash == r0.block_hashes[1]
+        assert stored.kv_cache_spec_sliding_window == 16
+        assert coord.block_pool.null_block.block_hash is None
+
+    def test_group_idx_and_kind_per_group(self) -> None:
+        coord = make_coordinator([full_spec(), sw_spec(32)], 20, events=True)
+        schedule(coord, make_request(coord, "0", list(range(32))))
+        events = coord.take_events()
+        assert [(e.group_idx, e.kv_cache_spec_kind) for e in events if isinstance(e, BlockStored)] == [
+            (0, "full_attention"),
+            (1, "sliding_window"),
+        ]
+
+
+class TestAdmission:
+    def test_swa_cap_admits_long_prompts(self) -> None:
+        coord = make_coordinator([sw_spec(64)], 20, max_model_len=4096, max_num_batched_tokens=64)
+        long = make_request(coord, "0", list(range(2000)))
+        assert coord.allocate_slots(long, 64, full_sequence_must_fit=True) is not None
+
+    def test_full_attention_still_gates_oversized(self) -> None:
+        coord = make_coordinator([full_spec()], 20, max_model_len=4096, max_num_batched_tokens=64)
+        long = make_request(coord, "0", list(range(2000)))
+        assert coord.allocate_slots(long, 64, full_sequence_must_fit=True) is None
+        assert coord.allocate_slots(long, 64) is not None  # without the gate, one chunk fits
+
+    def test_lookahead(self) -> None:
+        coord = make_coordinator([full_spec(block_size=4)], 20)
+        r = make_request(coord, "0", [1, 2, 3])
+        assert len(coord.allocate_slots(r, 3, num_lookahead_tokens=2).get_block_ids()[0]) == 2  # type: ignore[union-attr]
+        r2 = make_request(coord, "1", [1, 2, 3])
+        assert len(coord.allocate_slots(r2, 3, num_lookahead_tokens=4).get_block_ids()[0]) == 2  # type: ignore[union-attr]
+
+    def test_reserved_blocks(self) -> None:
+        coord = make_coordinator([full_spec()], 5)
+        assert coord.allocate_slots(make_request(coord, "0", list(range(40))), 40, reserved_blocks=2) is None
+
+
+class TestConfigurationErrors:
+    def test_cross_attention_requires_no_caching(self) -> None:
+        from kvspec import CrossAttentionSpec
+
+        cross = CrossAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        with pytest.raises(UnsupportedConfigurationError, match="enable_caching=False"):
+            make_coordinator([full_spec(), cross], 10)
+        coord = KVCacheCoordinator(
+            make_config([full_spec(), cross], 20),
+            SchedulerLimits(max_model_len=448, max_num_encoder_input_tokens=1500),
+            enable_caching=False,
+        )
+        r = make_request(coord, "0", list(range(20)))
+        new = coord.allocate_slots(r, 20, num_encoder_tokens=100)
+        assert new is not None and [len(g) for g in new.get_block_ids()] == [2, 7]
+        coord.check_invariants()
+
+    def test_unit_sink_manager_reserves_blocks(self) -> None:
+        from kvspec import SinkFullAttentionSpec
+
+        sink = SinkFullAttentionSpec(
+            block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32, sink_len=32
+        )
+        coord = make_coordinator([sink], 10)
+        assert coord.num_free_blocks == 7
+        schedule(coord, make_request(coord, "0", list(range(20))))
+        coord.check_invariants()
+
+    def test_attention_free_model(self) -> None:
+        coord = make_coordinator([], 1)
+        r = make_request(coord, "0", [1, 2, 3])
+        assert coord.get_computed_blocks(r)[1] == 0
+        new = coord.allocate_slots(r, 3)
+        assert new is not None and new.get_block_ids() == ()
+
+    def test_mamba_align_mode_allocates_running_state(self) -> None:
+        mamba = MambaSpec(
+            block_size=16,
+            shapes=((1,),),
+            dtypes=(torch.float32,),
+            mamba_cache_mode="align",
+            num_speculative_blocks=1,
+        )
+        coord = make_coordinator([full_spec(), mamba], 40)
+        r = make_request(coord, "0", list(range(40)))
+        schedule(coord, r)
+        mamba_ids = coord.get_block_ids("0")[1]
+        assert mamba_ids[:2] == [0, 0] and all(i != 0 for i in mamba_ids[2:]) and len(mamba_ids) == 4
+        coord.check_invariants()
+        for step in range(30):
+            r.append_output_token_ids(step)
+            assert coord.allocate_slots(r, 1) is not None
+            r.num_computed_tokens += 1
+            coord.check_invariants()
+            live = [i for i in coord.get_block_ids("0")[1] if i != 0]
+            assert len(live) <= 3  # running state + speculative block (+ the previous state until freed)
+        coord.free(r)
+        coord.check_invariants()
+        assert ids(coord.get_blocks("0").blocks[1]) == []

@@ -84,7 +84,7 @@ class TestPrefill:
         coord = make_coordinator([full_spec()], 10)
         schedule(coord, make_request(coord, "0", list(range(40))))
         plp = make_request(coord, "1", list(range(40)), skip_reading_prefix_cache=True)
-        computed, n = coord.get_computed_blocks(plp)
+        _, n = coord.get_computed_blocks(plp)
         assert n == 0
         new = schedule(coord, plp)
         assert len(new[0]) == 3
@@ -230,7 +230,8 @@ class TestDecodeAndEviction:
         r0 = make_request(coord, "0", list(range(16)))
         schedule(coord, r0)
         coord.free(r0)
-        assert coord.block_pool.blocks[1].block_hash is not None
+        block = coord.block_pool.blocks[1]
+        assert block.block_hash is not None
         r1 = make_request(coord, "1", list(range(50, 60)))
         schedule(coord, r1)
         assert coord.block_pool.blocks[1].block_hash is None
@@ -287,7 +288,7 @@ class TestHashInputs:
         schedule(coord, r0)
         keys = [b.block_hash for b in coord.block_pool.blocks if b.block_hash is not None]
         assert len(keys) == 4 and len(set(keys)) == 4
-        assert {k[-4:] for k in keys if k is not None} == {b"\0\0\0\0", b"\0\0\0\1"}
+        assert {k[-4:] for k in keys} == {b"\0\0\0\0", b"\0\0\0\1"}
 
 
 class TestFailureAndReset:

@@ -5,17 +5,18 @@ carrying it, free + used == total, and every prefix hit matches the request's ow
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvspec import KVCacheCoordinator, MambaSpec, Request
+from kvspec import KVCacheCoordinator, KVCacheSpec, MambaSpec, Request
 from kvspec.hashing import BlockHashListWithBlockSize
 from tests.helpers import full_spec, make_coordinator, make_request, sw_spec
 
-CONFIGS = {
+CONFIGS: dict[str, Callable[[], list[KVCacheSpec]]] = {
     "full": lambda: [full_spec()],
     "full+sw": lambda: [full_spec(), sw_spec(32), sw_spec(32)],
     "sw+sw": lambda: [sw_spec(32), sw_spec(64)],

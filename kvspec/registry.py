@@ -97,6 +97,41 @@ class RegistrySnapshot(Generic[SpecT, MgrT]):
     strict: bool = False
 
 
+class _ManagerCache(dict[type, Any]):
+    """type -> manager class; a miss resolves through the owning lookup cache."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: _LookupCache[Any, Any]) -> None:
+        super().__init__()
+        self._owner = owner
+
+    def __missing__(self, spec_cls: type) -> Any:
+        entry = self._owner[spec_cls]
+        manager = None if entry is None else entry.manager_cls
+        self[spec_cls] = manager
+        return manager
+
+
+class _LookupCache(dict[type, "Registration[SpecT, MgrT] | None"], Generic[SpecT, MgrT]):
+    """Per-class lookup results. A hit is a plain dict hit; a miss walks the MRO once and stores it.
+
+    The registry replaces the whole cache object when it changes, so readers never see a half-cleared one.
+    """
+
+    __slots__ = ("_registry", "managers")
+
+    def __init__(self, registry: Registry[SpecT, MgrT]) -> None:
+        super().__init__()
+        self._registry = registry
+        self.managers = _ManagerCache(self)
+
+    def __missing__(self, spec_cls: type) -> Registration[SpecT, MgrT] | None:
+        found = self._registry._resolve(spec_cls)
+        self[spec_cls] = found
+        return found
+
+
 def _name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -112,7 +147,7 @@ class Registry(Generic[SpecT, MgrT]):
         self.name = name
         self._strict = strict
         self._entries: dict[type, Registration[SpecT, MgrT]] = {}
-        self._lookup_cache: dict[type, Registration[SpecT, MgrT] | None] = {}
+        self._lookup_cache: _LookupCache[SpecT, MgrT] = _LookupCache(self)
         self._lock = threading.RLock()
 
     # -- mutation -----------------------------------------------------------------------------
@@ -136,7 +171,7 @@ class Registry(Generic[SpecT, MgrT]):
         with self._lock:
             self._check_conflict(entry, self._entries)
             self._entries[spec_cls] = entry
-            self._lookup_cache.clear()
+            self._lookup_cache = _LookupCache(self)
 
     def _validate(
         self,
@@ -197,7 +232,7 @@ class Registry(Generic[SpecT, MgrT]):
                 self._check_conflict(entry, staged)
                 staged[entry.spec_cls] = entry
             self._entries = staged
-            self._lookup_cache.clear()
+            self._lookup_cache = _LookupCache(self)
 
     # -- lookup -------------------------------------------------------------------------------
 
@@ -208,14 +243,21 @@ class Registry(Generic[SpecT, MgrT]):
     def set_strict(self, strict: bool) -> None:
         with self._lock:
             self._strict = strict
-            self._lookup_cache.clear()
+            self._lookup_cache = _LookupCache(self)
 
     def lookup(self, spec_cls: type) -> Registration[SpecT, MgrT] | None:
         """The registration that applies to ``spec_cls`` (cached); None if its lineage is unknown."""
-        try:
-            return self._lookup_cache[spec_cls]
-        except KeyError:
-            pass
+        return self._lookup_cache[spec_cls]
+
+    @property
+    def manager_classes(self) -> Mapping[type, type[MgrT] | None]:
+        """Spec class -> manager class, resolved through the MRO on first use and then a plain dict hit.
+
+        The hot-path form of :meth:`get_manager_class`: ``registry.manager_classes[type(spec)]``.
+        """
+        return self._lookup_cache.managers
+
+    def _resolve(self, spec_cls: type) -> Registration[SpecT, MgrT] | None:
         with self._lock:
             found: Registration[SpecT, MgrT] | None = None
             for klass in spec_cls.__mro__:
@@ -228,12 +270,11 @@ class Registry(Generic[SpecT, MgrT]):
                     f"it inherit {found.spec_cls.__name__}'s manager {found.manager_cls.__name__}. "
                     "Register it with register_kv_cache_spec(...)."
                 )
-            self._lookup_cache[spec_cls] = found
             return found
 
     def get_manager_class(self, spec: object) -> type[MgrT] | None:
-        entry = self.lookup(type(spec))
-        return None if entry is None else entry.manager_cls
+        manager: type[MgrT] | None = self._lookup_cache.managers[type(spec)]
+        return manager
 
     def get_uniform_type_base_spec(self, spec: object) -> type[SpecT] | None:
         entry = self.lookup(type(spec))
@@ -293,7 +334,7 @@ class Registry(Generic[SpecT, MgrT]):
         with self._lock:
             self._entries = dict(snapshot.entries)
             self._strict = snapshot.strict
-            self._lookup_cache.clear()
+            self._lookup_cache = _LookupCache(self)
 
     @contextmanager
     def isolated(self) -> Iterator[Registry[SpecT, MgrT]]:

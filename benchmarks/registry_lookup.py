@@ -11,9 +11,9 @@ import timeit
 
 os.environ.setdefault("KVSPEC_TYPECHECK", "api")
 
-import torch  # noqa: E402
+import torch
 
-from kvspec import FullAttentionManager, FullAttentionSpec, default_registry  # noqa: E402
+from kvspec import FullAttentionManager, FullAttentionSpec, default_registry
 
 
 def main(number: int = 2_000_000, rounds: int = 7) -> dict[str, float]:

@@ -1,0 +1,525 @@
+"""Memory planning: group layers, unify page sizes, and turn a byte budget into blocks per worker.
+
+Units: memory in bytes, lengths in tokens, ``num_blocks`` in blocks (each block is one page in every
+layer of every group). Inputs are never mutated; every function returns new values.
+
+Grouping (vLLM 0.23 rules):
+1. hybrid disabled -> windowed layers are converted to full attention first;
+2. all specs merge into one -> one group;
+3. one uniform type with different shapes -> one group of a ``UniformTypeKVCacheSpecs``;
+4. otherwise (hybrid) -> page sizes are unified by scaling block sizes, layers are bucketed by equal
+   spec, and buckets are split into groups of ``group_size`` layers with a stride (so pipeline stages
+   balance); hidden-state layers each get a group of their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+
+from kvspec._checking import check_api
+from kvspec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor, scheduler_spec
+from kvspec.errors import (
+    ConflictingLayerSpecError,
+    HybridUnificationError,
+    InsufficientKVCacheMemoryError,
+    PageSizeUnificationError,
+    PlanningError,
+    SpecMergeError,
+)
+from kvspec.protocols import KVCacheManager, KVCacheSpec, SchedulerLimits
+from kvspec.registry import Registry, default_registry
+from kvspec.specs._common import cdiv, dtype_size
+from kvspec.specs.attention import ChunkedLocalAttentionSpec, FullAttentionSpec, SlidingWindowSpec
+from kvspec.specs.mla import HiddenStateCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
+from kvspec.specs.uniform import UniformTypeKVCacheSpecs
+
+logger = logging.getLogger(__name__)
+
+GiB = 1 << 30
+CONSERVING_MEMORY_HINT = (
+    "Give the KV cache more memory (a larger budget or gpu_memory_utilization), or lower max_model_len."
+)
+
+
+def format_gib(num_bytes: int) -> str:
+    return f"{num_bytes / GiB:.2f}"
+
+
+# -- uniformity and unification ------------------------------------------------------------------
+
+
+def is_kv_cache_spec_uniform(layer_specs: Mapping[str, KVCacheSpec]) -> bool:
+    """True when every layer's spec merges into one (so one group can hold them all).
+
+    Fixed on purpose: vLLM catches only the AssertionError of a failed merge, so layers that differ only in
+    window size make it raise ValueError instead of answering False; here any SpecMergeError means False.
+    """
+    specs = list(layer_specs.values())
+    if not specs:
+        return True
+    if len({type(s) for s in specs}) > 1:
+        return False  # merge() requires one exact class (see FullAttentionSpec.merge)
+    try:
+        specs[0].merge(specs)
+    except SpecMergeError:
+        return False
+    return True
+
+
+def _is_uniform_type(specs: Sequence[KVCacheSpec], registry: Registry[KVCacheSpec, KVCacheManager]) -> bool:
+    return bool(specs) and registry.is_uniform_type(specs)
+
+
+def make_uniform_type_specs(
+    layer_specs: Mapping[str, KVCacheSpec], registry: Registry[KVCacheSpec, KVCacheManager] | None = None
+) -> UniformTypeKVCacheSpecs | None:
+    """One UniformTypeKVCacheSpecs for ``layer_specs`` if they are of one uniform type, else None."""
+    registry = default_registry if registry is None else registry
+    specs = list(layer_specs.values())
+    if not _is_uniform_type(specs, registry):
+        return None
+    return UniformTypeKVCacheSpecs(block_size=specs[0].block_size, kv_cache_specs=dict(layer_specs))
+
+
+def unify_hybrid_kv_cache_specs(
+    layer_specs: Mapping[str, KVCacheSpec], registry: Registry[KVCacheSpec, KVCacheManager] | None = None
+) -> dict[str, KVCacheSpec]:
+    """With hybrid management disabled, convert windowed layers to full attention so one type remains.
+
+    Sliding-window and chunked-local layers become FullAttentionSpec with ``sliding_window`` /
+    ``attention_chunk_size`` set (they then keep every block: memory is sized for full attention).
+    Unlike vLLM 0.23, a chunked layer keeps its ``kv_quant_mode``. Raises HybridUnificationError when
+    no full-attention layer is present or the result is still mixed.
+    """
+    registry = default_registry if registry is None else registry
+    out = dict(layer_specs)
+    specs = list(out.values())
+    if is_kv_cache_spec_uniform(out) or _is_uniform_type(specs, registry):
+        return out
+    logger.warning(
+        "Hybrid KV cache manager is disabled for this hybrid model; windowed layers are sized as full attention."
+    )
+    full = [s for s in specs if isinstance(s, FullAttentionSpec) and not isinstance(s, MLAAttentionSpec)]
+    mla_full = [s for s in specs if isinstance(s, MLAAttentionSpec)]
+    if full or mla_full:
+        for name, spec in out.items():
+            if isinstance(spec, SlidingWindowMLASpec):
+                base = (mla_full or full)[0]
+                out[name] = MLAAttentionSpec(
+                    block_size=base.block_size,
+                    num_kv_heads=spec.num_kv_heads,
+                    head_size=spec.head_size,
+                    dtype=spec.dtype,
+                    kv_quant_mode=spec.kv_quant_mode,
+                    cache_dtype_str=spec.cache_dtype_str,
+                    compress_ratio=spec.compress_ratio,
+                    model_version=spec.model_version,
+                )
+            elif isinstance(spec, SlidingWindowSpec) and full:
+                out[name] = FullAttentionSpec(
+                    block_size=spec.block_size,
+                    num_kv_heads=spec.num_kv_heads,
+                    head_size=spec.head_size,
+                    head_size_v=spec.head_size_v,
+                    dtype=spec.dtype,
+                    kv_quant_mode=spec.kv_quant_mode,
+                    sliding_window=spec.sliding_window,
+                    page_size_padded=spec.page_size_padded,
+                )
+            elif isinstance(spec, ChunkedLocalAttentionSpec) and full:
+                out[name] = FullAttentionSpec(
+                    block_size=spec.block_size,
+                    num_kv_heads=spec.num_kv_heads,
+                    head_size=spec.head_size,
+                    dtype=spec.dtype,
+                    kv_quant_mode=spec.kv_quant_mode,
+                    attention_chunk_size=spec.attention_chunk_size,
+                    page_size_padded=spec.page_size_padded,
+                )
+    if not (is_kv_cache_spec_uniform(out) or _is_uniform_type(list(out.values()), registry)):
+        kinds = sorted({type(s).__name__ for s in out.values()})
+        raise HybridUnificationError(
+            "Hybrid KV cache manager is disabled but failed to convert the KV cache specs to one unified "
+            f"type (left: {', '.join(kinds)}). Enable hybrid KV cache management."
+        )
+    return out
+
+
+def unify_kv_cache_spec_page_size(layer_specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+    """Scale the block size of smaller-page layers so every layer's page equals the largest page."""
+    pages = {spec.page_size_bytes for spec in layer_specs.values()}
+    if len(pages) <= 1:
+        return dict(layer_specs)
+    max_page = max(pages)
+    out: dict[str, KVCacheSpec] = {}
+    for name, spec in layer_specs.items():
+        page = spec.page_size_bytes
+        if page == max_page:
+            out[name] = spec
+            continue
+        if max_page % page:
+            raise PageSizeUnificationError(
+                f"The page size of layer {name} ({type(spec).__name__}, {page} bytes) does not divide the "
+                f"largest page size ({max_page} bytes), so it cannot be unified by adjusting block_size. "
+                "Pad the smaller spec (page_size_padded) or change block sizes."
+            )
+        scaled = spec.copy_with_new_block_size(spec.block_size * (max_page // page))
+        if scaled.page_size_bytes != max_page:
+            raise PageSizeUnificationError(
+                f"Layer {name} ({type(spec).__name__}) has a padded page of {page} bytes; scaling its "
+                f"block size gives {scaled.page_size_bytes} bytes, not {max_page}."
+            )
+        out[name] = scaled
+    return out
+
+
+# -- grouping -----------------------------------------------------------------------------------
+
+
+def _merged_group(layer_names: Sequence[str], specs: Sequence[KVCacheSpec]) -> KVCacheGroupSpec:
+    return KVCacheGroupSpec(layer_names=tuple(layer_names), kv_cache_spec=specs[0].merge(specs))
+
+
+def _group_by_uniform_page_size(layer_specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
+    buckets: dict[KVCacheSpec, list[str]] = {}
+    for name, spec in layer_specs.items():
+        buckets.setdefault(spec, []).append(name)
+    sizes = [len(layers) for layers in buckets.values()]
+    group_size = min(sizes)
+    if max(sizes) < 1.5 * min(sizes):
+        # Close counts (e.g. 12 SW + 13 full with EAGLE): one group per bucket, a little padding.
+        group_size = max(sizes)
+    groups: list[KVCacheGroupSpec] = []
+    padding = 0
+    for spec, layers in buckets.items():
+        num_groups = cdiv(len(layers), group_size)
+        padding += num_groups * group_size - len(layers)
+        for i in range(num_groups):
+            groups.append(KVCacheGroupSpec(layer_names=tuple(layers[i::num_groups]), kv_cache_spec=spec))
+    if padding:
+        logger.warning(
+            "Add %d padding layers, may waste at most %.2f%% KV cache memory",
+            padding,
+            100 * padding / (len(layer_specs) + padding),
+        )
+    return groups
+
+
+@check_api
+def get_kv_cache_groups(
+    layer_specs: Mapping[str, KVCacheSpec],
+    *,
+    hybrid: bool = True,
+    registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
+) -> list[KVCacheGroupSpec]:
+    """Split layers into KV cache groups (each group shares one block table)."""
+    registry = default_registry if registry is None else registry
+    specs_by_layer = dict(layer_specs)
+    if not hybrid:
+        specs_by_layer = unify_hybrid_kv_cache_specs(specs_by_layer, registry)
+    if not specs_by_layer:
+        return []
+    names, specs = list(specs_by_layer), list(specs_by_layer.values())
+    if is_kv_cache_spec_uniform(specs_by_layer):
+        return [_merged_group(names, specs)]
+    uniform = make_uniform_type_specs(specs_by_layer, registry)
+    if uniform is not None:
+        return [KVCacheGroupSpec(layer_names=tuple(names), kv_cache_spec=uniform)]
+    hidden = {n: s for n, s in specs_by_layer.items() if isinstance(s, HiddenStateCacheSpec)}
+    rest = {n: s for n, s in specs_by_layer.items() if n not in hidden}
+    groups = _group_by_uniform_page_size(unify_kv_cache_spec_page_size(rest)) if rest else []
+    if hidden:
+        common_page = groups[0].kv_cache_spec.page_size_bytes if groups else None
+        for name, spec in hidden.items():
+            page = spec.page_size_bytes if common_page is None else common_page
+            per_token = spec.num_kv_heads * spec.head_size * dtype_size(spec.dtype)
+            adjusted = dataclasses.replace(spec, block_size=max(page // per_token, 1), page_size_padded=page)
+            groups.append(KVCacheGroupSpec(layer_names=(name,), kv_cache_spec=adjusted))
+    return groups
+
+
+# -- memory bounds ------------------------------------------------------------------------------
+
+
+def _uniform_page_size(groups: Sequence[KVCacheGroupSpec]) -> int:
+    pages = {g.kv_cache_spec.page_size_bytes for g in groups}
+    if len(pages) != 1:
+        raise PlanningError(
+            f"KV cache groups must share one page size to share tensors, got {sorted(pages)}."
+        )
+    return pages.pop()
+
+
+def max_memory_usage_bytes_from_groups(groups: Sequence[KVCacheGroupSpec], limits: SchedulerLimits) -> int:
+    """Bytes one request of ``limits.max_model_len`` tokens needs, padding layers of short groups counted."""
+    if not groups:
+        return 0
+    if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
+        return sum(s.max_memory_usage_bytes(limits) for s in groups[0].kv_cache_spec.kv_cache_specs.values())
+    group_size = max(len(g.layer_names) for g in groups)
+    page = _uniform_page_size(groups)
+    blocks = sum(cdiv(g.kv_cache_spec.max_memory_usage_bytes(limits), page) for g in groups)
+    return group_size * page * blocks
+
+
+def bytes_per_block(groups: Sequence[KVCacheGroupSpec]) -> int:
+    """Bytes one block id costs across all tensors of the layout."""
+    if not groups:
+        return 0
+    if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
+        return groups[0].kv_cache_spec.page_size_bytes
+    return _uniform_page_size(groups) * max(len(g.layer_names) for g in groups)
+
+
+def estimate_max_model_len(
+    groups: Sequence[KVCacheGroupSpec], available_memory: int, limits: SchedulerLimits
+) -> int:
+    """The largest max_model_len (<= limits.max_model_len) whose one request fits; 0 if none does."""
+
+    def fits(length: int) -> bool:
+        return (
+            max_memory_usage_bytes_from_groups(groups, dataclasses.replace(limits, max_model_len=length))
+            <= available_memory
+        )
+
+    lo, hi = 0, limits.max_model_len
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def check_enough_kv_cache_memory(
+    groups: Sequence[KVCacheGroupSpec], available_memory: int, limits: SchedulerLimits, *, worker: str = ""
+) -> None:
+    """Raise InsufficientKVCacheMemoryError (with needed, available and the max_model_len that would fit)
+    unless one request of ``limits.max_model_len`` tokens fits in ``available_memory`` bytes."""
+    if not groups:
+        return
+    where = f" on {worker}" if worker else ""
+    needed = max_memory_usage_bytes_from_groups(groups, limits)
+    if available_memory <= 0:
+        raise InsufficientKVCacheMemoryError(
+            f"No available memory for the cache blocks{where} ({available_memory} bytes). {CONSERVING_MEMORY_HINT}",
+            needed_bytes=needed,
+            available_bytes=available_memory,
+            max_model_len=limits.max_model_len,
+            estimated_max_model_len=0,
+        )
+    if needed > available_memory:
+        estimate = estimate_max_model_len(groups, available_memory, limits)
+        estimated_msg = (
+            f"Based on the available memory, the estimated maximum model length is {estimate}. "
+            if estimate > 0
+            else "Not even one token fits. "
+        )
+        raise InsufficientKVCacheMemoryError(
+            f"To serve at least one request with the model's max seq len ({limits.max_model_len}), "
+            f"{format_gib(needed)} GiB KV cache is needed{where}, which is larger than the available KV cache "
+            f"memory ({format_gib(available_memory)} GiB). {estimated_msg}{CONSERVING_MEMORY_HINT}",
+            needed_bytes=needed,
+            available_bytes=available_memory,
+            max_model_len=limits.max_model_len,
+            estimated_max_model_len=estimate,
+        )
+
+
+# -- configs ------------------------------------------------------------------------------------
+
+
+@check_api
+def get_kv_cache_config_from_groups(
+    groups: Sequence[KVCacheGroupSpec], available_memory: int, *, num_blocks_override: int | None = None
+) -> KVCacheConfig:
+    """Tensors and block count for ``groups`` in ``available_memory`` bytes."""
+    if not groups:
+        return KVCacheConfig(num_blocks=1, kv_cache_tensors=(), kv_cache_groups=())
+    if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
+        uniform = groups[0].kv_cache_spec
+        num_blocks = max(available_memory // uniform.page_size_bytes, 0)
+        if num_blocks_override is not None:
+            num_blocks = num_blocks_override
+        tensors = tuple(
+            KVCacheTensor(size=spec.page_size_bytes * num_blocks, shared_by=(name,))
+            for name, spec in uniform.kv_cache_specs.items()
+        )
+        return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=tuple(groups))
+    group_size = max(len(g.layer_names) for g in groups)
+    page = _uniform_page_size(groups)
+    num_blocks = max(available_memory // page // group_size, 0)
+    if num_blocks_override is not None:
+        num_blocks = num_blocks_override
+    tensors = tuple(
+        KVCacheTensor(
+            size=page * num_blocks,
+            shared_by=tuple(g.layer_names[i] for g in groups if i < len(g.layer_names)),
+        )
+        for i in range(group_size)
+    )
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=tuple(groups))
+
+
+def project_groups_to_worker(
+    groups: Sequence[KVCacheGroupSpec], worker_layers: Mapping[str, object]
+) -> list[KVCacheGroupSpec]:
+    """A worker's share of the global groups: same count and order; empty groups keep their spec."""
+    out: list[KVCacheGroupSpec] = []
+    for group in groups:
+        names = tuple(n for n in group.layer_names if n in worker_layers)
+        spec = group.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs) and names:
+            spec = spec.narrowed_to(names)
+        out.append(
+            KVCacheGroupSpec(
+                layer_names=names, kv_cache_spec=spec, is_eagle_group=group.is_eagle_group and bool(names)
+            )
+        )
+    return out
+
+
+def merge_worker_specs(per_worker_specs: Sequence[Mapping[str, KVCacheSpec]]) -> dict[str, KVCacheSpec]:
+    """All workers' layers in one dict; a layer reported by several workers must have one spec."""
+    merged: dict[str, KVCacheSpec] = {}
+    for rank, specs in enumerate(per_worker_specs):
+        for name, spec in specs.items():
+            seen = merged.setdefault(name, spec)
+            if seen != spec:
+                raise ConflictingLayerSpecError(
+                    f"The KV cache specs for layer {name} differ across workers (worker {rank} has "
+                    f"{type(spec).__name__}, another has {type(seen).__name__}: {spec!r} vs {seen!r}). "
+                    "Every worker must report the same spec for a layer."
+                )
+    return merged
+
+
+@check_api
+def get_kv_cache_configs(
+    per_worker_specs: Sequence[Mapping[str, KVCacheSpec]],
+    per_worker_available_bytes: Sequence[int],
+    limits: SchedulerLimits,
+    *,
+    num_blocks_override: int | None = None,
+    hybrid: bool = True,
+    registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
+) -> list[KVCacheConfig]:
+    """One KVCacheConfig per worker (tensor- or pipeline-parallel), all with the same block count.
+
+    The smallest block count over the workers wins (every worker must hold the same block ids); each
+    worker's tensors are shrunk to it. With ``num_blocks_override`` every worker gets that many blocks.
+    Raises InsufficientKVCacheMemoryError naming the worker that cannot hold one max-length request.
+    """
+    if len(per_worker_specs) != len(per_worker_available_bytes):
+        raise PlanningError(
+            f"Got specs for {len(per_worker_specs)} workers but memory for {len(per_worker_available_bytes)}."
+        )
+    registry = default_registry if registry is None else registry
+    merged = merge_worker_specs(per_worker_specs)
+    registry.check(merged)
+    global_groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry)
+    worker_groups = [project_groups_to_worker(global_groups, specs) for specs in per_worker_specs]
+    memory = list(per_worker_available_bytes)
+    if num_blocks_override is not None:
+        memory = [num_blocks_override * bytes_per_block(g) for g in worker_groups]
+    configs: list[KVCacheConfig] = []
+    for rank, (groups, avail) in enumerate(zip(worker_groups, memory)):
+        live = [g for g in groups if g.layer_names]
+        check_enough_kv_cache_memory(live, avail, limits, worker=f"worker {rank}" if len(memory) > 1 else "")
+        config = get_kv_cache_config_from_groups(groups, avail, num_blocks_override=num_blocks_override)
+        assigned = {n for g in config.kv_cache_groups for n in g.layer_names}
+        missing = set(per_worker_specs[rank]) - assigned
+        if missing:
+            raise PlanningError(f"Some layers are not assigned to any group: {sorted(missing)}.")
+        configs.append(config)
+    if not configs:
+        return configs
+    min_blocks = min(c.num_blocks for c in configs)
+    out: list[KVCacheConfig] = []
+    for config in configs:
+        old = config.num_blocks
+        tensors = tuple(
+            KVCacheTensor(size=(t.size // old * min_blocks) if old else 0, shared_by=t.shared_by)
+            for t in config.kv_cache_tensors
+        )
+        out.append(dataclasses.replace(config, num_blocks=min_blocks, kv_cache_tensors=tensors))
+    return out
+
+
+def get_kv_cache_config(
+    layer_specs: Mapping[str, KVCacheSpec],
+    available_memory: int,
+    limits: SchedulerLimits,
+    *,
+    num_blocks_override: int | None = None,
+    hybrid: bool = True,
+    registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
+) -> KVCacheConfig:
+    """The layout for a single worker (see :func:`get_kv_cache_configs`)."""
+    return get_kv_cache_configs(
+        [layer_specs],
+        [available_memory],
+        limits,
+        num_blocks_override=num_blocks_override,
+        hybrid=hybrid,
+        registry=registry,
+    )[0]
+
+
+def generate_scheduler_kv_cache_config(configs: Sequence[KVCacheConfig]) -> KVCacheConfig:
+    """The scheduler's view: workers agree on num_blocks; uniform-type groups run by their first spec."""
+    if not configs:
+        raise PlanningError("generate_scheduler_kv_cache_config needs at least one worker config.")
+    if len({c.num_blocks for c in configs}) != 1:
+        raise PlanningError(f"Workers disagree on num_blocks: {[c.num_blocks for c in configs]}.")
+    first = configs[0]
+    groups = tuple(
+        dataclasses.replace(g, kv_cache_spec=scheduler_spec(g.kv_cache_spec)) for g in first.kv_cache_groups
+    )
+    return dataclasses.replace(first, kv_cache_groups=groups)
+
+
+def get_max_concurrency(config: KVCacheConfig, limits: SchedulerLimits) -> float:
+    """How many requests of ``limits.max_model_len`` tokens fit in ``config`` at once."""
+    groups = config.kv_cache_groups
+    if not groups:
+        return float("inf")
+    layers = max(len(g.layer_names) for g in groups)
+    per_request = layers * sum(g.kv_cache_spec.max_memory_usage_bytes(limits) for g in groups)
+    per_block = groups[0].kv_cache_spec.page_size_bytes * layers
+    return config.num_blocks / cdiv(per_request, per_block)
+
+
+def auto_fit_max_model_len(
+    per_worker_specs: Sequence[Mapping[str, KVCacheSpec]],
+    per_worker_available_bytes: Sequence[int],
+    limits: SchedulerLimits,
+    *,
+    hybrid: bool = True,
+    registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
+) -> int:
+    """The largest max_model_len every worker can serve one request of (vLLM's max_model_len=-1)."""
+    registry = default_registry if registry is None else registry
+    merged = merge_worker_specs(per_worker_specs)
+    groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry)
+    fitted = min(
+        estimate_max_model_len(
+            [g for g in project_groups_to_worker(groups, specs) if g.layer_names], avail, limits
+        )
+        for specs, avail in zip(per_worker_specs, per_worker_available_bytes)
+    )
+    if fitted <= 0:
+        raise InsufficientKVCacheMemoryError(
+            "Cannot auto-fit max_model_len: not enough memory to serve even a single token. "
+            + CONSERVING_MEMORY_HINT,
+            needed_bytes=max_memory_usage_bytes_from_groups(
+                groups, dataclasses.replace(limits, max_model_len=1)
+            ),
+            available_bytes=min(per_worker_available_bytes),
+            max_model_len=limits.max_model_len,
+            estimated_max_model_len=0,
+        )
+    return fitted

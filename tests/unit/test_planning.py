@@ -1,0 +1,355 @@
+"""Grouping, page-size unification, block counts, multi-worker configs and memory checks (vLLM §9.3)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+
+import pytest
+import torch
+from typing_extensions import Self
+
+from kvspec import (
+    ChunkedLocalAttentionSpec,
+    ConflictingLayerSpecError,
+    FullAttentionSpec,
+    HiddenStateCacheSpec,
+    HybridUnificationError,
+    InsufficientKVCacheMemoryError,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    KVCacheTensor,
+    PageSizeUnificationError,
+    SchedulerLimits,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+    UnregisteredSpecError,
+)
+from kvspec.planning import (
+    auto_fit_max_model_len,
+    estimate_max_model_len,
+    generate_scheduler_kv_cache_config,
+    get_kv_cache_config,
+    get_kv_cache_configs,
+    get_kv_cache_groups,
+    get_max_concurrency,
+    is_kv_cache_spec_uniform,
+    max_memory_usage_bytes_from_groups,
+    project_groups_to_worker,
+    unify_hybrid_kv_cache_specs,
+)
+
+F32 = torch.float32
+LIMITS = SchedulerLimits(max_model_len=128, max_num_batched_tokens=64)  # full: 8 blocks, SW(128): 9
+LARGE = SchedulerLimits(max_model_len=1024, max_num_batched_tokens=1024)
+
+
+def full(head_size: int = 64, block_size: int = 16, **kw: object) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=head_size, dtype=F32, **kw)  # type: ignore[arg-type]
+
+
+def sw(window: int = 128, head_size: int = 64, block_size: int = 16) -> SlidingWindowSpec:
+    return SlidingWindowSpec(
+        block_size=block_size, num_kv_heads=2, head_size=head_size, dtype=F32, sliding_window=window
+    )
+
+
+def chunked(chunk: int = 256) -> ChunkedLocalAttentionSpec:
+    return ChunkedLocalAttentionSpec(
+        block_size=16, num_kv_heads=2, head_size=64, dtype=F32, attention_chunk_size=chunk
+    )
+
+
+PAGE = 2 * 16 * 2 * 64 * 4  # 16,384 bytes per block and layer
+
+
+def layers(prefix: str, spec: KVCacheSpec, n: int, start: int = 0) -> dict[str, KVCacheSpec]:
+    return {f"{prefix}{i}": spec for i in range(start, start + n)}
+
+
+def group_layout(config: KVCacheConfig) -> list[tuple[str, ...]]:
+    return [g.layer_names for g in config.kv_cache_groups]
+
+
+class TestOneWorker:
+    def test_full_only(self) -> None:
+        config = get_kv_cache_config(layers("l", full(), 2), PAGE * 2 * 64, LIMITS)
+        assert config.num_blocks == 64
+        assert group_layout(config) == [("l0", "l1")]
+        assert config.kv_cache_tensors == (
+            KVCacheTensor(size=PAGE * 64, shared_by=("l0",)),
+            KVCacheTensor(size=PAGE * 64, shared_by=("l1",)),
+        )
+
+    def test_sliding_window_only(self) -> None:
+        config = get_kv_cache_config(layers("l", sw(), 2), PAGE * 2 * 64, LIMITS)
+        assert config.num_blocks == 64 and isinstance(
+            config.kv_cache_groups[0].kv_cache_spec, SlidingWindowSpec
+        )
+
+    def test_hybrid_disabled_converts_to_full(self) -> None:
+        specs = {"full0": full(), "sw0": sw()}
+        config = get_kv_cache_config(specs, PAGE * 2 * 64, LIMITS, hybrid=False)
+        (group,) = config.kv_cache_groups
+        assert group.layer_names == ("full0", "sw0")
+        assert (
+            isinstance(group.kv_cache_spec, FullAttentionSpec) and group.kv_cache_spec.sliding_window == 128
+        )
+        assert config.num_blocks == 64
+
+    def test_hybrid_groups_share_one_tensor(self) -> None:
+        config = get_kv_cache_config({"full0": full(), "sw0": sw()}, PAGE * 64, LIMITS)
+        assert group_layout(config) == [("full0",), ("sw0",)]
+        assert config.kv_cache_tensors == (KVCacheTensor(size=PAGE * 64, shared_by=("full0", "sw0")),)
+        assert config.num_blocks == 64
+
+    def test_two_full_four_sw(self) -> None:
+        specs = {**layers("full", full(), 2), **layers("sw", sw(), 4)}
+        config = get_kv_cache_config(specs, PAGE * 2 * 64, LIMITS)
+        assert group_layout(config) == [("full0", "full1"), ("sw0", "sw2"), ("sw1", "sw3")]
+        assert [t.shared_by for t in config.kv_cache_tensors] == [
+            ("full0", "sw0", "sw1"),
+            ("full1", "sw2", "sw3"),
+        ]
+        assert config.num_blocks == 64
+
+    def test_three_full_seven_sw_pads_to_nine(self) -> None:
+        specs = {**layers("full", full(), 3), **layers("sw", sw(), 7)}
+        config = get_kv_cache_config(specs, PAGE * 3 * 64, LIMITS)
+        assert group_layout(config) == [
+            ("full0", "full1", "full2"),
+            ("sw0", "sw3", "sw6"),
+            ("sw1", "sw4"),
+            ("sw2", "sw5"),
+        ]
+        assert sum(3 for _ in config.kv_cache_groups[1:]) == 9  # 3 SW groups of 3 slots
+        assert config.num_blocks == 64 and len(config.kv_cache_tensors) == 3
+
+    def test_six_full_five_sw_pads_to_six(self) -> None:
+        specs = {**layers("full", full(), 6), **layers("sw", sw(), 5)}
+        config = get_kv_cache_config(specs, PAGE * 6 * 64, LIMITS)
+        assert group_layout(config) == [
+            tuple(f"full{i}" for i in range(6)),
+            tuple(f"sw{i}" for i in range(5)),
+        ]
+        assert config.kv_cache_tensors[5].shared_by == ("full5",)
+        assert config.num_blocks == 64
+
+    def test_same_type_different_hidden_size_is_uniform_type(self) -> None:
+        specs = {"a": full(64), "b": full(128)}
+        config = get_kv_cache_config(specs, PAGE * 3 * 64, LIMITS)
+        (group,) = config.kv_cache_groups
+        assert isinstance(group.kv_cache_spec, UniformTypeKVCacheSpecs)
+        assert config.num_blocks == 64
+        assert config.kv_cache_tensors == (
+            KVCacheTensor(size=PAGE * 64, shared_by=("a",)),
+            KVCacheTensor(size=2 * PAGE * 64, shared_by=("b",)),
+        )
+        scheduler = generate_scheduler_kv_cache_config([config])
+        assert scheduler.kv_cache_groups[0].kv_cache_spec == full(64)
+
+    def test_different_type_and_size_doubles_block_size(self) -> None:
+        config = get_kv_cache_config({"full0": full(128), "sw0": sw(head_size=64)}, 2 * PAGE * 64, LIMITS)
+        specs = [g.kv_cache_spec for g in config.kv_cache_groups]
+        assert [s.block_size for s in specs] == [16, 32]
+        assert {s.page_size_bytes for s in specs} == {2 * PAGE}
+        assert config.num_blocks == 64
+
+    def test_non_divisible_page_sizes(self) -> None:
+        with pytest.raises(PageSizeUnificationError, match="does not divide the largest page size"):
+            get_kv_cache_config({"full0": full(96), "sw0": sw(head_size=64)}, PAGE * 100, LIMITS)
+
+    def test_num_blocks_override(self) -> None:
+        config = get_kv_cache_config(layers("l", full(), 2), PAGE * 2 * 64, LIMITS, num_blocks_override=16)
+        assert config.num_blocks == 16 and config.kv_cache_tensors[0].size == PAGE * 16
+
+    def test_hidden_state_layers_get_their_own_groups(self) -> None:
+        hidden = HiddenStateCacheSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=F32)
+        # with full attention alone it is one uniform-type group (as in vLLM); in a hybrid it stands apart
+        uniform = get_kv_cache_config({"full0": full(), "h0": hidden}, PAGE * 2 * 64, LIMITS)
+        assert isinstance(uniform.kv_cache_groups[0].kv_cache_spec, UniformTypeKVCacheSpecs)
+        config = get_kv_cache_config({"full0": full(), "sw0": sw(), "h0": hidden}, PAGE * 64, LIMITS)
+        assert group_layout(config) == [("full0",), ("sw0",), ("h0",)]
+        h = config.kv_cache_groups[2].kv_cache_spec
+        assert h.page_size_bytes == PAGE and h.block_size == PAGE // (64 * 4)
+        assert config.kv_cache_tensors == (KVCacheTensor(size=PAGE * 64, shared_by=("full0", "sw0", "h0")),)
+
+    def test_attention_free(self) -> None:
+        config = get_kv_cache_config({}, 1 << 30, LIMITS)
+        assert config == KVCacheConfig(num_blocks=1, kv_cache_tensors=(), kv_cache_groups=())
+
+    def test_unregistered_spec_is_reported_with_its_layer(self) -> None:
+        @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+        class Foreign:
+            block_size: int = 16
+            page_size_bytes: int = 64
+
+            def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+                return 64
+
+            def copy_with_new_block_size(self, block_size: int) -> Self:
+                return self
+
+            @classmethod
+            def merge(cls, specs: Sequence[Self]) -> Self:
+                return specs[0]
+
+            def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+                return True
+
+        with pytest.raises(UnregisteredSpecError, match="layer bad: Foreign"):
+            get_kv_cache_config({"bad": Foreign()}, PAGE, LIMITS)
+
+
+class TestUniformityAndUnification:
+    def test_is_uniform(self) -> None:
+        assert is_kv_cache_spec_uniform({"a": full(), "b": full(sliding_window=1)})
+        assert not is_kv_cache_spec_uniform({"a": full(), "b": sw()})
+        assert is_kv_cache_spec_uniform({"a": sw(1), "b": sw(1)})
+        assert not is_kv_cache_spec_uniform({"a": sw(1), "b": sw(2)})
+        # vLLM raises ValueError here; kvspec answers the question
+        assert not is_kv_cache_spec_uniform({"a": full(sliding_window=1), "b": full(sliding_window=2)})
+
+    @pytest.mark.parametrize(
+        "others",
+        [{"sw": sw()}, {"ch": chunked()}, {"sw": sw(), "ch": chunked()}],
+        ids=["sw", "chunked", "both"],
+    )
+    def test_unify_hybrid_specs(self, others: dict[str, KVCacheSpec]) -> None:
+        out = unify_hybrid_kv_cache_specs({"full": full(), **others})
+        assert all(type(s) is FullAttentionSpec for s in out.values())
+        if "sw" in out:
+            assert out["sw"].sliding_window == 128  # type: ignore[attr-defined]
+        if "ch" in out:
+            assert out["ch"].attention_chunk_size == 256  # type: ignore[attr-defined]
+
+    def test_unify_without_full_fails(self) -> None:
+        with pytest.raises(
+            HybridUnificationError, match="failed to convert the KV cache specs to one unified type"
+        ):
+            unify_hybrid_kv_cache_specs({"sw": sw(), "ch": chunked()})
+
+    def test_inputs_are_not_mutated(self) -> None:
+        specs: dict[str, KVCacheSpec] = {"full0": full(128), "sw0": sw(head_size=64)}
+        before = dict(specs)
+        get_kv_cache_groups(specs)
+        get_kv_cache_groups(specs, hybrid=False)
+        assert specs == before
+
+
+class TestMemory:
+    def test_estimate_max_model_len(self) -> None:
+        spec = FullAttentionSpec(block_size=16, num_kv_heads=32, head_size=128, dtype=torch.float16)
+        groups = get_kv_cache_groups(layers("l", spec, 32))
+        assert estimate_max_model_len(groups, 8 * (1 << 30), SchedulerLimits(max_model_len=16385)) == 16384
+        assert estimate_max_model_len(groups, 8 * (1 << 30), SchedulerLimits(max_model_len=16383)) == 16383
+
+    def test_max_concurrency(self) -> None:
+        limits = SchedulerLimits(max_model_len=16384, max_num_batched_tokens=1024)
+        spec = FullAttentionSpec(block_size=16, num_kv_heads=32, head_size=128, dtype=torch.float16)
+        window = SlidingWindowSpec(
+            block_size=16, num_kv_heads=32, head_size=128, dtype=torch.float16, sliding_window=1024
+        )
+
+        def config(groups: list[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:
+            return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=(), kv_cache_groups=tuple(groups))
+
+        g_full = KVCacheGroupSpec(layer_names=tuple(f"f{i}" for i in range(32)), kv_cache_spec=spec)
+        g_sw = KVCacheGroupSpec(layer_names=tuple(f"s{i}" for i in range(32)), kv_cache_spec=window)
+        assert get_max_concurrency(config([g_full], int(1024 * 1.5)), limits) == 1.5
+        assert get_max_concurrency(config([g_sw], 129 * 3), limits) == 3
+        assert get_max_concurrency(config([g_full, g_sw], 1153 * 3), limits) == 3
+
+    def test_hybrid_memory_counts_padding_layers(self) -> None:
+        specs = {**layers("full", full(), 3), **layers("sw", sw(), 7)}
+        groups = get_kv_cache_groups(specs)
+        per_full = (LIMITS.max_model_len // 16) * PAGE
+        per_sw = sw().max_memory_usage_bytes(LIMITS)
+        assert max_memory_usage_bytes_from_groups(groups, LIMITS) == 3 * PAGE * (
+            per_full // PAGE + 3 * (per_sw // PAGE)
+        )
+
+    def test_not_enough_memory_names_the_numbers(self) -> None:
+        spec = FullAttentionSpec(block_size=16, num_kv_heads=32, head_size=128, dtype=torch.float16)
+        with pytest.raises(InsufficientKVCacheMemoryError) as info:
+            get_kv_cache_config(layers("l", spec, 32), 4 * (1 << 30), SchedulerLimits(max_model_len=16384))
+        err = info.value
+        assert err.needed_bytes == 8 * (1 << 30) and err.available_bytes == 4 * (1 << 30)
+        assert err.estimated_max_model_len == 8192
+        assert re.search(
+            r"max seq len \(16384\), 8\.00 GiB KV cache is needed.*\(4\.00 GiB\).*is 8192\.", str(err)
+        )
+
+    def test_no_memory_at_all(self) -> None:
+        with pytest.raises(InsufficientKVCacheMemoryError, match="No available memory for the cache blocks"):
+            get_kv_cache_config(layers("l", full(), 2), 0, LIMITS)
+
+    def test_override_too_small_is_checked(self) -> None:
+        with pytest.raises(InsufficientKVCacheMemoryError, match="max seq len"):
+            get_kv_cache_config(layers("l", full(), 2), PAGE * 1000, LIMITS, num_blocks_override=4)
+
+    def test_auto_fit(self) -> None:
+        specs = layers("l", full(), 2)
+        assert auto_fit_max_model_len([specs], [PAGE * 2 * 1000], LARGE) == 1024
+        fitted = auto_fit_max_model_len([specs], [PAGE * 2 * 10], LARGE)
+        assert fitted == 160  # 10 blocks of 16 tokens per layer
+        hybrid = {"full0": full(), "sw0": sw()}
+        assert 0 < auto_fit_max_model_len([hybrid], [PAGE * 20], LARGE) < 1024
+        with pytest.raises(InsufficientKVCacheMemoryError, match="Cannot auto-fit max_model_len"):
+            auto_fit_max_model_len([specs], [10], LARGE)
+
+
+class TestMultipleWorkers:
+    def test_identical_workers(self) -> None:
+        specs = layers("l", full(), 2)
+        configs = get_kv_cache_configs([specs, specs], [PAGE * 2 * 10] * 2, LIMITS)
+        assert [c.num_blocks for c in configs] == [10, 10]
+
+    def test_tensor_parallel_unequal_memory_takes_the_minimum(self) -> None:
+        specs = layers("l", full(), 2)
+        configs = get_kv_cache_configs([specs, specs], [PAGE * 2 * 100, PAGE * 2 * 70], LIMITS)
+        assert [c.num_blocks for c in configs] == [70, 70]
+        assert all(t.size == PAGE * 70 for c in configs for t in c.kv_cache_tensors)
+
+    def test_pipeline_parallel_disjoint_layers(self) -> None:
+        w0, w1 = layers("l", full(), 2), layers("l", full(), 2, start=2)
+        configs = get_kv_cache_configs([w0, w1], [PAGE * 2 * 100, PAGE * 2 * 80], LIMITS)
+        assert [c.num_blocks for c in configs] == [80, 80]
+        assert [t.shared_by for t in configs[0].kv_cache_tensors] == [("l0",), ("l1",)]
+        assert [t.shared_by for t in configs[1].kv_cache_tensors] == [("l2",), ("l3",)]
+
+    def test_hybrid_pipeline_keeps_empty_groups(self) -> None:
+        w0 = {"full0": full(), "full1": full()}
+        w1 = {"sw0": sw(), "sw1": sw()}
+        configs = get_kv_cache_configs([w0, w1], [PAGE * 2 * 40] * 2, LIMITS)
+        assert [g.layer_names for g in configs[0].kv_cache_groups] == [("full0", "full1"), ()]
+        assert [g.layer_names for g in configs[1].kv_cache_groups] == [(), ("sw0", "sw1")]
+        assert isinstance(configs[0].kv_cache_groups[1].kv_cache_spec, SlidingWindowSpec)
+        assert configs[0].num_blocks == configs[1].num_blocks == 40
+
+    def test_one_full_two_sw_per_worker_gives_three_groups_sharing_a_tensor(self) -> None:
+        w0 = {"full0": full(), "sw0": sw(), "sw1": sw()}
+        w1 = {"full1": full(), "sw2": sw(), "sw3": sw()}
+        configs = get_kv_cache_configs([w0, w1], [PAGE * 2 * 16] * 2, LIMITS)
+        assert [g.layer_names for g in configs[0].kv_cache_groups] == [("full0",), ("sw0",), ("sw1",)]
+        assert [t.shared_by for t in configs[0].kv_cache_tensors] == [("full0", "sw0", "sw1")]
+        assert [t.shared_by for t in configs[1].kv_cache_tensors] == [("full1", "sw2", "sw3")]
+
+    def test_conflicting_specs_for_one_layer(self) -> None:
+        with pytest.raises(ConflictingLayerSpecError, match="layer l0 differ across workers"):
+            get_kv_cache_configs([{"l0": full()}, {"l0": full(128)}], [PAGE * 100] * 2, LIMITS)
+
+    def test_insufficient_memory_names_the_worker(self) -> None:
+        specs = layers("l", full(), 2)
+        with pytest.raises(InsufficientKVCacheMemoryError, match="on worker 1"):
+            get_kv_cache_configs([specs, specs], [PAGE * 2 * 100, PAGE * 2], LIMITS)
+
+    def test_project_narrows_uniform_specs(self) -> None:
+        groups = get_kv_cache_groups({"a": full(64), "b": full(128)})
+        (projected,) = project_groups_to_worker(groups, {"a": None})
+        assert isinstance(projected.kv_cache_spec, UniformTypeKVCacheSpecs)
+        assert list(projected.kv_cache_spec.kv_cache_specs) == ["a"]
+        (empty,) = project_groups_to_worker(groups, {})
+        assert empty.layer_names == () and empty.kv_cache_spec == groups[0].kv_cache_spec

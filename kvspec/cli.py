@@ -1,0 +1,453 @@
+"""The ``kvspec`` command: ``plan`` a KV cache layout, ``inspect`` the registry, ``simulate`` a workload.
+
+Exit codes: 0 success; 1 the model does not fit (the reason and a max_model_len that would fit are
+printed); 2 bad arguments (unknown model, malformed config, bad sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from kvspec.config import KVCacheConfig
+from kvspec.errors import InsufficientKVCacheMemoryError, KVSpecError, ModelConfigError
+from kvspec.models import DEFAULT_MODEL, KV_CACHE_DTYPES, ModelLayout, build_model_layout, preset_names
+from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memory_usage_bytes_from_groups
+from kvspec.protocols import SchedulerLimits
+from kvspec.specs.kinds import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
+from kvspec.specs.uniform import UniformTypeKVCacheSpecs
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*(-?[0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str) -> int:
+    """'80GiB' -> 85899345920; accepts B, KB/MB/GB/TB (powers of 10) and KiB/MiB/GiB/TiB (powers of 2)."""
+    match = _SIZE.match(text)
+    if not match or match[2].lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}; use e.g. 80GiB, 512MiB or 1e9")
+    value = float(match[1]) * _UNITS[match[2].lower()]
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return int(value)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    print(f"kvspec: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+# -- plan ---------------------------------------------------------------------------------------
+
+
+def _group_rows(config: KVCacheConfig, limits: SchedulerLimits) -> list[dict[str, Any]]:
+    rows = []
+    for gid, group in enumerate(config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        inner = list(spec.kv_cache_specs.values()) if isinstance(spec, UniformTypeKVCacheSpecs) else [spec]
+        rows.append(
+            {
+                "group": gid,
+                "kind": get_kv_cache_spec_kind(spec).value,
+                "spec": type(spec).__name__,
+                "layers": len(group.layer_names),
+                "block_size": spec.block_size,
+                "page_size_bytes": spec.page_size_bytes,
+                "sliding_window": get_kv_cache_spec_sliding_window(spec),
+                "bytes_per_request": max(len(group.layer_names), 1) * spec.max_memory_usage_bytes(limits)
+                if group.layer_names
+                else 0,
+                "bytes_per_token": sum(s.page_size_bytes for s in inner)
+                * len(group.layer_names)
+                // spec.block_size
+                if not isinstance(spec, UniformTypeKVCacheSpecs)
+                else spec.page_size_bytes // spec.block_size,
+            }
+        )
+    return rows
+
+
+def build_plan(args: argparse.Namespace) -> dict[str, Any]:
+    layout = build_model_layout(
+        args.model,
+        block_size=args.block_size,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        tensor_parallel_size=args.tp,
+        pipeline_parallel_size=args.pp,
+        max_model_len=args.max_model_len,
+        mamba_cache_mode=args.mamba_cache_mode,
+    )
+    limits = SchedulerLimits(
+        max_model_len=layout.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens or min(8192, layout.max_model_len),
+        max_num_encoder_input_tokens=layout.max_num_encoder_input_tokens,
+        mamba_cache_mode=args.mamba_cache_mode,
+    )
+    workers = layout.per_worker_specs(args.tp)
+    plan: dict[str, Any] = {
+        "model": layout.name,
+        "model_type": layout.model_type,
+        "memory_per_worker_bytes": args.memory,
+        "tensor_parallel_size": args.tp,
+        "pipeline_parallel_size": args.pp,
+        "max_model_len": limits.max_model_len,
+        "max_num_batched_tokens": limits.batched_tokens,
+        "hybrid": args.hybrid,
+        "notes": list(layout.notes),
+    }
+    try:
+        configs = get_kv_cache_configs(workers, [args.memory] * len(workers), limits, hybrid=args.hybrid)
+    except InsufficientKVCacheMemoryError as exc:
+        plan.update(
+            fits=False,
+            reason=str(exc),
+            needed_bytes=exc.needed_bytes,
+            available_bytes=exc.available_bytes,
+            max_model_len_that_fits=exc.estimated_max_model_len,
+        )
+        return plan
+    stages = []
+    for stage in range(args.pp):
+        config = configs[stage * args.tp]
+        live = [g for g in config.kv_cache_groups if g.layer_names]
+        stages.append(
+            {
+                "stage": stage,
+                "layers": sum(len(g.layer_names) for g in live),
+                "num_blocks": config.num_blocks,
+                "kv_cache_bytes": config.total_bytes,
+                "groups": _group_rows(config, limits),
+                "tensors": [
+                    {"size_bytes": t.size, "shared_by": list(t.shared_by)} for t in config.kv_cache_tensors
+                ],
+                "bytes_per_request": max_memory_usage_bytes_from_groups(live, limits),
+            }
+        )
+    # Capacity is bounded by the stage that fits the fewest requests.
+    concurrency = min(
+        get_max_concurrency(
+            KVCacheConfig(
+                num_blocks=configs[s * args.tp].num_blocks,
+                kv_cache_tensors=(),
+                kv_cache_groups=tuple(g for g in configs[s * args.tp].kv_cache_groups if g.layer_names),
+            ),
+            limits,
+        )
+        for s in range(args.pp)
+    )
+    bytes_per_token = sum(
+        spec.page_size_bytes // spec.block_size
+        for stage_specs in layout.stage_specs
+        for spec in stage_specs.values()
+    )
+    plan.update(
+        fits=True,
+        num_blocks=configs[0].num_blocks,
+        block_size=min(g.kv_cache_spec.block_size for g in configs[0].kv_cache_groups)
+        if configs[0].kv_cache_groups
+        else 0,
+        max_concurrency=concurrency,
+        kv_capacity_tokens=int(concurrency * limits.max_model_len),
+        bytes_per_token_full_model=bytes_per_token,
+        stages=stages,
+    )
+    return plan
+
+
+def _human(num: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num) < 1024 or unit == "TiB":
+            return f"{num:.2f} {unit}" if unit != "B" else f"{int(num)} B"
+        num /= 1024
+    return f"{num:.2f} TiB"
+
+
+def print_plan(plan: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    console.print(
+        f"[bold]{plan['model']}[/bold] ({plan['model_type']}), max_model_len {plan['max_model_len']:,}, "
+        f"TP {plan['tensor_parallel_size']} x PP {plan['pipeline_parallel_size']}, "
+        f"{_human(plan['memory_per_worker_bytes'])} of KV cache per worker"
+    )
+    for note in plan["notes"]:
+        console.print(f"  note: {note}")
+    if not plan["fits"]:
+        console.print(f"[red]Does not fit.[/red] {plan['reason']}")
+        console.print(f"max_model_len that would fit: [bold]{plan['max_model_len_that_fits']:,}[/bold]")
+        return
+    for stage in plan["stages"]:
+        title = f"stage {stage['stage']}: {stage['layers']} layers, {stage['num_blocks']:,} blocks"
+        table = Table(title=title, title_justify="left")
+        for col in ("group", "kind", "layers", "block size", "page size", "window", "per request @ max len"):
+            table.add_column(col, justify="right" if col not in ("kind",) else "left")
+        for row in stage["groups"]:
+            table.add_row(
+                str(row["group"]),
+                row["kind"],
+                str(row["layers"]),
+                str(row["block_size"]),
+                _human(row["page_size_bytes"]),
+                str(row["sliding_window"] or "-"),
+                _human(row["bytes_per_request"]),
+            )
+        console.print(table)
+        console.print(
+            f"  {len(stage['tensors'])} tensors, {_human(stage['kv_cache_bytes'])} in use; one max-length request "
+            f"needs {_human(stage['bytes_per_request'])}"
+        )
+    console.print(f"blocks: [bold]{plan['num_blocks']:,}[/bold] (every worker)")
+    console.print(f"KV capacity: [bold]{plan['kv_capacity_tokens']:,}[/bold] tokens")
+    console.print(
+        f"max concurrency at {plan['max_model_len']:,} tokens: [bold]{plan['max_concurrency']:.2f}x[/bold]"
+    )
+    console.print(f"bytes per token (all layers, before windows): {plan['bytes_per_token_full_model']:,}")
+
+
+def plot_plan(plan: dict[str, Any], path: str) -> None:
+    """Draw the memory layout: each tensor with the layers (by group) that alias it, and what each
+    group needs for one max-length request."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _fail("--plot needs matplotlib: pip install 'kvspec[cli]'", 2)
+    stage = plan["stages"][0]
+    groups = stage["groups"]
+    layer_group = {}
+    for tensor in stage["tensors"]:
+        for name in tensor["shared_by"]:
+            layer_group.setdefault(name, None)
+    fig, (ax_t, ax_g) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+    cmap = plt.get_cmap("tab10")
+    name_to_group: dict[str, int] = {}
+    config_groups = plan.get("_group_layers", [])
+    for gid, names in enumerate(config_groups):
+        for name in names:
+            name_to_group[name] = gid
+    for i, tensor in enumerate(stage["tensors"]):
+        size_gib = tensor["size_bytes"] / 2**30
+        sharers = tensor["shared_by"] or ["(none)"]
+        part = size_gib / len(sharers)
+        bottom = 0.0
+        for name in sharers:
+            gid = name_to_group.get(name, 0)
+            ax_t.bar(i, part, bottom=bottom, color=cmap(gid % 10), edgecolor="white", linewidth=0.3)
+            bottom += part
+    ax_t.set_xlabel("KV cache tensor (one per layer slot; layers of different groups alias it)")
+    ax_t.set_ylabel("GiB")
+    ax_t.set_title(f"{plan['model']}: {len(stage['tensors'])} tensors, {stage['num_blocks']:,} blocks each")
+    labels = [f"g{r['group']} {r['kind']} x{r['layers']}" for r in groups]
+    ax_g.barh(
+        range(len(groups)),
+        [r["bytes_per_request"] / 2**30 for r in groups],
+        color=[cmap(r["group"] % 10) for r in groups],
+    )
+    ax_g.set_yticks(range(len(groups)), labels)
+    ax_g.set_xlabel("GiB per request at max_model_len")
+    ax_g.set_title("what each group needs for one request")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    try:
+        plan = build_plan(args)
+    except ModelConfigError as exc:
+        _fail(str(exc), 2)
+    except KVSpecError as exc:
+        _fail(str(exc), 1)
+    if args.json:
+        print(json.dumps(plan, indent=2))
+    else:
+        print_plan(plan)
+    if args.plot and plan["fits"]:
+        layout = build_model_layout(
+            args.model,
+            block_size=args.block_size,
+            dtype=args.dtype,
+            kv_cache_dtype=args.kv_cache_dtype,
+            tensor_parallel_size=args.tp,
+            pipeline_parallel_size=args.pp,
+            max_model_len=args.max_model_len,
+            mamba_cache_mode=args.mamba_cache_mode,
+        )
+        plan["_group_layers"] = _stage0_group_layers(layout, plan, args)
+        plot_plan(plan, args.plot)
+        if not args.json:
+            print(f"layout plot written to {args.plot}")
+    return 0 if plan["fits"] else 1
+
+
+def _stage0_group_layers(
+    layout: ModelLayout, plan: dict[str, Any], args: argparse.Namespace
+) -> list[list[str]]:
+    limits = SchedulerLimits(
+        max_model_len=plan["max_model_len"],
+        max_num_batched_tokens=plan["max_num_batched_tokens"],
+        max_num_encoder_input_tokens=layout.max_num_encoder_input_tokens,
+        mamba_cache_mode=args.mamba_cache_mode,
+    )
+    workers = layout.per_worker_specs(args.tp)
+    configs = get_kv_cache_configs(workers, [args.memory] * len(workers), limits, hybrid=args.hybrid)
+    return [list(g.layer_names) for g in configs[0].kv_cache_groups]
+
+
+# -- inspect ------------------------------------------------------------------------------------
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from kvspec.registry import default_registry, load_plugins
+
+    loaded = load_plugins() if args.plugins else []
+    rows = []
+    for entry in default_registry.registrations():
+        caps = entry.capabilities
+        rows.append(
+            {
+                "spec": f"{entry.spec_cls.__module__}.{entry.spec_cls.__qualname__}",
+                "manager": f"{entry.manager_cls.__module__}.{entry.manager_cls.__qualname__}",
+                "uniform_base": entry.uniform_type_base_spec.__qualname__,
+                "identifier": caps.identifier if caps else None,
+                "storage_layout": caps.storage_layout if caps else None,
+                "devices": sorted(caps.devices) if caps else None,
+                "source": entry.source,
+            }
+        )
+    if args.json:
+        print(
+            json.dumps(
+                {"strict": default_registry.strict, "plugins_loaded": loaded, "registrations": rows}, indent=2
+            )
+        )
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"kvspec registry ({len(rows)} spec types; plugins loaded: {', '.join(loaded) or 'none'})"
+    )
+    for col in ("spec", "manager", "uniform base", "identifier", "layout", "devices", "source"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(
+            row["spec"].rsplit(".", 1)[-1],
+            row["manager"].rsplit(".", 1)[-1],
+            row["uniform_base"],
+            row["identifier"] or "-",
+            row["storage_layout"] or "-",
+            ",".join(row["devices"] or []) or "-",
+            row["source"],
+        )
+    Console(highlight=False).print(table)
+    return 0
+
+
+# -- parser -------------------------------------------------------------------------------------
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=DEFAULT_MODEL,
+        help=f"preset name or path to a Hugging Face config.json (default {DEFAULT_MODEL}); presets: "
+        + ", ".join(preset_names()),
+    )
+    p.add_argument(
+        "--max-model-len", type=_positive, default=None, help="tokens per request (default: the model's)"
+    )
+    p.add_argument("--block-size", type=_positive, default=16, help="tokens per block (default 16)")
+    p.add_argument("--dtype", default=None, help="model dtype: bf16, fp16, fp32 (default: the config's)")
+    p.add_argument(
+        "--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="KV cache dtype (default auto)"
+    )
+    p.add_argument("--tp", type=_positive, default=1, help="tensor-parallel size")
+    p.add_argument("--pp", type=_positive, default=1, help="pipeline-parallel size")
+    p.add_argument("--mamba-cache-mode", default="none", choices=("none", "align", "all"))
+    p.add_argument(
+        "--hybrid",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hybrid KV cache management (one group per layer type); --no-hybrid sizes every layer as full",
+    )
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvspec", description="Plan and inspect LLM KV caches.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan", help="plan the KV cache layout of a model in a memory budget")
+    _add_model_args(plan)
+    plan.add_argument(
+        "--memory",
+        type=parse_bytes,
+        default=parse_bytes("40GiB"),
+        help="KV cache memory per worker (default 40GiB)",
+    )
+    plan.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive,
+        default=None,
+        help="tokens per scheduler step (default min(8192, max_model_len))",
+    )
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--plot", metavar="PNG", default=None, help="draw the memory layout to a PNG file")
+    plan.set_defaults(func=cmd_plan)
+    inspect = sub.add_parser("inspect", help="list registered spec types, their managers and capabilities")
+    inspect.add_argument("--json", action="store_true", help="print as JSON")
+    inspect.add_argument("--plugins", action="store_true", help="load kvspec.plugins entry points first")
+    inspect.set_defaults(func=cmd_inspect)
+    try:
+        from kvspec.engine.cli import add_simulate_parser
+    except ImportError:  # pragma: no cover - the engine ships with kvspec
+        pass
+    else:
+        add_simulate_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="kvspec: %(message)s")
+    args = make_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

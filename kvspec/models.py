@@ -1,0 +1,447 @@
+"""Model configs -> per-layer KV cache specs, from a Hugging Face ``config.json`` or an embedded preset.
+
+Reads JSON only (no network, no transformers). Supported families: dense decoders (Llama, Mistral,
+Qwen2/3 and anything shaped like them), Gemma 2 and 3 (interleaved sliding window), DeepSeek V2/V3 (MLA),
+Llama 4 (chunked local attention), Jamba (Mamba hybrid), and Whisper (encoder-decoder, cross attention).
+Tensor parallelism divides KV heads (at least one per rank, as engines replicate them); MLA latents are
+not split. Pipeline parallelism splits layers into contiguous stages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvspec.errors import ModelConfigError
+from kvspec.protocols import KVCacheSpec, MambaCacheMode
+from kvspec.specs._common import KVQuantMode, cdiv, dtype_size, get_kv_quant_mode
+from kvspec.specs.attention import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    SlidingWindowSpec,
+)
+from kvspec.specs.mamba import MambaSpec
+from kvspec.specs.mla import FP8_DS_MLA, MLAAttentionSpec
+
+DEFAULT_MODEL = "meta-llama/Llama-3.1-8B"
+
+MODEL_DTYPES: dict[str, torch.dtype] = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
+KV_CACHE_DTYPES = (
+    "auto",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "fp8_ds_mla",
+)
+#: Attention block sizes are kept a multiple of this when padded up to hold a Mamba state.
+KERNEL_BLOCK_ALIGNMENT = 16
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelLayout:
+    """A model's KV cache layers, split into pipeline stages (one dict per stage, same for every TP rank)."""
+
+    name: str
+    model_type: str
+    stage_specs: tuple[dict[str, KVCacheSpec], ...]
+    max_model_len: int
+    max_num_encoder_input_tokens: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def layer_specs(self) -> dict[str, KVCacheSpec]:
+        return {name: spec for stage in self.stage_specs for name, spec in stage.items()}
+
+    def per_worker_specs(self, tensor_parallel_size: int) -> list[dict[str, KVCacheSpec]]:
+        """One dict per worker: every TP rank of a stage holds that stage's layers."""
+        return [stage for stage in self.stage_specs for _ in range(tensor_parallel_size)]
+
+
+def _preset_files() -> dict[str, Mapping[str, Any]]:
+    out: dict[str, Mapping[str, Any]] = {}
+    for entry in resources.files("kvspec.presets").iterdir():
+        if entry.name.endswith(".json"):
+            data = json.loads(entry.read_text())
+            for key in [data["_name"], *data.get("_aliases", [])]:
+                out[key.lower()] = data
+    return out
+
+
+def preset_names() -> list[str]:
+    """The canonical names of the embedded presets."""
+    return sorted({data["_name"] for data in _preset_files().values()})
+
+
+def load_model_config(model: str) -> tuple[str, dict[str, Any]]:
+    """(display name, config dict) for a preset name/alias or a path to a config.json."""
+    presets = _preset_files()
+    if model.lower() in presets:
+        data = dict(presets[model.lower()])
+        return str(data["_name"]), data
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise ModelConfigError(
+            f"Unknown model {model!r}: not a preset and not a config.json path. "
+            f"Presets: {', '.join(preset_names())}."
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(
+            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})."
+        ) from exc
+    if not isinstance(data, dict):
+        raise ModelConfigError(
+            f"{path} must hold a JSON object (a Hugging Face config), got {type(data).__name__}."
+        )
+    return str(path), data
+
+
+def _require(cfg: Mapping[str, Any], key: str, model_type: str) -> Any:
+    value = cfg.get(key)
+    if value is None:
+        raise ModelConfigError(
+            f"{model_type} config is missing {key!r}, which kvspec needs to size its KV cache."
+        )
+    return value
+
+
+def _positive_int(cfg: Mapping[str, Any], key: str, model_type: str, default: int | None = None) -> int:
+    value = cfg.get(key, default) if default is not None else _require(cfg, key, model_type)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelConfigError(f"{model_type} config key {key!r} must be a positive integer, got {value!r}.")
+    return value
+
+
+def resolve_model_dtype(dtype: str | None, cfg: Mapping[str, Any]) -> torch.dtype:
+    name = (dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower()
+    if name not in MODEL_DTYPES:
+        raise ModelConfigError(f"Unknown dtype {name!r}; choose one of {sorted(MODEL_DTYPES)}.")
+    return MODEL_DTYPES[name]
+
+
+def _kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> tuple[torch.dtype, KVQuantMode]:
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ModelConfigError(
+            f"Unknown kv cache dtype {kv_cache_dtype!r}; choose one of {list(KV_CACHE_DTYPES)}."
+        )
+    mode = get_kv_quant_mode(kv_cache_dtype)
+    if kv_cache_dtype == "auto":
+        return model_dtype, mode
+    if kv_cache_dtype == "fp8_e5m2":
+        return torch.float8_e5m2, mode
+    if kv_cache_dtype == "int8_per_token_head":
+        return torch.int8, mode
+    if kv_cache_dtype in ("nvfp4", "fp8_ds_mla"):
+        return torch.uint8, mode
+    return torch.float8_e4m3fn, mode
+
+
+def _text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    text = cfg.get("text_config")
+    return text if isinstance(text, Mapping) else cfg
+
+
+def _layer_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> list[str]:
+    """'full' | 'sliding' | 'chunked' | 'mamba' per layer."""
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list):
+        if len(layer_types) != num_layers:
+            raise ModelConfigError(
+                f"{model_type} config has {len(layer_types)} layer_types for {num_layers} layers."
+            )
+        mapping = {
+            "full_attention": "full",
+            "sliding_attention": "sliding",
+            "chunked_attention": "chunked",
+            "mamba": "mamba",
+            "linear_attention": "mamba",
+        }
+        try:
+            return [mapping[t] for t in layer_types]
+        except KeyError as exc:
+            raise ModelConfigError(
+                f"{model_type} config has an unknown layer type {exc.args[0]!r}."
+            ) from None
+    if model_type == "gemma2":
+        return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)]
+    if model_type in ("gemma3", "gemma3_text"):
+        pattern = _positive_int(cfg, "sliding_window_pattern", model_type, 6)
+        return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
+    if model_type in ("llama4", "llama4_text"):
+        nope = cfg.get("no_rope_layers") or [
+            0 if (i + 1) % cfg.get("no_rope_layer_interval", 4) == 0 else 1 for i in range(num_layers)
+        ]
+        if len(nope) != num_layers:
+            raise ModelConfigError(f"llama4 config has {len(nope)} no_rope_layers for {num_layers} layers.")
+        chunked = cfg.get("attention_chunk_size") is not None
+        return ["chunked" if (use_rope and chunked) else "full" for use_rope in nope]
+    if model_type == "jamba":
+        period = _positive_int(cfg, "attn_layer_period", model_type)
+        offset = int(_require(cfg, "attn_layer_offset", model_type))
+        return ["full" if i % period == offset else "mamba" for i in range(num_layers)]
+    if model_type == "mistral" and cfg.get("sliding_window") is not None:
+        return ["sliding"] * num_layers
+    if model_type in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+        start = cfg.get("max_window_layers", num_layers)
+        return ["sliding" if i >= start else "full" for i in range(num_layers)]
+    return ["full"] * num_layers
+
+
+def _split_stages(
+    specs: dict[str, KVCacheSpec], pipeline_parallel_size: int
+) -> tuple[dict[str, KVCacheSpec], ...]:
+    names = list(specs)
+    if pipeline_parallel_size > max(len(names), 1):
+        raise ModelConfigError(
+            f"pipeline_parallel_size={pipeline_parallel_size} exceeds the model's {len(names)} KV cache layers."
+        )
+    base, extra = divmod(len(names), pipeline_parallel_size)
+    stages: list[dict[str, KVCacheSpec]] = []
+    start = 0
+    for stage in range(pipeline_parallel_size):
+        # later stages take the remainder: the first stage also runs the embedding
+        count = base + (1 if stage >= pipeline_parallel_size - extra else 0)
+        stages.append({n: specs[n] for n in names[start : start + count]})
+        start += count
+    return tuple(stages)
+
+
+def build_model_layout(
+    model: str = DEFAULT_MODEL,
+    *,
+    block_size: int = 16,
+    dtype: str | None = None,
+    kv_cache_dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    max_model_len: int | None = None,
+    mamba_cache_mode: MambaCacheMode = "none",
+) -> ModelLayout:
+    """Per-layer specs of ``model`` (preset or config.json) as one TP rank of each PP stage sees them."""
+    name, cfg = load_model_config(model)
+    return layout_from_config(
+        cfg,
+        name=name,
+        block_size=block_size,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        max_model_len=max_model_len,
+        mamba_cache_mode=mamba_cache_mode,
+    )
+
+
+def layout_from_config(
+    cfg: Mapping[str, Any],
+    *,
+    name: str = "config",
+    block_size: int = 16,
+    dtype: str | None = None,
+    kv_cache_dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    max_model_len: int | None = None,
+    mamba_cache_mode: MambaCacheMode = "none",
+) -> ModelLayout:
+    """Per-layer specs from a config dict; see :func:`build_model_layout`."""
+    if tensor_parallel_size <= 0 or pipeline_parallel_size <= 0 or block_size <= 0:
+        raise ModelConfigError(
+            "block_size, tensor_parallel_size and pipeline_parallel_size must be positive."
+        )
+    model_type = str(cfg.get("model_type") or "")
+    if not model_type:
+        raise ModelConfigError("config is missing 'model_type'; is this a Hugging Face config.json?")
+    model_dtype = resolve_model_dtype(dtype, cfg)
+    kv_dtype, quant = _kv_dtype(kv_cache_dtype, model_dtype)
+    tp = tensor_parallel_size
+    if model_type == "whisper":
+        specs, mml, enc, notes = _whisper(cfg, block_size, kv_dtype, quant, tp)
+    else:
+        text = _text_config(cfg)
+        inner_type = str(text.get("model_type") or model_type)
+        if model_type in ("deepseek_v2", "deepseek_v3") or inner_type in ("deepseek_v2", "deepseek_v3"):
+            specs, mml, notes = _deepseek(text, model_type, block_size, kv_dtype, quant, kv_cache_dtype)
+        else:
+            if kv_cache_dtype == "fp8_ds_mla":
+                raise ModelConfigError("kv cache dtype 'fp8_ds_mla' applies to MLA (DeepSeek) models only.")
+            specs, mml, notes = _decoder(
+                text,
+                inner_type,
+                block_size,
+                kv_dtype,
+                quant,
+                model_dtype,
+                tp,
+                max_model_len,
+                mamba_cache_mode,
+            )
+        enc = 0
+    return ModelLayout(
+        name=name,
+        model_type=model_type,
+        stage_specs=_split_stages(specs, pipeline_parallel_size),
+        max_model_len=max_model_len or mml,
+        max_num_encoder_input_tokens=enc,
+        notes=tuple(notes),
+    )
+
+
+def _attention_dims(cfg: Mapping[str, Any], model_type: str, tp: int) -> tuple[int, int]:
+    heads = _positive_int(cfg, "num_attention_heads", model_type)
+    kv_heads = _positive_int(cfg, "num_key_value_heads", model_type, heads)
+    head_dim = cfg.get("head_dim")
+    if head_dim is None:
+        head_dim = _positive_int(cfg, "hidden_size", model_type) // heads
+    if not isinstance(head_dim, int) or head_dim <= 0:
+        raise ModelConfigError(
+            f"{model_type} config key 'head_dim' must be a positive integer, got {head_dim!r}."
+        )
+    return max(1, kv_heads // tp), head_dim
+
+
+def _decoder(
+    cfg: Mapping[str, Any],
+    model_type: str,
+    block_size: int,
+    kv_dtype: torch.dtype,
+    quant: KVQuantMode,
+    model_dtype: torch.dtype,
+    tp: int,
+    max_model_len: int | None,
+    mamba_cache_mode: MambaCacheMode,
+) -> tuple[dict[str, KVCacheSpec], int, list[str]]:
+    num_layers = _positive_int(cfg, "num_hidden_layers", model_type)
+    mml = _positive_int(cfg, "max_position_embeddings", model_type, 4096)
+    kv_heads, head_dim = _attention_dims(cfg, model_type, tp)
+    kinds = _layer_kinds(cfg, model_type, num_layers)
+    notes: list[str] = []
+    mamba: MambaSpec | None = None
+    if "mamba" in kinds:
+        hidden = _positive_int(cfg, "hidden_size", model_type)
+        d_inner = _positive_int(cfg, "mamba_expand", model_type, 2) * hidden
+        if d_inner % tp:
+            raise ModelConfigError(
+                f"mamba inner size {d_inner} is not divisible by tensor_parallel_size={tp}."
+            )
+        conv = _positive_int(cfg, "mamba_d_conv", model_type, 4)
+        state = _positive_int(cfg, "mamba_d_state", model_type, 16)
+        shapes = ((d_inner // tp, conv - 1), (d_inner // tp, state))
+        mamba_page = sum(a * b for a, b in shapes) * dtype_size(model_dtype)
+        attn_per_token = 2 * kv_heads * head_dim * dtype_size(kv_dtype)
+        # The attention page must hold a whole Mamba state: grow the attention block, pad the state.
+        needed = KERNEL_BLOCK_ALIGNMENT * cdiv(mamba_page, KERNEL_BLOCK_ALIGNMENT * attn_per_token)
+        if needed > block_size:
+            notes.append(
+                f"attention block size raised from {block_size} to {needed} tokens to hold a Mamba state"
+            )
+            block_size = needed
+        mamba = MambaSpec(
+            block_size=block_size if mamba_cache_mode != "none" else (max_model_len or mml),
+            shapes=shapes,
+            dtypes=(model_dtype, model_dtype),
+            page_size_padded=block_size * attn_per_token,
+            mamba_type="mamba1",
+            mamba_cache_mode=mamba_cache_mode,
+        )
+    window = cfg.get("sliding_window")
+    chunk = cfg.get("attention_chunk_size")
+    specs: dict[str, KVCacheSpec] = {}
+    common: dict[str, Any] = dict(
+        block_size=block_size, num_kv_heads=kv_heads, head_size=head_dim, dtype=kv_dtype, kv_quant_mode=quant
+    )
+    for i, kind in enumerate(kinds):
+        layer = f"model.layers.{i}"
+        if kind == "mamba":
+            assert mamba is not None
+            specs[layer] = mamba
+        elif kind == "sliding":
+            specs[layer] = SlidingWindowSpec(
+                sliding_window=_window(window, model_type, "sliding_window"), **common
+            )
+        elif kind == "chunked":
+            specs[layer] = ChunkedLocalAttentionSpec(
+                attention_chunk_size=_window(chunk, model_type, "attention_chunk_size"), **common
+            )
+        else:
+            specs[layer] = FullAttentionSpec(**common)
+    return specs, mml, notes
+
+
+def _window(value: object, model_type: str, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelConfigError(f"{model_type} config key {key!r} must be a positive integer, got {value!r}.")
+    return value
+
+
+def _deepseek(
+    cfg: Mapping[str, Any],
+    model_type: str,
+    block_size: int,
+    kv_dtype: torch.dtype,
+    quant: KVQuantMode,
+    kv_cache_dtype: str,
+) -> tuple[dict[str, KVCacheSpec], int, list[str]]:
+    num_layers = _positive_int(cfg, "num_hidden_layers", model_type)
+    latent = _positive_int(cfg, "kv_lora_rank", model_type) + _positive_int(
+        cfg, "qk_rope_head_dim", model_type
+    )
+    mml = _positive_int(cfg, "max_position_embeddings", model_type, 4096)
+    spec = MLAAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=latent,
+        dtype=kv_dtype,
+        kv_quant_mode=quant,
+        cache_dtype_str=FP8_DS_MLA if kv_cache_dtype == FP8_DS_MLA else None,
+    )
+    notes = ["MLA: one latent of kv_lora_rank + qk_rope_head_dim per token, replicated on every TP rank"]
+    return {f"model.layers.{i}": spec for i in range(num_layers)}, mml, notes
+
+
+def _whisper(
+    cfg: Mapping[str, Any], block_size: int, kv_dtype: torch.dtype, quant: KVQuantMode, tp: int
+) -> tuple[dict[str, KVCacheSpec], int, int, list[str]]:
+    layers = _positive_int(cfg, "decoder_layers", "whisper")
+    heads = _positive_int(cfg, "decoder_attention_heads", "whisper")
+    d_model = _positive_int(cfg, "d_model", "whisper")
+    head_dim = d_model // heads
+    common: dict[str, Any] = dict(
+        block_size=block_size,
+        num_kv_heads=max(1, heads // tp),
+        head_size=head_dim,
+        dtype=kv_dtype,
+        kv_quant_mode=quant,
+    )
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(layers):
+        specs[f"model.decoder.layers.{i}.self_attn"] = FullAttentionSpec(**common)
+        specs[f"model.decoder.layers.{i}.encoder_attn"] = CrossAttentionSpec(**common)
+    mml = _positive_int(cfg, "max_target_positions", "whisper", 448)
+    enc = _positive_int(cfg, "max_source_positions", "whisper", 1500)
+    notes = ["encoder self-attention is computed in one pass and not cached; run with prefix caching off"]
+    return specs, mml, enc, notes

@@ -1,0 +1,131 @@
+"""The real ``kvspec`` command, run in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvspec.cli import main, parse_bytes
+
+
+def kvspec(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "KVSPEC_TYPECHECK": "full"},
+    )
+
+
+def test_bare_plan_runs_on_the_default_model() -> None:
+    proc = kvspec("plan")
+    assert proc.returncode == 0, proc.stderr
+    assert "meta-llama/Llama-3.1-8B" in proc.stdout
+    assert "blocks: 20,480" in proc.stdout  # 40 GiB / (32 layers x 64 KiB)
+    assert "KV capacity: 327,680 tokens" in proc.stdout
+    assert "2.50x" in proc.stdout
+
+
+def test_plan_json_hybrid(tmp_path: Path) -> None:
+    png = tmp_path / "layout.png"
+    proc = kvspec("plan", "google/gemma-3-27b-it", "--memory", "20GiB", "--json", "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["fits"] and plan["num_blocks"] == 20 * 2**30 // (128 * 1024) // 10 == 16_384
+    groups = plan["stages"][0]["groups"]
+    assert [g["layers"] for g in groups] == [9, 9, 9, 9, 8, 8, 10]
+    assert {g["page_size_bytes"] for g in groups} == {131_072}
+    assert plan["bytes_per_token_full_model"] == 507_904
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_tp_pp_and_dtypes() -> None:
+    proc = kvspec(
+        "plan",
+        "llama-3.1-8b",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--memory",
+        "8GiB",
+        "--max-model-len",
+        "8192",
+        "--kv-cache-dtype",
+        "fp8",
+        "--block-size",
+        "32",
+        "--json",
+    )
+    plan = json.loads(proc.stdout)
+    assert proc.returncode == 0
+    # per worker: 16 layers, 4 KV heads, fp8: page = 32 * 2 * 4 * 128 = 32 KiB; 8 GiB / (16 x 32 KiB)
+    assert plan["num_blocks"] == 8 * 2**30 // (16 * 32 * 1024) == 16_384
+    assert [s["layers"] for s in plan["stages"]] == [16, 16]
+
+
+def test_model_that_does_not_fit() -> None:
+    proc = kvspec("plan", "deepseek-v3", "--memory", "10GiB")
+    assert proc.returncode == 1
+    assert "Does not fit" in proc.stdout and "max_model_len that would fit: 152,784" in proc.stdout
+    data = json.loads(kvspec("plan", "deepseek-v3", "--memory", "10GiB", "--json").stdout)
+    assert data["fits"] is False and data["max_model_len_that_fits"] == 152_784
+    assert data["needed_bytes"] == 61 * 576 * 2 * 163_840
+
+
+def test_unknown_model_exits_2() -> None:
+    proc = kvspec("plan", "no-such-model")
+    assert proc.returncode == 2 and "Unknown model 'no-such-model'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "--memory=-5GiB"], "size must be positive"),
+        (["plan", "--memory", "0"], "size must be positive"),
+        (["plan", "--memory", "lots"], "invalid size 'lots'"),
+        (["plan", "--tp", "0"], "expected a positive integer"),
+        (["plan", "--kv-cache-dtype", "fp3"], "invalid choice"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_parse_bytes() -> None:
+    assert parse_bytes("80GiB") == 80 * 2**30
+    assert parse_bytes("1.5 GB") == 1_500_000_000
+    assert parse_bytes("512mib") == 512 * 2**20
+    assert parse_bytes("1e9") == 10**9
+
+
+def test_malformed_config_file(tmp_path: Path) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    proc = kvspec("plan", str(bad))
+    assert proc.returncode == 2 and "not valid JSON" in proc.stderr
+
+
+def test_inspect() -> None:
+    data = json.loads(kvspec("inspect", "--json").stdout)
+    assert len(data["registrations"]) == 10
+    full = next(r for r in data["registrations"] if r["spec"].endswith(".FullAttentionSpec"))
+    assert full["manager"].endswith(".FullAttentionManager") and full["identifier"] == "kvspec.full_attention"
+    table = kvspec("inspect")
+    assert table.returncode == 0 and "SlidingWindowMLASpec" in table.stdout
+
+
+@pytest.mark.parametrize("command", [[], ["plan"], ["inspect"]])
+def test_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--help"])
+    assert info.value.code == 0 and "usage: kvspec" in capsys.readouterr().out

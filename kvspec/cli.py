@@ -249,10 +249,6 @@ def plot_plan(plan: dict[str, Any], path: str) -> None:
         _fail("--plot needs matplotlib: pip install 'kvspec[cli]'", 2)
     stage = plan["stages"][0]
     groups = stage["groups"]
-    layer_group = {}
-    for tensor in stage["tensors"]:
-        for name in tensor["shared_by"]:
-            layer_group.setdefault(name, None)
     fig, (ax_t, ax_g) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
     cmap = plt.get_cmap("tab10")
     name_to_group: dict[str, int] = {}
@@ -336,7 +332,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from kvspec.registry import default_registry, load_plugins
 
     loaded = load_plugins() if args.plugins else []
-    rows = []
+    rows: list[dict[str, Any]] = []
     for entry in default_registry.registrations():
         caps = entry.capabilities
         rows.append(

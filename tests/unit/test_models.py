@@ -159,7 +159,7 @@ def test_dtypes() -> None:
 
 class TestBadConfigs:
     def test_unknown_model(self) -> None:
-        with pytest.raises(ModelConfigError, match="Unknown model 'no-such-model'.*Presets: "):
+        with pytest.raises(ModelConfigError, match=r"Unknown model 'no-such-model'.*Presets: "):
             load_model_config("no-such-model")
 
     def test_malformed_json(self, tmp_path: Path) -> None:

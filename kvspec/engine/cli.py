@@ -1,0 +1,200 @@
+"""``kvspec simulate``: run a synthetic workload through the real coordinator."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from kvspec.engine.engine import Engine, EngineStats
+from kvspec.engine.model import TINY_FULL, TINY_HYBRID, TinyModelConfig
+from kvspec.engine.workloads import WORKLOADS, make_workload
+from kvspec.errors import KVSpecError, ModelConfigError
+from kvspec.models import build_model_layout
+from kvspec.protocols import SchedulerLimits
+from kvspec.specs.attention import CrossAttentionSpec
+from kvspec.specs.mamba import MambaSpec
+
+TINY_MODELS: dict[str, TinyModelConfig] = {"tiny-full": TINY_FULL, "tiny-hybrid": TINY_HYBRID}
+
+
+def _positive(text: str) -> int:
+    from kvspec.cli import _positive as positive
+
+    return positive(text)
+
+
+def add_simulate_parser(sub: Any) -> None:
+    from kvspec.cli import parse_bytes
+
+    p: argparse.ArgumentParser = sub.add_parser(
+        "simulate",
+        help="run a synthetic workload through the coordinator (tiny torch model, or bookkeeping for a preset)",
+    )
+    p.add_argument(
+        "model",
+        nargs="?",
+        default="tiny-hybrid",
+        help="tiny-full or tiny-hybrid (a real paged-attention model), or a preset/config.json (bookkeeping only)",
+    )
+    p.add_argument("--requests", type=_positive, default=32, help="number of requests (default 32)")
+    p.add_argument("--workload", choices=WORKLOADS, default="shared-prefix")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or npu (tiny models only)")
+    p.add_argument(
+        "--prompt-len", type=_positive, default=None, help="prompt tokens (default 96 tiny, 2048 preset)"
+    )
+    p.add_argument("--max-tokens", type=_positive, default=16, help="tokens to generate per request")
+    p.add_argument(
+        "--num-blocks", type=_positive, default=None, help="KV cache blocks (tiny models; default 64)"
+    )
+    p.add_argument(
+        "--memory", type=parse_bytes, default=parse_bytes("8GiB"), help="KV cache memory (presets)"
+    )
+    p.add_argument(
+        "--max-model-len", type=_positive, default=None, help="tokens per request (presets; default 8192)"
+    )
+    p.add_argument("--max-num-batched-tokens", type=_positive, default=None, help="tokens per step")
+    p.add_argument("--max-num-seqs", type=_positive, default=None, help="running requests at most")
+    p.add_argument("--block-size", type=_positive, default=16)
+    p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--plot", metavar="PNG", default=None, help="draw block usage and hit rate over time")
+    p.set_defaults(func=cmd_simulate)
+
+
+def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
+    caching = not args.no_prefix_caching
+    notes: list[str] = []
+    if args.model in TINY_MODELS:
+        cfg = TINY_MODELS[args.model]
+        engine = Engine.tiny(
+            cfg,
+            num_blocks=args.num_blocks or 64,
+            block_size=args.block_size,
+            enable_caching=caching,
+            max_num_batched_tokens=args.max_num_batched_tokens or 128,
+            max_num_seqs=args.max_num_seqs or 8,
+            device=args.device,
+        )
+        return engine, cfg.vocab_size, notes
+    if args.device != "cpu":
+        notes.append("bookkeeping-only simulation: no tensors, --device ignored")
+    mml = args.max_model_len or 8192
+    layout = build_model_layout(
+        args.model,
+        block_size=args.block_size,
+        max_model_len=mml,
+        mamba_cache_mode="align" if caching else "none",
+    )
+    specs = layout.layer_specs
+    if caching and any(isinstance(s, CrossAttentionSpec) for s in specs.values()):
+        caching = False
+        notes.append("encoder-decoder model: prefix caching turned off")
+    if any(isinstance(s, MambaSpec) for s in specs.values()) and caching:
+        notes.append("Mamba layers run in 'align' cache mode")
+    limits = SchedulerLimits(
+        max_model_len=layout.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens or 2048,
+        max_num_encoder_input_tokens=layout.max_num_encoder_input_tokens,
+        mamba_cache_mode="align" if caching else "none",
+    )
+    engine = Engine.bookkeeping(
+        specs,
+        limits,
+        memory_bytes=args.memory,
+        enable_caching=caching,
+        max_num_seqs=args.max_num_seqs or 64,
+        seed=args.seed,
+    )
+    return engine, 32_000, notes
+
+
+def plot_run(stats: EngineStats, path: str, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("kvspec: error: --plot needs matplotlib: pip install 'kvspec[cli]'", file=sys.stderr)
+        raise SystemExit(2) from None
+    fig, ax = plt.subplots(figsize=(9, 4))
+    steps = range(1, len(stats.usage_timeline) + 1)
+    ax.plot(steps, stats.usage_timeline, label="block usage")
+    ax.plot(steps, stats.hit_rate_timeline, label="prefix-cache hit rate (cumulative)")
+    ax.set_xlabel("scheduler step")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    try:
+        engine, vocab, notes = _build_engine(args)
+    except ModelConfigError as exc:
+        print(f"kvspec: error: {exc}", file=sys.stderr)
+        return 2
+    except KVSpecError as exc:
+        print(f"kvspec: error: {exc}", file=sys.stderr)
+        return 1
+    prompt_len = args.prompt_len or (96 if args.model in TINY_MODELS else 2048)
+    max_len = engine.limits.max_model_len
+    if prompt_len + args.max_tokens > max_len:
+        print(
+            f"kvspec: error: prompt-len + max-tokens must stay within max_model_len={max_len}",
+            file=sys.stderr,
+        )
+        return 2
+    work = make_workload(
+        args.workload,
+        num_requests=args.requests,
+        prompt_len=prompt_len,
+        max_tokens=args.max_tokens,
+        vocab_size=vocab,
+        seed=args.seed,
+    )
+    for item in work:
+        if len(item.prompt) + item.max_tokens > max_len:
+            item = type(item)(prompt=item.prompt[: max_len - item.max_tokens], max_tokens=item.max_tokens)
+        engine.add_request(item.prompt, item.max_tokens)
+    start = time.perf_counter()
+    try:
+        if args.json:
+            engine.run()
+        else:
+            from rich.progress import Progress
+
+            with Progress(transient=True) as progress:
+                task = progress.add_task(f"simulating {args.requests} requests", total=args.requests)
+                engine.run(lambda _rid: progress.advance(task))
+    except RuntimeError as exc:
+        print(f"kvspec: error: {exc}", file=sys.stderr)
+        return 1
+    report: dict[str, Any] = {
+        "model": args.model,
+        "workload": args.workload,
+        "prefix_caching": engine.coordinator.enable_caching,
+        "num_blocks": engine.coordinator.block_pool.num_gpu_blocks,
+        "wall_seconds": round(time.perf_counter() - start, 3),
+        **engine.stats.summary(),
+        "notes": notes,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for key, value in report.items():
+            if key != "notes":
+                print(f"{key.replace('_', ' '):36s} {value}")
+        for note in notes:
+            print(f"note: {note}")
+    if args.plot:
+        plot_run(engine.stats, args.plot, f"{args.model}, {args.workload}, {args.requests} requests")
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0

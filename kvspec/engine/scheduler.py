@@ -1,0 +1,120 @@
+"""A small continuous-batching scheduler over the KVCacheCoordinator: chunked prefill, decode, and
+preemption (recompute) when ``allocate_slots`` says the blocks do not fit."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvspec.coordinator import KVCacheCoordinator
+from kvspec.request import Request
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduledRequest:
+    """``num_new_tokens`` tokens of ``request`` run this step, starting at position ``num_computed``."""
+
+    request: Request
+    num_computed: int
+    num_new_tokens: int
+    new_block_ids: tuple[list[int], ...]
+    resumed: bool
+
+
+@dataclass(kw_only=True, slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    cpu_seconds: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    """FCFS: running requests first (oldest first), then admissions; the newest running request is
+    preempted when blocks run out. Token budget per step: ``max_num_batched_tokens``."""
+
+    def __init__(
+        self, coordinator: KVCacheCoordinator, *, max_num_batched_tokens: int, max_num_seqs: int
+    ) -> None:
+        self.coordinator = coordinator
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, out: SchedulerOutput) -> Request:
+        victim = self.running.pop()
+        self.coordinator.free(victim)
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        out.preempted.append(victim)
+        return victim
+
+    def schedule(self) -> SchedulerOutput:
+        start = time.perf_counter()
+        out = SchedulerOutput()
+        coord = self.coordinator
+        coord.new_step_starts()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            new_blocks = coord.allocate_slots(request, num_new)
+            while new_blocks is None:
+                victim = self._preempt(out)
+                if victim is request:
+                    break
+                new_blocks = coord.allocate_slots(request, num_new)
+            if new_blocks is None:
+                break
+            out.scheduled.append(
+                ScheduledRequest(
+                    request=request,
+                    num_computed=request.num_computed_tokens,
+                    num_new_tokens=num_new,
+                    new_block_ids=new_blocks.get_block_ids(),
+                    resumed=False,
+                )
+            )
+            budget -= num_new
+            i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            computed, num_computed = coord.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_computed, budget)
+            new_blocks = coord.allocate_slots(request, num_new, num_computed, computed)
+            if new_blocks is None:
+                break
+            self.waiting.popleft()
+            request.num_computed_tokens = num_computed
+            self.running.append(request)
+            out.scheduled.append(
+                ScheduledRequest(
+                    request=request,
+                    num_computed=num_computed,
+                    num_new_tokens=num_new,
+                    new_block_ids=coord.get_block_ids(request.request_id),
+                    resumed=True,
+                )
+            )
+            budget -= num_new
+        out.cpu_seconds = time.perf_counter() - start
+        return out
+
+    def finish(self, request: Request) -> None:
+        self.running.remove(request)
+        self.coordinator.free(request)

@@ -124,7 +124,7 @@ def test_inspect() -> None:
     assert table.returncode == 0 and "SlidingWindowMLASpec" in table.stdout
 
 
-@pytest.mark.parametrize("command", [[], ["plan"], ["inspect"]])
+@pytest.mark.parametrize("command", [[], ["plan"], ["inspect"], ["simulate"]])
 def test_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main([*command, "--help"])

@@ -1,21 +1,15 @@
-"""A hardware plugin adds a quantised spec with per-token scales, run by its own manager."""
+"""A plugin adds a quantised spec with per-token scales, run by its own manager."""
 
 from dataclasses import dataclass
 
 import torch
 from typing_extensions import assert_type
 
-from kvspec import (
-    FullAttentionManager,
-    FullAttentionSpec,
-    SchedulerLimits,
-    default_registry,
-    register_kv_cache_spec,
-)
+from kvspec import FullAttentionManager, FullAttentionSpec, default_registry, register_kv_cache_spec
 
 
 class NpuFullAttentionManager(FullAttentionManager):
-    """Same block bookkeeping as full attention; the NPU kernels read the pages differently."""
+    """Full attention's block bookkeeping; the NPU kernels read the pages their own way."""
 
 
 @register_kv_cache_spec(NpuFullAttentionManager, uniform_type_base_spec=FullAttentionSpec)
@@ -31,4 +25,4 @@ class NpuScaledSpec(FullAttentionSpec):
 spec = NpuScaledSpec(block_size=128, num_kv_heads=8, head_size=128, dtype=torch.int8, scale_dim=1)
 assert_type(NpuScaledSpec, type[NpuScaledSpec])
 assert default_registry.get_manager_class(spec) is NpuFullAttentionManager
-print(spec.page_size_bytes, spec.max_memory_usage_bytes(SchedulerLimits(max_model_len=8192)))
+print(spec.page_size_bytes)  # 266240 = 262144 bytes of K and V + 4096 bytes of scales per block

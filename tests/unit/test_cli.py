@@ -129,3 +129,13 @@ def test_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main([*command, "--help"])
     assert info.value.code == 0 and "usage: kvspec" in capsys.readouterr().out
+
+
+def test_readme_example_is_the_type_checked_file() -> None:
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    example = (root / "tests" / "typing" / "accept_readme_example.py").read_text().rstrip("\n")
+    assert f"```python\n{example}\n```" in readme
+    assert len([line for line in example.splitlines() if line.strip()]) <= 20
+    assert "nox --no-venv -s lint mypy tests" in readme
+    assert "nox --no-venv -s lint mypy tests" in (root / ".ci" / "run").read_text()

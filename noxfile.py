@@ -36,3 +36,14 @@ def lint(session: nox.Session) -> None:
     _install(session)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python="3.11", default=False)
+def bench(session: nox.Session) -> None:
+    """kvspec against vllm==0.23.0 (installed with --no-deps next to CPU torch 2.13.0); not part of `nox`."""
+    session.install("-c", "constraints.txt", "torch==2.13.0")
+    session.install("--no-deps", "vllm==0.23.0")
+    session.install("--no-deps", "-r", "benchmarks/vllm-requirements.txt")
+    session.install("--no-deps", "-e", ".")
+    session.install("beartype>=0.19")
+    session.run("python", "-m", "benchmarks.vs_vllm", *session.posargs, env={"VLLM_LOGGING_LEVEL": "ERROR"})

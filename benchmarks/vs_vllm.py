@@ -1,0 +1,460 @@
+"""kvspec against vLLM 0.23.0's v1 KV-cache code, same workloads, one process, alternating runs.
+
+Run: ``nox -s bench`` (builds a venv with vllm==0.23.0 --no-deps and CPU torch 2.13.0), or
+``python -m benchmarks.vs_vllm [--rounds N] [--quick]`` in an environment that has both. If vLLM cannot be
+imported, kvspec runs alone and the reason is printed.
+
+W1  32-layer full attention, 8,192 blocks of 16 tokens: 256 requests of 2,048-token prompts (half share a
+    1,024-token prefix), chunked prefill of 512 tokens in an 8,192-token step budget, 128 decode steps, free.
+W2  the same on a 48-layer hybrid (5 sliding-window(1,024) : 1 full), 32,768 blocks.
+W3  block hashing of 1M prompt tokens (sha256; and the fast option: kvspec xxhash vs vLLM xxhash).
+W4  planning (get_kv_cache_configs) of a 128-layer hybrid (full + sliding window + Mamba).
+Per-step time = time spent inside the KV-cache library's calls during one scheduler step (allocation,
+prefix lookup, freeing, and appending generated tokens, which hashes newly full blocks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+os.environ.setdefault("KVSPEC_TYPECHECK", "api")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+os.environ.setdefault("PYTHONHASHSEED", "0")
+
+import torch
+
+import kvspec
+from kvspec.hashing import BlockHasher
+from kvspec.planning import generate_scheduler_kv_cache_config, get_kv_cache_configs
+
+BLOCK = 16
+HEADS, HEAD_SIZE, DTYPE = 8, 128, torch.bfloat16
+MAX_MODEL_LEN = 4096
+BUDGET, CHUNK, DECODE_STEPS = 8192, 512, 128
+VOCAB = 32_000
+
+
+def layer_kinds(model: str) -> list[str]:
+    if model == "full32":
+        return ["full"] * 32
+    if model == "hybrid48":
+        return ["full" if i % 6 == 5 else "sliding" for i in range(48)]
+    if model == "hybrid128":
+        return ["full" if i % 8 == 7 else "mamba" if i % 8 == 3 else "sliding" for i in range(128)]
+    raise ValueError(model)
+
+
+def make_prompts(num: int, length: int, shared: int, seed: int = 0) -> list[list[int]]:
+    """``num`` prompts; every other one starts with the same ``shared``-token prefix."""
+    import random
+
+    rng = random.Random(seed)
+    prefix = [rng.randrange(VOCAB) for _ in range(shared)]
+    prompts = []
+    for i in range(num):
+        if i % 2 == 0:
+            prompts.append(prefix + [rng.randrange(VOCAB) for _ in range(length - shared)])
+        else:
+            prompts.append([rng.randrange(VOCAB) for _ in range(length)])
+    return prompts
+
+
+# -- adapters -----------------------------------------------------------------------------------
+
+
+class KvspecAdapter:
+    name = "kvspec"
+
+    def specs(self, model: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        attn_page = BLOCK * 2 * HEADS * HEAD_SIZE * 2
+        for i, kind in enumerate(layer_kinds(model)):
+            common: dict[str, Any] = dict(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=DTYPE)
+            if kind == "full":
+                out[f"layers.{i}"] = kvspec.FullAttentionSpec(**common)
+            elif kind == "sliding":
+                out[f"layers.{i}"] = kvspec.SlidingWindowSpec(sliding_window=1024, **common)
+            else:
+                out[f"layers.{i}"] = kvspec.MambaSpec(
+                    block_size=BLOCK,
+                    shapes=((1024, 3), (16, 64, 16)),
+                    dtypes=(DTYPE, DTYPE),
+                    page_size_padded=attn_page,
+                )
+        return out
+
+    def limits(self) -> kvspec.SchedulerLimits:
+        return kvspec.SchedulerLimits(max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=BUDGET)
+
+    def plan(self, model: str, memory: int) -> Any:
+        return get_kv_cache_configs([self.specs(model)], [memory], self.limits())
+
+    def build(self, model: str, num_blocks: int) -> None:
+        (config,) = get_kv_cache_configs(
+            [self.specs(model)], [1 << 50], self.limits(), num_blocks_override=num_blocks
+        )
+        self.kv = kvspec.KVCacheCoordinator(generate_scheduler_kv_cache_config([config]), self.limits())
+        self.hasher = self.kv.make_block_hasher()
+
+    def make_request(self, rid: str, tokens: list[int]) -> Any:
+        return kvspec.Request(rid, tokens, block_hasher=self.hasher)
+
+    def hasher_for(self, algorithm: str) -> Callable[[list[int]], int]:
+        hasher = BlockHasher(BLOCK, algorithm=algorithm)
+
+        def run(tokens: list[int]) -> int:
+            req = kvspec.Request("h", tokens)
+            return len(hasher.hash_new_blocks(req))
+
+        return run
+
+
+class VllmAdapter:
+    name = "vllm"
+
+    def __init__(self) -> None:
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1 import kv_cache_interface as kvi
+        from vllm.v1.core import kv_cache_utils
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.request import Request
+
+        self.kvi, self.utils, self.Manager, self.Request = kvi, kv_cache_utils, KVCacheManager, Request
+        self.get_hash_fn_by_name = get_hash_fn_by_name
+        self.sampling = SamplingParams(max_tokens=DECODE_STEPS)
+        import vllm
+
+        self.version = vllm.__version__
+        kv_cache_utils.init_none_hash(get_hash_fn_by_name("sha256"))
+
+    def config(self) -> Any:
+        return SimpleNamespace(
+            model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN, original_max_model_len=MAX_MODEL_LEN),
+            cache_config=SimpleNamespace(
+                block_size=BLOCK,
+                num_gpu_blocks_override=None,
+                mamba_cache_mode="none",
+                enable_prefix_caching=True,
+                hash_block_size=None,
+            ),
+            scheduler_config=SimpleNamespace(
+                disable_hybrid_kv_cache_manager=False,
+                max_num_batched_tokens=BUDGET,
+                max_num_encoder_input_tokens=0,
+            ),
+            parallel_config=SimpleNamespace(decode_context_parallel_size=1, prefill_context_parallel_size=1),
+            speculative_config=None,
+            kv_transfer_config=None,
+        )
+
+    def specs(self, model: str) -> dict[str, Any]:
+        kvi = self.kvi
+        out: dict[str, Any] = {}
+        attn_page = BLOCK * 2 * HEADS * HEAD_SIZE * 2
+        for i, kind in enumerate(layer_kinds(model)):
+            common = dict(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=DTYPE)
+            if kind == "full":
+                out[f"layers.{i}"] = kvi.FullAttentionSpec(**common)
+            elif kind == "sliding":
+                out[f"layers.{i}"] = kvi.SlidingWindowSpec(sliding_window=1024, **common)
+            else:
+                out[f"layers.{i}"] = kvi.MambaSpec(
+                    block_size=BLOCK,
+                    shapes=((1024, 3), (16, 64, 16)),
+                    dtypes=(DTYPE, DTYPE),
+                    page_size_padded=attn_page,
+                )
+        return out
+
+    def plan(self, model: str, memory: int) -> Any:
+        return self.utils.get_kv_cache_configs(self.config(), [self.specs(model)], [memory])
+
+    def build(self, model: str, num_blocks: int) -> None:
+        cfg = self.config()
+        cfg.cache_config.num_gpu_blocks_override = num_blocks
+        (config,) = self.utils.get_kv_cache_configs(cfg, [self.specs(model)], [1 << 50])
+        sched = self.utils.generate_scheduler_kv_cache_config([config])
+        scheduler_bs, hash_bs = self.utils.resolve_kv_cache_block_sizes(sched, cfg)
+        self.kv = self.Manager(
+            sched, MAX_MODEL_LEN, scheduler_bs, hash_bs, max_num_batched_tokens=BUDGET, enable_caching=True
+        )
+        self.block_hasher = self.utils.get_request_block_hasher(hash_bs, self.get_hash_fn_by_name("sha256"))
+
+    def make_request(self, rid: str, tokens: list[int]) -> Any:
+        return self.Request(rid, tokens, self.sampling, None, block_hasher=self.block_hasher)
+
+    def hasher_for(self, algorithm: str) -> Callable[[list[int]], int]:
+        fn = self.get_hash_fn_by_name(algorithm)
+        self.utils.init_none_hash(fn)
+        hasher = self.utils.get_request_block_hasher(BLOCK, fn)
+        sampling = self.sampling
+
+        def run(tokens: list[int]) -> int:
+            req = self.Request("h", tokens, sampling, None)
+            return len(hasher(req))
+
+        return run
+
+
+# -- W1/W2 driver -------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    step_times: list[float] = field(default_factory=list)
+    calls: dict[str, list[float]] = field(
+        default_factory=lambda: {
+            "allocate_slots decode": [],
+            "allocate_slots prefill": [],
+            "get_computed_blocks": [],
+            "free": [],
+            "Request() incl. hashing": [],
+        }
+    )
+    hit_tokens: int = 0
+    admitted_tokens: int = 0
+    preemptions: int = 0
+    finished: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.admitted_tokens if self.admitted_tokens else 0.0
+
+
+def drive(adapter: Any, model: str, num_blocks: int, prompts: Sequence[list[int]]) -> RunResult:
+    """A scheduler loop identical for both libraries (FCFS, chunked prefill, preempt the newest)."""
+    adapter.build(model, num_blocks)
+    kv = adapter.kv
+    result = RunResult()
+    clock = time.perf_counter
+    calls = result.calls
+    waiting: deque[Any] = deque()
+    for i, prompt in enumerate(prompts):
+        t0 = clock()
+        req = adapter.make_request(str(i), prompt)
+        calls["Request() incl. hashing"].append(clock() - t0)
+        waiting.append(req)
+    prompt_len = {req.request_id: req.num_tokens for req in waiting}
+    generated: dict[str, int] = {}
+    running: list[Any] = []
+    gc.collect()
+    while waiting or running:
+        step = 0.0
+        budget = BUDGET
+        scheduled: list[tuple[Any, int]] = []
+        idx = 0
+        while idx < len(running) and budget > 0:
+            req = running[idx]
+            prefill = (
+                req.num_computed_tokens < req.num_tokens
+                and req.num_computed_tokens < prompt_len[req.request_id]
+            )
+            n = min(req.num_tokens - req.num_computed_tokens, CHUNK, budget)
+            t0 = clock()
+            new = kv.allocate_slots(req, n)
+            dt = clock() - t0
+            step += dt
+            calls["allocate_slots prefill" if prefill else "allocate_slots decode"].append(dt)
+            if new is None:
+                victim = running.pop()
+                t0 = clock()
+                kv.free(victim)
+                step += clock() - t0
+                victim.num_computed_tokens = 0
+                victim.num_preemptions += 1
+                result.preemptions += 1
+                waiting.appendleft(victim)
+                continue
+            scheduled.append((req, n))
+            budget -= n
+            idx += 1
+        while waiting and budget > 0:
+            req = waiting[0]
+            t0 = clock()
+            computed, hit = kv.get_computed_blocks(req)
+            dt = clock() - t0
+            calls["get_computed_blocks"].append(dt)
+            n = min(req.num_tokens - hit, CHUNK, budget)
+            t1 = clock()
+            new = kv.allocate_slots(req, n, hit, computed)
+            dt2 = clock() - t1
+            step += dt + dt2
+            if new is None:
+                break
+            calls["allocate_slots prefill"].append(dt2)
+            waiting.popleft()
+            req.num_computed_tokens = hit
+            result.hit_tokens += hit
+            result.admitted_tokens += req.num_tokens
+            running.append(req)
+            scheduled.append((req, n))
+            budget -= n
+        for req, n in scheduled:
+            req.num_computed_tokens += n
+            if req.num_computed_tokens < req.num_tokens:
+                continue
+            rid = req.request_id
+            done = generated.get(rid, 0)
+            if done >= DECODE_STEPS:
+                t0 = clock()
+                kv.free(req)
+                dt = clock() - t0
+                step += dt
+                calls["free"].append(dt)
+                running.remove(req)
+                result.finished += 1
+                continue
+            t0 = clock()
+            req.append_output_token_ids((int(rid) * 7919 + done) % VOCAB)
+            step += clock() - t0
+            generated[rid] = done + 1
+        result.step_times.append(step)
+    return result
+
+
+# -- reporting ----------------------------------------------------------------------------------
+
+
+def med_us(values: Sequence[float]) -> float:
+    return statistics.median(values) * 1e6 if values else float("nan")
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.3f}" if b and b == b else "n/a"
+
+
+def bench_w12(adapters: list[Any], rounds: int, quick: bool, lines: list[str]) -> dict[str, Any]:
+    num = 64 if quick else 256
+    prompts = make_prompts(num, 2048, 1024)
+    summary: dict[str, Any] = {}
+    for label, model, blocks in (("W1", "full32", 8192), ("W2", "hybrid48", 32768)):
+        results: dict[str, list[RunResult]] = {a.name: [] for a in adapters}
+        for _ in range(rounds):
+            for adapter in adapters:
+                results[adapter.name].append(drive(adapter, model, blocks, prompts))
+        lines.append(f"\n### {label}: {model}, {blocks:,} blocks, {num} requests x 2,048 tokens\n")
+        header = "| figure | " + " | ".join(f"{a.name} (median µs)" for a in adapters)
+        header += " | kvspec / vLLM |" if len(adapters) == 2 else " |"
+        lines.append(header)
+        lines.append("|" + "---|" * (len(adapters) + 1 + (len(adapters) == 2)))
+        keys = ["whole step", *list(RunResult().calls)]
+        row_values: dict[str, dict[str, float]] = {}
+        for key in keys:
+            per = {}
+            for a in adapters:
+                runs = results[a.name]
+                if key == "whole step":
+                    per[a.name] = statistics.median(med_us([t for t in r.step_times if t > 0]) for r in runs)
+                else:
+                    per[a.name] = statistics.median(med_us(r.calls[key]) for r in runs)
+            row_values[key] = per
+            cells = " | ".join(f"{per[a.name]:,.1f}" for a in adapters)
+            extra = f" | {ratio(per['kvspec'], per['vllm'])} |" if len(adapters) == 2 else " |"
+            lines.append(f"| {key} | {cells}{extra}")
+        hits = {a.name: results[a.name][0].hit_rate for a in adapters}
+        pre = {a.name: results[a.name][0].preemptions for a in adapters}
+        lines.append(
+            "| prefix-cache hit rate (tokens) | "
+            + " | ".join(f"{hits[a.name]:.4f}" for a in adapters)
+            + (" | equal |" if len(adapters) == 2 and hits["kvspec"] == hits["vllm"] else " |")
+        )
+        lines.append("| preemptions | " + " | ".join(str(pre[a.name]) for a in adapters) + " | |")
+        summary[label] = {"per_call_us": row_values, "hit_rate": hits, "preemptions": pre}
+    return summary
+
+
+def bench_w3(adapters: list[Any], rounds: int, quick: bool, lines: list[str]) -> dict[str, Any]:
+    num = 128 if quick else 512  # x 2,048 tokens: 1,048,576 tokens in full mode
+    prompts = make_prompts(num, 2048, 0, seed=1)
+    total = num * 2048
+    out: dict[str, Any] = {}
+    lines.append(f"\n### W3: block hashing of {total:,} prompt tokens (block size 16), tokens/s\n")
+    lines.append(
+        "| algorithm | "
+        + " | ".join(a.name for a in adapters)
+        + (" | kvspec / vLLM (throughput) |" if len(adapters) == 2 else " |")
+    )
+    lines.append("|" + "---|" * (len(adapters) + 1 + (len(adapters) == 2)))
+    for algo in ("sha256", "xxhash"):
+        best: dict[str, float] = {}
+        for _ in range(rounds):
+            for adapter in adapters:
+                fn = adapter.hasher_for(algo)
+                t0 = time.perf_counter()
+                for p in prompts:
+                    fn(p)
+                dt = time.perf_counter() - t0
+                best.setdefault(adapter.name, float("inf"))
+                best[adapter.name] = min(best[adapter.name], dt)
+        tput = {k: total / v for k, v in best.items()}
+        out[algo] = tput
+        cells = " | ".join(f"{tput[a.name]:,.0f}" for a in adapters)
+        extra = f" | {tput['kvspec'] / tput['vllm']:.2f}x |" if len(adapters) == 2 else " |"
+        lines.append(f"| {algo} | {cells}{extra}")
+    if len(adapters) == 2:
+        for a in adapters:
+            if a.name == "vllm":
+                a.utils.init_none_hash(a.get_hash_fn_by_name("sha256"))
+    return out
+
+
+def bench_w4(adapters: list[Any], rounds: int, lines: list[str]) -> dict[str, Any]:
+    times: dict[str, list[float]] = {a.name: [] for a in adapters}
+    for _ in range(max(rounds, 5)):
+        for adapter in adapters:
+            t0 = time.perf_counter()
+            adapter.plan("hybrid128", 40 << 30)
+            times[adapter.name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    lines.append("\n### W4: get_kv_cache_configs for a 128-layer hybrid (96 SW + 16 full + 16 Mamba), ms\n")
+    lines.append(
+        "| | " + " | ".join(a.name for a in adapters) + (" | kvspec / vLLM |" if len(adapters) == 2 else " |")
+    )
+    lines.append("|" + "---|" * (len(adapters) + 1 + (len(adapters) == 2)))
+    lines.append(
+        "| median ms | "
+        + " | ".join(f"{med[a.name]:.2f}" for a in adapters)
+        + (f" | {ratio(med['kvspec'], med['vllm'])} |" if len(adapters) == 2 else " |")
+    )
+    return med
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="64 requests instead of 256 (a smoke run)")
+    parser.add_argument("--only", choices=["W1W2", "W3", "W4"], default=None)
+    args = parser.parse_args(argv)
+    adapters: list[Any] = [KvspecAdapter()]
+    try:
+        adapters.append(VllmAdapter())
+        vllm_note = f"vLLM {adapters[1].version}"
+    except Exception as exc:  # any import failure: report and run kvspec alone
+        vllm_note = f"vLLM unavailable ({type(exc).__name__}: {exc}); kvspec ran alone"
+    lines = [
+        f"kvspec {kvspec.__version__} vs {vllm_note}; torch {torch.__version__}; Python {sys.version.split()[0]}; "
+        f"{os.cpu_count()} CPUs; {args.rounds} alternating rounds, medians",
+    ]
+    if args.only in (None, "W1W2"):
+        bench_w12(adapters, args.rounds, args.quick, lines)
+    if args.only in (None, "W3"):
+        bench_w3(adapters, args.rounds, args.quick, lines)
+    if args.only in (None, "W4"):
+        bench_w4(adapters, args.rounds, lines)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

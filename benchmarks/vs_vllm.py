@@ -79,7 +79,9 @@ class KvspecAdapter:
         out: dict[str, Any] = {}
         attn_page = BLOCK * 2 * HEADS * HEAD_SIZE * 2
         for i, kind in enumerate(layer_kinds(model)):
-            common: dict[str, Any] = dict(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=DTYPE)
+            common: dict[str, Any] = dict(
+                block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=DTYPE
+            )
             if kind == "full":
                 out[f"layers.{i}"] = kvspec.FullAttentionSpec(**common)
             elif kind == "sliding":

@@ -216,6 +216,11 @@ class KVCacheCoordinator:
         )
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self._empty = KVCacheBlocks(tuple(() for _ in self.specs))
+        # Requests whose prefix hit was attached: later calls take the short per-step path.
+        self._admitted: set[str] = set()
+        self._cached_tokens: dict[str, int] = {}
+        # Managers that can free blocks early; full attention's remove_skipped_blocks is a no-op.
+        self._skipping_managers = [m for m in self.managers if _may_skip_blocks(type(m))]
 
     def _split_spec_groups(self, registry: Registry[KVCacheSpec, KVCacheManager]) -> tuple[_SpecGroup, ...]:
         by_spec: dict[KVCacheSpec, list[int]] = {}
@@ -361,10 +366,20 @@ class KVCacheCoordinator:
         request being admitted. ``num_lookahead_tokens`` reserves room for speculative tokens.
         ``full_sequence_must_fit`` admits the request only if its whole prompt fits now.
         """
+        request_id = request.request_id
+        if (
+            request_id in self._admitted
+            and num_new_tokens > 0
+            and new_computed_blocks is None
+            and not (num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens)
+            and not full_sequence_must_fit
+        ):
+            return self._allocate_running(
+                request, num_new_tokens, num_lookahead_tokens, delay_cache_blocks, reserved_blocks
+            )
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise SchedulingError("num_new_tokens must be greater than 0 (or tokens must be external).")
         computed = self._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
-        request_id = request.request_id
         mml = self.max_model_len
         local = request.num_computed_tokens + num_new_computed_tokens
         total = min(local + num_external_computed_tokens, mml)
@@ -406,11 +421,49 @@ class KVCacheCoordinator:
             )
             for gid, manager in enumerate(managers)
         )
+        self._admitted.add(request_id)
         if self.enable_caching and not delay_cache_blocks:
             self.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
         if not any(new_blocks):
             return self._empty
         return KVCacheBlocks(new_blocks)
+
+    def _allocate_running(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_lookahead_tokens: int,
+        delay_cache_blocks: bool,
+        reserved_blocks: int,
+    ) -> KVCacheBlocks | None:
+        """The per-step path of an admitted request: same rules as allocate_slots, fewer calls."""
+        request_id = request.request_id
+        mml = self.max_model_len
+        total = request.num_computed_tokens
+        if total > mml:
+            total = mml
+        main = total + num_new_tokens
+        need = main + num_lookahead_tokens
+        if need > mml:
+            need = mml
+        for manager in self._skipping_managers:
+            manager.remove_skipped_blocks(request_id, total)
+        managers = self.managers
+        num_blocks = 0
+        for manager in managers:
+            num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
+        if num_blocks > self.block_pool.free_block_queue.num_free_blocks - reserved_blocks:
+            return None
+        if num_blocks:
+            result: KVCacheBlocks = KVCacheBlocks(
+                tuple([manager.allocate_new_blocks(request_id, need, main) for manager in managers])
+            )
+        else:
+            result = self._empty
+        if self.enable_caching and not delay_cache_blocks:
+            num_tokens = len(request.all_token_ids)
+            self.cache_blocks(request, main if main < num_tokens else num_tokens)
+        return result
 
     def _blocks_needed(
         self,
@@ -444,11 +497,16 @@ class KVCacheCoordinator:
         """Publish the request's full blocks up to ``num_computed_tokens`` (aligned for hybrids)."""
         if not self.enable_caching:
             return
+        sbs = self.scheduler_block_size
+        aligned = num_computed_tokens // sbs * sbs
+        if not self._eagle_group_ids:
+            # Nothing new to publish until another scheduler block is complete (the common decode step).
+            if self._cached_tokens.get(request.request_id, -1) >= aligned:
+                return
+            self._cached_tokens[request.request_id] = aligned
         if len(self.specs) == 1:
             self.managers[0].cache_blocks(request, num_computed_tokens)
             return
-        sbs = self.scheduler_block_size
-        aligned = num_computed_tokens // sbs * sbs
         for gid, manager in enumerate(self.managers):
             if self._is_cross[gid]:
                 continue
@@ -460,10 +518,11 @@ class KVCacheCoordinator:
     @check_hot
     def free(self, request: Request) -> None:
         """Release every block of the request, tail first (so tails are evicted first)."""
-        for manager in self.managers:
-            manager.free(request.request_id)
+        self.free_request_id(request.request_id)
 
     def free_request_id(self, request_id: str) -> None:
+        self._admitted.discard(request_id)
+        self._cached_tokens.pop(request_id, None)
         for manager in self.managers:
             manager.free(request_id)
 
@@ -553,3 +612,15 @@ class KVCacheCoordinator:
                 raise BlockPoolError(
                     f"block {block.block_id} has ref_cnt {block.ref_cnt} but {holders[block.block_id]} holders"
                 )
+
+
+def _may_skip_blocks(manager_cls: type) -> bool:
+    """False only for managers that keep SingleTypeKVCacheManager's no-op skipping behaviour."""
+    from kvspec.managers.base import SingleTypeKVCacheManager
+
+    if not issubclass(manager_cls, SingleTypeKVCacheManager):
+        return True
+    return (
+        manager_cls.get_num_skipped_tokens is not SingleTypeKVCacheManager.get_num_skipped_tokens
+        or manager_cls.remove_skipped_blocks is not SingleTypeKVCacheManager.remove_skipped_blocks
+    )

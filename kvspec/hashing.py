@@ -16,7 +16,7 @@ import pickle
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NewType, overload
+from typing import TYPE_CHECKING, Any, NewType, cast, overload
 
 from kvspec.errors import KVSpecError
 
@@ -106,13 +106,13 @@ class BlockHasher:
         if isinstance(seed, str):
             seed = seed.encode()
         self.root_hash = BlockHash(self._digest(b"kvspec-root:" + (seed or PROCESS_SEED)))
-        self._token_bytes = block_size * 8
+        self._token_bytes = block_size * array("I").itemsize
 
     def hash_block_tokens(
         self, parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple[Any, ...] | None = None
     ) -> BlockHash:
-        """Hash of one block: (parent or root) || tokens as int64 || pickled extra keys."""
-        data = (parent or self.root_hash) + array("q", token_ids).tobytes()
+        """Hash of one block: (parent or root) || tokens as uint32 || pickled extra keys."""
+        data = (parent or self.root_hash) + _token_bytes(token_ids)
         if extra_keys:
             data += b"\x01" + pickle.dumps(extra_keys, protocol=5)
         return BlockHash(self._digest(data))
@@ -120,32 +120,54 @@ class BlockHasher:
     def hash_new_blocks(self, request: Request) -> list[BlockHash]:
         """Hashes of the request's full blocks that are not hashed yet (appended to the request)."""
         bs = self.block_size
-        start = len(request.block_hashes) * bs
-        num_tokens = len(request.all_token_ids)
+        hashes = request.block_hashes
+        start = len(hashes) * bs
+        tokens = request.all_token_ids
+        num_tokens = len(tokens)
         if start + bs > num_tokens:
             return []
-        end_all = num_tokens - (num_tokens - start) % bs
-        raw = array("q", request.all_token_ids[start:end_all]).tobytes()
+        end = num_tokens - (num_tokens - start) % bs
+        raw = _token_bytes(tokens[start:end])
         step = self._token_bytes
-        digest = self._digest
-        parent: bytes = request.block_hashes[-1] if request.block_hashes else self.root_hash
-        needs_extra = request.needs_extra_keys
-        new: list[BlockHash] = []
-        append_hash = new.append
-        for i in range(0, len(raw), step):
-            data = parent + raw[i : i + step]
-            if needs_extra:
+        parent: bytes = hashes[-1] if hashes else self.root_hash
+        new: list[bytes] = []
+        append = new.append
+        if request.needs_extra_keys:
+            digest = self._digest
+            extras = request.block_extra_keys
+            for i in range(0, len(raw), step):
                 block_start = start + (i // step) * bs
                 extra = request.extra_keys_for_block(block_start, block_start + bs)
-                request.block_extra_keys.append(extra)
+                extras.append(extra)
+                data = parent + raw[i : i + step]
                 if extra:
                     data += b"\x01" + pickle.dumps(extra, protocol=5)
-            else:
-                request.block_extra_keys.append(None)
-            parent = digest(data)
-            append_hash(BlockHash(parent))
-        request.block_hashes.extend(new)
-        return new
+                parent = digest(data)
+                append(parent)
+        elif self.algorithm == "sha256":
+            sha256 = hashlib.sha256
+            for i in range(0, len(raw), step):
+                parent = sha256(parent + raw[i : i + step]).digest()
+                append(parent)
+        else:
+            digest = self._digest
+            for i in range(0, len(raw), step):
+                parent = digest(parent + raw[i : i + step])
+                append(parent)
+        out = cast("list[BlockHash]", new)
+        hashes.extend(out)
+        return out
+
+
+def _token_bytes(token_ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian uint32 (every tokenizer's vocabulary fits)."""
+    try:
+        return array("I", token_ids).tobytes()
+    except OverflowError:
+        bad = next(t for t in token_ids if not 0 <= t < 2**32)
+        raise KVSpecError(
+            f"Token id {bad} is outside [0, 2**32); block hashing needs non-negative ids."
+        ) from None
 
 
 def generate_block_hash_extra_keys(

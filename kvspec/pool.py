@@ -407,15 +407,31 @@ class BlockPool:
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], prepend: bool = False) -> None:
         """Drop one reference on each block; blocks reaching 0 join the free queue in the given order
         (at the tail, or at the head with ``prepend`` so they are reused first)."""
-        released: list[KVCacheBlock] = []
-        for block in ordered_blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0 and not block.is_null:
-                released.append(block)
         if prepend:
+            released: list[KVCacheBlock] = []
+            for block in ordered_blocks:
+                block.ref_cnt -= 1
+                if block.ref_cnt == 0 and not block.is_null:
+                    released.append(block)
             self.free_block_queue.prepend_n(released)
-        else:
-            self.free_block_queue.append_n(released)
+            return
+        # The common case (a finished request) links released blocks at the tail in one pass.
+        queue = self.free_block_queue
+        tail = queue._tail
+        last = tail.prev_free_block
+        assert last is not None
+        count = 0
+        for block in ordered_blocks:
+            ref_cnt = block.ref_cnt - 1
+            block.ref_cnt = ref_cnt
+            if ref_cnt == 0 and not block.is_null:
+                last.next_free_block = block
+                block.prev_free_block = last
+                last = block
+                count += 1
+        last.next_free_block = tail
+        tail.prev_free_block = last
+        queue.num_free_blocks += count
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop cached content of blocks (a KV connector found it stale); the blocks stay where they are."""

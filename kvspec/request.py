@@ -15,7 +15,9 @@ class Request:
     """One sequence being served.
 
     Invariants: ``block_hashes[i]`` is the hash of tokens [i*B, (i+1)*B) for the hasher's block size B;
-    only full blocks are hashed; hashes are extended whenever tokens are appended.
+    only full blocks are hashed; hashes are extended whenever tokens are appended. ``block_extra_keys[i]``
+    (the extra keys that went into block i, reported in KV events) is kept only for requests that have
+    extra keys (LoRA, multimodal items, cache salt, prompt embeddings).
     """
 
     __slots__ = (

@@ -64,17 +64,18 @@ class SingleTypeKVCacheManager:
         apply_admission_cap: bool = False,
     ) -> int:
         """New blocks plus prefix-hit blocks that touching would pull out of the free queue."""
-        num_required = cdiv(num_tokens, self.block_size)
+        num_required = -(num_tokens // -self.block_size)
         cap = self.max_admission_blocks_per_request
-        if apply_admission_cap and cap is not None:
-            num_required = min(num_required, cap)
-        req_blocks = self.req_to_blocks.get(request_id, ())
+        if apply_admission_cap and cap is not None and cap < num_required:
+            num_required = cap
         if request_id in self.num_cached_block:
             if new_computed_blocks:
                 raise SchedulingError(
                     f"Request {request_id!r} is already running; it cannot take new prefix-hit blocks."
                 )
-            return max(num_required - len(req_blocks), 0)
+            missing = num_required - len(self.req_to_blocks[request_id])
+            return missing if missing > 0 else 0
+        req_blocks = self.req_to_blocks.get(request_id, ())
         num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         num_local = len(new_computed_blocks) + len(req_blocks)
         num_new = max(num_required - max(num_skipped_blocks, num_local), 0)
@@ -128,7 +129,7 @@ class SingleTypeKVCacheManager:
         req_blocks = self.req_to_blocks.get(request_id)
         if req_blocks is None:
             req_blocks = self.req_to_blocks[request_id] = []
-        num_new = cdiv(num_tokens, self.block_size) - len(req_blocks)
+        num_new = -(num_tokens // -self.block_size) - len(req_blocks)
         if num_new <= 0:
             return []
         new_blocks = self.block_pool.get_new_blocks(num_new)
@@ -140,19 +141,20 @@ class SingleTypeKVCacheManager:
     # -- caching and freeing ------------------------------------------------------------------
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        num_cached = self.num_cached_block.get(request.request_id, 0)
+        request_id = request.request_id
+        num_cached = self.num_cached_block.get(request_id, 0)
         num_full = num_tokens // self.block_size
         if num_cached >= num_full:
             return
         self.block_pool.cache_full_blocks(
             request,
-            self.req_to_blocks[request.request_id],
+            self.req_to_blocks[request_id],
             num_cached,
             num_full,
             self.block_size,
             self.kv_cache_group_id,
         )
-        self.num_cached_block[request.request_id] = num_full
+        self.num_cached_block[request_id] = num_full
 
     def free(self, request_id: str) -> None:
         blocks = self.req_to_blocks.pop(request_id, None)

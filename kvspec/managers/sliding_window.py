@@ -24,6 +24,32 @@ def _window(spec: KVCacheSpec) -> int:
 class SlidingWindowManager(SingleTypeKVCacheManager):
     """Frees blocks that fell out of the window; searches hits right to left."""
 
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        *,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        max_admission_blocks_per_request: int | None = None,
+        use_eagle: bool = False,
+    ) -> None:
+        self.sliding_window = _window(kv_cache_spec)
+        super().__init__(
+            kv_cache_spec,
+            block_pool,
+            enable_caching=enable_caching,
+            kv_cache_group_id=kv_cache_group_id,
+            scheduler_block_size=scheduler_block_size,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            max_admission_blocks_per_request=max_admission_blocks_per_request,
+            use_eagle=use_eagle,
+        )
+
     @classmethod
     def find_longest_cache_hit(
         cls,
@@ -81,7 +107,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return computed
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        return max(0, num_computed_tokens - _window(self.kv_cache_spec) + 1)
+        skipped = num_computed_tokens - self.sliding_window + 1
+        return skipped if skipped > 0 else 0
 
     def free(self, request_id: str) -> None:
         """Cached blocks join the tail (kept as cache longest); uncached scratch blocks the head."""

@@ -95,7 +95,7 @@ class TestChains:
         assert a.block_hashes[0] != b.block_hashes[0]
         assert all(x != y for x, y in zip(a.block_hashes, b.block_hashes))
         assert a.block_extra_keys[:3] == [(("img-a", 2),), (("img-a", -2),), None]
-        assert plain.block_extra_keys == [None, None, None]
+        assert plain.block_extra_keys == []  # kept only for requests that have extra keys
 
     def test_salt_isolates_tenants(self) -> None:
         h = BlockHasher(4, seed="s")
@@ -161,3 +161,10 @@ class TestGroupKeysAndViews:
         assert list(view) == [b"ab", b"cd"]
         with pytest.raises(IndexError):
             view[2]
+
+
+def test_token_ids_must_fit_uint32() -> None:
+    from kvspec import KVSpecError
+
+    with pytest.raises(KVSpecError, match=r"Token id -1 is outside \[0, 2\*\*32\)"):
+        BlockHasher(2, seed="s").hash_block_tokens(None, [1, -1])

@@ -8,6 +8,7 @@ mode, which the test suite uses, so production pays nothing in the scheduler's h
 from __future__ import annotations
 
 import os
+from typing import TypeVar
 
 from beartype import BeartypeConf, BeartypeStrategy, FrozenDict, beartype
 
@@ -27,3 +28,16 @@ _OFF = BeartypeConf(strategy=BeartypeStrategy.O0)
 
 check_api = beartype(conf=_OFF if MODE == "off" else _ON)
 check_hot = beartype(conf=_ON if MODE == "full" else _OFF)
+
+
+_C = TypeVar("_C", bound=type)
+
+
+def check_construction(cls: _C) -> _C:
+    """Type-check a dataclass's constructor only.
+
+    Spec properties (page sizes) run in planning loops, so unlike ``check_api`` on a class this leaves
+    every other method unwrapped.
+    """
+    cls.__init__ = check_api(vars(cls)["__init__"])
+    return cls

@@ -8,13 +8,13 @@ CPython < 3.14).
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from typing_extensions import Self
 
-from kvspec._checking import check_api
+from kvspec._checking import check_construction
 from kvspec.errors import (
     SpecMergeError,
     SpecValidationError,
@@ -39,7 +39,7 @@ _WINDOW_FIELDS = frozenset({"sliding_window", "attention_chunk_size"})
 def first_difference(a: object, b: object, skip: frozenset[str] = frozenset()) -> tuple[str, Any, Any] | None:
     """The first dataclass field (name, a's value, b's value) where ``a`` and ``b`` differ."""
     for f in dataclasses.fields(a):  # type: ignore[arg-type]
-        if f.name in skip:
+        if f.name in skip or not f.compare:
             continue
         va, vb = getattr(a, f.name), getattr(b, f.name)
         if va != vb:
@@ -80,7 +80,7 @@ def merge_window_sizes(spec_name: str, field: str, values: set[int | None]) -> i
     return next(iter(real), None)
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AttentionSpec:
     """Common fields of attention specs; abstract (not registered, no memory bound of its own).
@@ -96,6 +96,8 @@ class AttentionSpec:
     dtype: torch.dtype
     kv_quant_mode: KVQuantMode = KVQuantMode.NONE
     page_size_padded: int | None = None
+    #: page_size_bytes, computed on first use (specs are immutable); not part of equality or repr.
+    _page_size: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         require_positive(self, "block_size", self.block_size)
@@ -137,9 +139,11 @@ class AttentionSpec:
     @property
     def page_size_bytes(self) -> int:
         """Bytes of one block of this layer, padding included."""
-        if self.page_size_padded is not None:
-            return self.page_size_padded
-        return self.unpadded_page_size_bytes
+        page = self._page_size
+        if not page:
+            page = self.unpadded_page_size_bytes if self.page_size_padded is None else self.page_size_padded
+            object.__setattr__(self, "_page_size", page)
+        return page
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         raise NotImplementedError(f"{type(self).__name__} has no memory bound of its own")
@@ -157,7 +161,7 @@ class AttentionSpec:
         return all(isinstance(s, type(self)) for s in specs)
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FullAttentionSpec(AttentionSpec):
     """Every token attends to every earlier token: one block per ``block_size`` tokens of the request.
@@ -235,7 +239,7 @@ class FullAttentionSpec(AttentionSpec):
         return all(isinstance(s, FullAttentionSpec) for s in specs)
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TQFullAttentionSpec(FullAttentionSpec):
     """TurboQuant full attention: each token-head slot is ``tq_slot_size`` bytes for K and V together."""
@@ -256,7 +260,7 @@ class TQFullAttentionSpec(FullAttentionSpec):
         return FullAttentionSpec.real_page_size_bytes.fget(self)  # type: ignore[attr-defined,no-any-return]
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SinkFullAttentionSpec(FullAttentionSpec):
     """Full attention whose first ``sink_len`` tokens (attention sinks) live in reserved blocks."""
@@ -268,7 +272,7 @@ class SinkFullAttentionSpec(FullAttentionSpec):
         FullAttentionSpec.__post_init__(self)
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SlidingWindowSpec(AttentionSpec):
     """Each token attends to the last ``sliding_window`` tokens (itself included)."""
@@ -318,7 +322,7 @@ class SlidingWindowSpec(AttentionSpec):
         )
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ChunkedLocalAttentionSpec(AttentionSpec):
     """Tokens attend only within their chunk of ``attention_chunk_size`` tokens (Llama 4 local layers)."""
@@ -345,7 +349,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         )
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EncoderOnlyAttentionSpec(AttentionSpec):
     """Encoder self-attention: computed in one pass, never cached by the scheduler (0 bytes)."""
@@ -354,7 +358,7 @@ class EncoderOnlyAttentionSpec(AttentionSpec):
         return 0
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CrossAttentionSpec(AttentionSpec):
     """Decoder cross-attention over encoder outputs: sized by the encoder's input tokens."""

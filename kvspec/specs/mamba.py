@@ -2,12 +2,12 @@
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from typing_extensions import Self
 
-from kvspec._checking import check_api
+from kvspec._checking import check_construction
 from kvspec.errors import SpecValidationError
 from kvspec.protocols import MAMBA_CACHE_MODES, KVCacheSpec, MambaCacheMode, SchedulerLimits
 from kvspec.specs._common import (
@@ -21,7 +21,7 @@ from kvspec.specs._common import (
 from kvspec.specs.attention import merge_equal_specs
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MambaSpec:
     """One Mamba layer's recurrent state: tensors of ``shapes`` with ``dtypes``, one set per block.
@@ -38,6 +38,7 @@ class MambaSpec:
     mamba_type: str = "mamba2"
     mamba_cache_mode: MambaCacheMode = "none"
     num_speculative_blocks: int = 0
+    _page_size: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         require_positive(self, "block_size", self.block_size)
@@ -75,9 +76,11 @@ class MambaSpec:
 
     @property
     def page_size_bytes(self) -> int:
-        if self.page_size_padded is not None:
-            return self.page_size_padded
-        return self.unpadded_page_size_bytes
+        page = self._page_size
+        if not page:
+            page = self.unpadded_page_size_bytes if self.page_size_padded is None else self.page_size_padded
+            object.__setattr__(self, "_page_size", page)
+        return page
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         if limits.mamba_cache_mode == "all":

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvspec._checking import check_api
+from kvspec._checking import check_construction
 from kvspec.errors import SpecValidationError
 from kvspec.protocols import KVCacheSpec
 from kvspec.specs._common import dtype_size, require_optional_positive, require_positive, round_up
@@ -42,7 +42,7 @@ def _apply_alignment_padding(spec: AttentionSpec, alignment: int | None) -> None
         object.__setattr__(spec, "page_size_padded", padded)
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MLAAttentionSpec(FullAttentionSpec):
     """Full attention over a compressed latent KV (one vector of ``head_size`` per token and KV head)."""
@@ -72,13 +72,13 @@ class MLAAttentionSpec(FullAttentionSpec):
         return self.storage_block_size * self.num_kv_heads * self.head_size * dtype_size(self.dtype)
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HiddenStateCacheSpec(MLAAttentionSpec):
     """Marks layers that cache hidden states (speculative decoding); each becomes its own group."""
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SlidingWindowMLASpec(SlidingWindowSpec):
     """Sliding-window attention over an MLA latent (DeepSeek V4's local layers).

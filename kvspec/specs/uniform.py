@@ -6,14 +6,14 @@ from dataclasses import dataclass
 
 from typing_extensions import Self
 
-from kvspec._checking import check_api
+from kvspec._checking import check_construction
 from kvspec.errors import SpecValidationError
 from kvspec.protocols import KVCacheSpec, SchedulerLimits
 from kvspec.specs._common import cdiv, require_positive
 from kvspec.specs.attention import merge_equal_specs
 
 
-@check_api
+@check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class UniformTypeKVCacheSpecs:
     """One KV cache group whose layers share a block size and a uniform type but not a page size.

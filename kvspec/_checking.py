@@ -39,5 +39,5 @@ def check_construction(cls: _C) -> _C:
     Spec properties (page sizes) run in planning loops, so unlike ``check_api`` on a class this leaves
     every other method unwrapped.
     """
-    cls.__init__ = check_api(vars(cls)["__init__"])
+    setattr(cls, "__init__", check_api(vars(cls)["__init__"]))  # noqa: B010 (mypy rejects the attribute form)
     return cls

@@ -9,6 +9,7 @@ from kvspec.errors import UnsupportedConfigurationError
 from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
 from kvspec.pool import BlockPool, KVCacheBlock
 from kvspec.protocols import KVCacheSpec
+from kvspec.request import Request
 from kvspec.specs._common import cdiv
 from kvspec.specs.attention import SlidingWindowSpec
 
@@ -105,6 +106,38 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                 blocks.pop()
             truncate_to_alignment(computed, block_size, alignment_tokens)
         return computed
+
+    def reachable_block_mask(self, num_blocks: int) -> list[bool] | None:
+        """Which of the first ``num_blocks`` blocks a future hybrid hit can use (None: all of them).
+
+        Hybrid hits end on multiples of the scheduler block (the LCM of the groups' block sizes), and a
+        sliding-window hit needs only the window's blocks before that end. So only the last
+        ``ceil((window-1)/B)`` blocks of each scheduler block are worth caching (one more with EAGLE);
+        the rest are freed as scratch and reused first.
+        """
+        per_segment = self.scheduler_block_size // self.block_size
+        need = cdiv(self.sliding_window - 1, self.block_size) + (1 if self.use_eagle else 0)
+        if per_segment <= 1 or need >= per_segment:
+            return None
+        shift = 1 if self.use_eagle else 0
+        return [i >= shift and (i - shift) % per_segment >= per_segment - need for i in range(num_blocks)]
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        request_id = request.request_id
+        num_cached = self.num_cached_block.get(request_id, 0)
+        num_full = num_tokens // self.block_size
+        if num_cached >= num_full:
+            return
+        self.block_pool.cache_full_blocks(
+            request,
+            self.req_to_blocks[request_id],
+            num_cached,
+            num_full,
+            self.block_size,
+            self.kv_cache_group_id,
+            block_mask=self.reachable_block_mask(num_full),
+        )
+        self.num_cached_block[request_id] = num_full
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         skipped = num_computed_tokens - self.sliding_window + 1

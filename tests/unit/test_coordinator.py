@@ -467,3 +467,25 @@ class TestConfigurationErrors:
         coord.free(r)
         coord.check_invariants()
         assert ids(coord.get_blocks("0").blocks[1]) == []
+
+
+class TestSlidingWindowCacheMask:
+    def test_hybrid_caches_only_the_window_tail_of_each_scheduler_block(self) -> None:
+        full32 = full_spec(block_size=32, dtype=torch.float16)
+        sw16 = sw_spec(17, block_size=16, dtype=torch.float32)  # needs ceil(16/16) = 1 block before a hit end
+        coord = make_coordinator([full32, sw16], 40)
+        r0 = make_request(coord, "0", list(range(130)))
+        schedule(coord, r0)
+        sw_blocks = coord.get_blocks("0").blocks[1]
+        cached = [i for i, b in enumerate(sw_blocks) if not b.is_null and b.block_hash is not None]
+        assert cached == [1, 3, 5, 7]  # the last block of each 32-token scheduler block; 8 is partial
+        assert all(sw_blocks[i].block_hash is None for i in (0, 2, 4, 6))
+        r1 = make_request(coord, "1", list(range(130)))
+        computed, n = coord.get_computed_blocks(r1)
+        assert n == 128 and computed.get_block_ids()[1][-1] == sw_blocks[7].block_id
+        coord.check_invariants()
+
+    def test_equal_block_sizes_cache_everything(self) -> None:
+        coord = make_coordinator([full_spec(), sw_spec(32)], 40)
+        manager = coord.managers[1]
+        assert manager.reachable_block_mask(8) is None  # type: ignore[attr-defined]

@@ -18,7 +18,6 @@ from typing import Any
 from kvspec.errors import BlockPoolError, NotEnoughFreeBlocksError
 from kvspec.hashing import (
     BlockHashListWithBlockSize,
-    BlockHashWithGroupId,
     get_block_hash,
     get_group_id,
     make_block_hash_with_group_id,
@@ -36,7 +35,8 @@ class KVCacheBlock:
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
-        self.block_hash: BlockHashWithGroupId | None = None
+        #: The block's BlockHashWithGroupId once it is full and cached, else None.
+        self.block_hash: bytes | None = None
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
         self.is_null = False
@@ -176,6 +176,19 @@ class BlockHashToBlockMap:
         if entry is None or isinstance(entry, KVCacheBlock):
             return entry
         return next(iter(entry.values()))
+
+    def longest_chain(self, hashes: Sequence[bytes], suffix: bytes, limit: int) -> list[KVCacheBlock]:
+        """Blocks cached under ``hashes[i] + suffix`` for i = 0, 1, ... up to the first miss (at most
+        ``limit``). One block per hit: the first of any duplicates."""
+        cache = self._cache
+        out: list[KVCacheBlock] = []
+        append = out.append
+        for i in range(min(limit, len(hashes))):
+            entry = cache.get(hashes[i] + suffix)
+            if entry is None:
+                break
+            append(entry if entry.__class__ is KVCacheBlock else next(iter(entry.values())))  # type: ignore[union-attr]
+        return out
 
     def insert(self, key: bytes, block: KVCacheBlock) -> None:
         entry = self._cache.get(key)
@@ -330,7 +343,9 @@ class BlockPool:
                 f"of block size {self.hash_block_size}?"
             )
         suffix = kv_cache_group_id.to_bytes(4, "big")
-        insert = self.cached_block_hash_to_block.insert
+        block_map = self.cached_block_hash_to_block
+        cache = block_map._cache
+        events = self.enable_kv_cache_events
         stored: list[bytes] = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
@@ -338,10 +353,13 @@ class BlockPool:
                 continue
             if block.block_hash is not None:
                 raise BlockPoolError(f"Block {block.block_id} already has a hash; it cannot be cached again.")
-            key = BlockHashWithGroupId(hashes[i] + suffix)
+            key = hashes[i] + suffix
             block.block_hash = key
-            insert(key, block)
-            if self.enable_kv_cache_events:
+            if key in cache:
+                block_map.insert(key, block)  # a duplicate of cached content: kept beside it
+            else:
+                cache[key] = block
+            if events:
                 stored.append(hashes[i])
         if self.enable_kv_cache_events and stored:
             parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
@@ -371,10 +389,16 @@ class BlockPool:
             raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
         blocks = self.free_block_queue.popleft_n(num_blocks)
         if self.enable_caching:
-            evict = self._maybe_evict_cached_block
+            cache = self.cached_block_hash_to_block._cache
+            events = self.enable_kv_cache_events
             for block in blocks:
-                if block.block_hash is not None:
-                    evict(block)
+                key = block.block_hash
+                if key is not None:
+                    if not events and cache.get(key) is block:
+                        del cache[key]  # the common eviction: the only block under its hash
+                        block.block_hash = None
+                    else:
+                        self._maybe_evict_cached_block(block)
                 block.ref_cnt = 1
         else:
             for block in blocks:

@@ -87,12 +87,14 @@ class Request:
 
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
         """Append generated tokens and hash any block they complete."""
+        tokens = self.all_token_ids
         if isinstance(token_ids, int):
-            self.all_token_ids.append(token_ids)
+            tokens.append(token_ids)
         else:
-            self.all_token_ids.extend(token_ids)
-        if self._hasher is not None:
-            self._hasher.hash_new_blocks(self)
+            tokens.extend(token_ids)
+        hasher = self._hasher
+        if hasher is not None and len(tokens) >= (len(self.block_hashes) + 1) * hasher.block_size:
+            hasher.hash_new_blocks(self)
 
     def _prompt_embeds_digest(self, start: int, end: int) -> bytes:
         key = (start, end)

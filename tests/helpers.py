@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+from typing_extensions import Self
 
 from kvspec import (
     FullAttentionSpec,
@@ -82,3 +84,24 @@ def schedule(
     assert new is not None
     request.num_computed_tokens = num_computed + n
     return [list(g) for g in new.get_block_ids()]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ForeignSpec:
+    """A spec that satisfies KVCacheSpec structurally but whose lineage no registry knows."""
+
+    block_size: int = 16
+    page_size_bytes: int = 64
+
+    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+        return self.page_size_bytes
+
+    def copy_with_new_block_size(self, block_size: int) -> Self:
+        return self
+
+    @classmethod
+    def merge(cls, specs: Sequence[Self]) -> Self:
+        return specs[0]
+
+    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+        return True

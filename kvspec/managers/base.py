@@ -51,6 +51,11 @@ class SingleTypeKVCacheManager:
         self.new_block_ids: list[int] = []
         self.use_eagle = use_eagle
         self._null_block = block_pool.null_block
+        self.setup()
+
+    def setup(self) -> None:
+        """Extension hook, called at the end of construction: validate the spec, add state, reserve
+        blocks. Subclasses override this instead of repeating the constructor's signature."""
 
     # -- allocation ---------------------------------------------------------------------------
 

@@ -34,12 +34,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         max_num_blocks = min(max_length // block_size, len(block_hashes))
         lookup = block_pool.get_cached_block
         if len(kv_cache_group_ids) == 1:
-            only = computed[0]
-            for i in range(max_num_blocks):
-                hit = lookup(block_hashes[i], kv_cache_group_ids)
-                if hit is None:
-                    break
-                only.append(hit[0])
+            suffix = kv_cache_group_ids[0].to_bytes(4, "big")
+            computed = (
+                block_pool.cached_block_hash_to_block.longest_chain(block_hashes, suffix, max_num_blocks),
+            )
         else:
             for i in range(max_num_blocks):
                 hits = lookup(block_hashes[i], kv_cache_group_ids)
@@ -70,41 +68,15 @@ class SinkFullAttentionManager(FullAttentionManager):
     Fixed on purpose: vLLM 0.23's constructor did not accept ``scheduler_block_size``.
     """
 
-    def __init__(
-        self,
-        kv_cache_spec: KVCacheSpec,
-        block_pool: BlockPool,
-        *,
-        enable_caching: bool,
-        kv_cache_group_id: int,
-        scheduler_block_size: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        max_admission_blocks_per_request: int | None = None,
-        use_eagle: bool = False,
-    ) -> None:
-        super().__init__(
-            kv_cache_spec,
-            block_pool,
-            enable_caching=enable_caching,
-            kv_cache_group_id=kv_cache_group_id,
-            scheduler_block_size=scheduler_block_size,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
-            max_admission_blocks_per_request=max_admission_blocks_per_request,
-            use_eagle=use_eagle,
-        )
-        sink_len = (
-            getattr(kv_cache_spec, "sink_len", None)
-            if isinstance(kv_cache_spec, SinkFullAttentionSpec)
-            else None
-        )
+    def setup(self) -> None:
+        spec = self.kv_cache_spec
+        sink_len = spec.sink_len if isinstance(spec, SinkFullAttentionSpec) else None
         if sink_len is None or sink_len <= 0 or sink_len % self.block_size:
             raise SpecValidationError(
                 f"SinkFullAttentionSpec.sink_len must be a positive multiple of block_size="
                 f"{self.block_size}, got {sink_len!r}."
             )
-        self.sink_blocks = block_pool.get_new_blocks(sink_len // self.block_size)
+        self.sink_blocks = self.block_pool.get_new_blocks(sink_len // self.block_size)
 
     def iter_held_blocks(self) -> Iterator[KVCacheBlock]:
         yield from self.sink_blocks

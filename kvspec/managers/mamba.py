@@ -23,36 +23,14 @@ from kvspec.specs.mamba import MambaSpec
 class MambaManager(SingleTypeKVCacheManager):
     """A request's hit is a single state block at a block boundary; everything before it is null."""
 
-    def __init__(
-        self,
-        kv_cache_spec: KVCacheSpec,
-        block_pool: BlockPool,
-        *,
-        enable_caching: bool,
-        kv_cache_group_id: int,
-        scheduler_block_size: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        max_admission_blocks_per_request: int | None = None,
-        use_eagle: bool = False,
-    ) -> None:
-        if not isinstance(kv_cache_spec, MambaSpec):
+    def setup(self) -> None:
+        spec = self.kv_cache_spec
+        if not isinstance(spec, MambaSpec):
             raise UnsupportedConfigurationError(
-                f"MambaManager runs MambaSpec layers, got {type(kv_cache_spec).__name__}."
+                f"MambaManager runs MambaSpec layers, got {type(spec).__name__}."
             )
-        super().__init__(
-            kv_cache_spec,
-            block_pool,
-            enable_caching=enable_caching,
-            kv_cache_group_id=kv_cache_group_id,
-            scheduler_block_size=scheduler_block_size,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
-            max_admission_blocks_per_request=max_admission_blocks_per_request,
-            use_eagle=use_eagle,
-        )
-        self.mamba_cache_mode = kv_cache_spec.mamba_cache_mode
-        self.num_speculative_blocks = kv_cache_spec.num_speculative_blocks
+        self.mamba_cache_mode = spec.mamba_cache_mode
+        self.num_speculative_blocks = spec.num_speculative_blocks
         self.cached_blocks_this_step: set[bytes] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self._allocated_block_reqs: set[str] = set()

@@ -25,31 +25,8 @@ def _window(spec: KVCacheSpec) -> int:
 class SlidingWindowManager(SingleTypeKVCacheManager):
     """Frees blocks that fell out of the window; searches hits right to left."""
 
-    def __init__(
-        self,
-        kv_cache_spec: KVCacheSpec,
-        block_pool: BlockPool,
-        *,
-        enable_caching: bool,
-        kv_cache_group_id: int,
-        scheduler_block_size: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        max_admission_blocks_per_request: int | None = None,
-        use_eagle: bool = False,
-    ) -> None:
-        self.sliding_window = _window(kv_cache_spec)
-        super().__init__(
-            kv_cache_spec,
-            block_pool,
-            enable_caching=enable_caching,
-            kv_cache_group_id=kv_cache_group_id,
-            scheduler_block_size=scheduler_block_size,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
-            max_admission_blocks_per_request=max_admission_blocks_per_request,
-            use_eagle=use_eagle,
-        )
+    def setup(self) -> None:
+        self.sliding_window = _window(self.kv_cache_spec)
 
     @classmethod
     def find_longest_cache_hit(

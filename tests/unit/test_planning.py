@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from collections.abc import Sequence
 
 import pytest
 import torch
-from typing_extensions import Self
 
 from kvspec import (
     ChunkedLocalAttentionSpec,
@@ -40,6 +37,7 @@ from kvspec.planning import (
     project_groups_to_worker,
     unify_hybrid_kv_cache_specs,
 )
+from tests.helpers import ForeignSpec
 
 F32 = torch.float32
 LIMITS = SchedulerLimits(max_model_len=128, max_num_batched_tokens=64)  # full: 8 blocks, SW(128): 9
@@ -181,26 +179,8 @@ class TestOneWorker:
         assert config == KVCacheConfig(num_blocks=1, kv_cache_tensors=(), kv_cache_groups=())
 
     def test_unregistered_spec_is_reported_with_its_layer(self) -> None:
-        @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-        class Foreign:
-            block_size: int = 16
-            page_size_bytes: int = 64
-
-            def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
-                return 64
-
-            def copy_with_new_block_size(self, block_size: int) -> Self:
-                return self
-
-            @classmethod
-            def merge(cls, specs: Sequence[Self]) -> Self:
-                return specs[0]
-
-            def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
-                return True
-
-        with pytest.raises(UnregisteredSpecError, match="layer bad: Foreign"):
-            get_kv_cache_config({"bad": Foreign()}, PAGE, LIMITS)
+        with pytest.raises(UnregisteredSpecError, match="layer bad: ForeignSpec"):
+            get_kv_cache_config({"bad": ForeignSpec()}, PAGE, LIMITS)
 
 
 class TestUniformityAndUnification:

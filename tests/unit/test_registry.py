@@ -49,6 +49,7 @@ from kvspec import (
     register_kv_cache_spec,
 )
 from kvspec.managers import register_builtins
+from tests.helpers import ForeignSpec
 
 BF16 = torch.bfloat16
 ATTN: dict[str, Any] = dict(block_size=64, num_kv_heads=8, head_size=128, dtype=BF16)
@@ -126,32 +127,11 @@ def test_register_requires_manager() -> None:
 
 
 def test_unregistered_spec_without_registered_parent() -> None:
-    @dataclass(frozen=True, kw_only=True, slots=True)
-    class Orphan:
-        block_size: int = 16
-
-        @property
-        def page_size_bytes(self) -> int:
-            return 1
-
-        def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
-            return 1
-
-        def copy_with_new_block_size(self, block_size: int) -> Self:
-            return self
-
-        @classmethod
-        def merge(cls, specs: Sequence[Self]) -> Self:
-            return specs[0]
-
-        def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
-            return True
-
-    orphan = Orphan()
+    orphan = ForeignSpec()
     assert default_registry.get_manager_class(orphan) is None
     assert default_registry.get_uniform_type_base_spec(orphan) is None
     with pytest.raises(
-        UnregisteredSpecError, match="Unsupported KV cache spec type for layer layer_0: Orphan"
+        UnregisteredSpecError, match="Unsupported KV cache spec type for layer layer_0: ForeignSpec"
     ):
         default_registry.check({"layer_0": orphan})
     with pytest.raises(UnregisteredSpecError, match="Unsupported KV cache spec type"):

@@ -59,7 +59,7 @@ def cache_pattern(pool: BlockPool, pattern: list[bool]) -> list[BlockHash]:
         if cached:
             (block,) = pool.get_new_blocks(1)
             key = hashes[i] + (0).to_bytes(4, "big")
-            block.block_hash = key  # type: ignore[assignment]
+            block.block_hash = key
             pool.cached_block_hash_to_block.insert(key, block)
     return hashes
 

@@ -462,7 +462,12 @@ class KVCacheCoordinator:
             result = self._empty
         if self.enable_caching and not delay_cache_blocks:
             num_tokens = len(request.all_token_ids)
-            self.cache_blocks(request, main if main < num_tokens else num_tokens)
+            if main < num_tokens:
+                num_tokens = main
+            sbs = self.scheduler_block_size
+            # Most decode steps complete no block: skip the call (cache_blocks would return at once).
+            if self._eagle_group_ids or self._cached_tokens.get(request_id, -1) < num_tokens // sbs * sbs:
+                self.cache_blocks(request, num_tokens)
         return result
 
     def _blocks_needed(

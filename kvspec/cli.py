@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from kvspec.config import KVCacheConfig
 from kvspec.errors import InsufficientKVCacheMemoryError, KVSpecError, ModelConfigError
-from kvspec.models import DEFAULT_MODEL, KV_CACHE_DTYPES, ModelLayout, build_model_layout, preset_names
+from kvspec.models import DEFAULT_MODEL, KV_CACHE_DTYPES, build_model_layout, preset_names
 from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memory_usage_bytes_from_groups
 from kvspec.protocols import SchedulerLimits
 from kvspec.specs.kinds import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
@@ -78,6 +78,7 @@ def _group_rows(config: KVCacheConfig, limits: SchedulerLimits) -> list[dict[str
         rows.append(
             {
                 "group": gid,
+                "layer_names": list(group.layer_names),
                 "kind": get_kv_cache_spec_kind(spec).value,
                 "spec": type(spec).__name__,
                 "layers": len(group.layer_names),
@@ -251,11 +252,7 @@ def plot_plan(plan: dict[str, Any], path: str) -> None:
     groups = stage["groups"]
     fig, (ax_t, ax_g) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
     cmap = plt.get_cmap("tab10")
-    name_to_group: dict[str, int] = {}
-    config_groups = plan.get("_group_layers", [])
-    for gid, names in enumerate(config_groups):
-        for name in names:
-            name_to_group[name] = gid
+    name_to_group = {name: row["group"] for row in groups for name in row["layer_names"]}
     for i, tensor in enumerate(stage["tensors"]):
         size_gib = tensor["size_bytes"] / 2**30
         sharers = tensor["shared_by"] or ["(none)"]
@@ -294,35 +291,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         print_plan(plan)
     if args.plot and plan["fits"]:
-        layout = build_model_layout(
-            args.model,
-            block_size=args.block_size,
-            dtype=args.dtype,
-            kv_cache_dtype=args.kv_cache_dtype,
-            tensor_parallel_size=args.tp,
-            pipeline_parallel_size=args.pp,
-            max_model_len=args.max_model_len,
-            mamba_cache_mode=args.mamba_cache_mode,
-        )
-        plan["_group_layers"] = _stage0_group_layers(layout, plan, args)
         plot_plan(plan, args.plot)
         if not args.json:
             print(f"layout plot written to {args.plot}")
     return 0 if plan["fits"] else 1
-
-
-def _stage0_group_layers(
-    layout: ModelLayout, plan: dict[str, Any], args: argparse.Namespace
-) -> list[list[str]]:
-    limits = SchedulerLimits(
-        max_model_len=plan["max_model_len"],
-        max_num_batched_tokens=plan["max_num_batched_tokens"],
-        max_num_encoder_input_tokens=layout.max_num_encoder_input_tokens,
-        mamba_cache_mode=args.mamba_cache_mode,
-    )
-    workers = layout.per_worker_specs(args.tp)
-    configs = get_kv_cache_configs(workers, [args.memory] * len(workers), limits, hybrid=args.hybrid)
-    return [list(g.layer_names) for g in configs[0].kv_cache_groups]
 
 
 # -- inspect ------------------------------------------------------------------------------------

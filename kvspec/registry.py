@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol
+from typing import Any, Generic, Protocol, runtime_checkable
 
 from kvspec._checking import check_api
 from kvspec.errors import (
@@ -361,6 +361,7 @@ class Registry(Generic[SpecT, MgrT]):
 default_registry: Registry[KVCacheSpec, KVCacheManager] = Registry(name="default")
 
 
+@check_api
 def register_kv_cache_spec(
     manager_class: type[KVCacheManager],
     *,
@@ -381,12 +382,14 @@ def register_kv_cache_spec(
     return decorate
 
 
+@runtime_checkable
 class PlatformHook(Protocol):
     """A hardware platform's registration hook (vLLM's ``Platform.register_custom_kv_cache_specs``)."""
 
     def register_custom_kv_cache_specs(self, registry: Registry[KVCacheSpec, KVCacheManager]) -> None: ...
 
 
+@check_api
 def apply_platform_hook(
     platform: PlatformHook, registry: Registry[KVCacheSpec, KVCacheManager] | None = None
 ) -> None:
@@ -414,6 +417,7 @@ def _allowed_plugins(allow: Sequence[str] | None) -> set[str] | None:
     return {name.strip() for name in env.split(",") if name.strip()}
 
 
+@check_api
 def load_plugins(
     registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
     *,

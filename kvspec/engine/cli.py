@@ -173,7 +173,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             with Progress(transient=True) as progress:
                 task = progress.add_task(f"simulating {args.requests} requests", total=args.requests)
                 engine.run(lambda _rid: progress.advance(task))
-    except RuntimeError as exc:
+    except KVSpecError as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 1
     report: dict[str, Any] = {

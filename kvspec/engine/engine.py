@@ -14,6 +14,7 @@ from kvspec.coordinator import KVCacheCoordinator
 from kvspec.engine.model import TinyDecoder, TinyModelConfig
 from kvspec.engine.runner import ModelRunner
 from kvspec.engine.scheduler import Scheduler
+from kvspec.errors import SchedulingError
 from kvspec.planning import (
     generate_scheduler_kv_cache_config,
     get_kv_cache_config,
@@ -180,8 +181,9 @@ class Engine:
         stats.hit_rate_timeline.append(stats.hit_rate)
         if not output.scheduled:
             if self.scheduler.waiting and not self.scheduler.running:
-                raise RuntimeError(
-                    "A waiting request can never be admitted: its prompt needs more blocks than exist."
+                raise SchedulingError(
+                    f"Request {self.scheduler.waiting[0].request_id!r} can never be admitted: its prompt needs "
+                    f"more blocks than the pool's {self.coordinator.block_pool.num_gpu_blocks - 1}."
                 )
             return []
         sampled = self.runner.execute(output) if self.runner is not None else None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvspec import SchedulingError
 from kvspec.engine import TINY_FULL, TINY_HYBRID, Engine, TinyDecoder, TinyModelConfig, make_workload
 
 
@@ -62,7 +63,7 @@ def test_chunked_prefill_longer_than_window() -> None:
 def test_engine_rejects_impossible_prompt() -> None:
     engine = Engine.tiny(TINY_FULL, num_blocks=3, max_num_batched_tokens=64)
     engine.add_request(list(range(80)), 2)
-    with pytest.raises(RuntimeError, match="can never be admitted"):
+    with pytest.raises(SchedulingError, match="'0' can never be admitted"):
         engine.run()
 
 

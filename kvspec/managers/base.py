@@ -158,8 +158,13 @@ class SingleTypeKVCacheManager:
             num_full,
             self.block_size,
             self.kv_cache_group_id,
+            block_mask=self.reachable_block_mask(num_full),
         )
         self.num_cached_block[request_id] = num_full
+
+    def reachable_block_mask(self, num_blocks: int) -> list[bool] | None:
+        """Which of the first ``num_blocks`` blocks are worth caching (None: all of them)."""
+        return None
 
     def free(self, request_id: str) -> None:
         blocks = self.req_to_blocks.pop(request_id, None)

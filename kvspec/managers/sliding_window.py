@@ -9,7 +9,6 @@ from kvspec.errors import UnsupportedConfigurationError
 from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
 from kvspec.pool import BlockPool, KVCacheBlock
 from kvspec.protocols import KVCacheSpec
-from kvspec.request import Request
 from kvspec.specs._common import cdiv
 from kvspec.specs.attention import SlidingWindowSpec
 
@@ -98,23 +97,6 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             return None
         shift = 1 if self.use_eagle else 0
         return [i >= shift and (i - shift) % per_segment >= per_segment - need for i in range(num_blocks)]
-
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        request_id = request.request_id
-        num_cached = self.num_cached_block.get(request_id, 0)
-        num_full = num_tokens // self.block_size
-        if num_cached >= num_full:
-            return
-        self.block_pool.cache_full_blocks(
-            request,
-            self.req_to_blocks[request_id],
-            num_cached,
-            num_full,
-            self.block_size,
-            self.kv_cache_group_id,
-            block_mask=self.reachable_block_mask(num_full),
-        )
-        self.num_cached_block[request_id] = num_full
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         skipped = num_computed_tokens - self.sliding_window + 1

@@ -80,6 +80,14 @@ def merge_window_sizes(spec_name: str, field: str, values: set[int | None]) -> i
     return next(iter(real), None)
 
 
+def _default_value_head_size(spec: "FullAttentionSpec | SlidingWindowSpec") -> None:
+    """``head_size_v`` defaults to ``head_size``; both must be positive."""
+    require_positive(spec, "head_size", spec.head_size)
+    if spec.head_size_v is None:
+        object.__setattr__(spec, "head_size_v", spec.head_size)
+    require_positive(spec, "head_size_v", spec.head_size_v)
+
+
 @check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AttentionSpec:
@@ -121,12 +129,19 @@ class AttentionSpec:
         return self.block_size
 
     @property
+    def value_head_size(self) -> int:
+        """V's head size: ``head_size_v`` where a spec has one, else ``head_size``."""
+        hsv: int | None = getattr(self, "head_size_v", None)
+        return self.head_size if hsv is None else hsv
+
+    @property
     def real_page_size_bytes(self) -> int:
         """K and V bytes of one block, without scales or padding."""
         d = dtype_size(self.dtype)
+        b, h = self.block_size, self.num_kv_heads
         if self.kv_quant_mode.is_nvfp4:
-            return 2 * self.block_size * self.num_kv_heads * nvfp4_full(self.head_size) * d
-        return 2 * self.block_size * self.num_kv_heads * self.head_size * d
+            return b * h * (nvfp4_full(self.head_size) + nvfp4_full(self.value_head_size)) * d
+        return b * h * (self.head_size + self.value_head_size) * d
 
     @property
     def unpadded_page_size_bytes(self) -> int:
@@ -178,10 +193,7 @@ class FullAttentionSpec(AttentionSpec):
     is_mla: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        require_positive(self, "head_size", self.head_size)
-        if self.head_size_v is None:
-            object.__setattr__(self, "head_size_v", self.head_size)
-        require_positive(self, "head_size_v", self.head_size_v)
+        _default_value_head_size(self)
         require_optional_positive(self, "sliding_window", self.sliding_window)
         require_optional_positive(self, "attention_chunk_size", self.attention_chunk_size)
         if self.sliding_window is not None and self.attention_chunk_size is not None:
@@ -190,19 +202,6 @@ class FullAttentionSpec(AttentionSpec):
                 f"attention_chunk_size={self.attention_chunk_size}; a layer has at most one of them."
             )
         AttentionSpec.__post_init__(self)
-
-    @property
-    def value_head_size(self) -> int:
-        hsv = self.head_size_v
-        return self.head_size if hsv is None else hsv
-
-    @property
-    def real_page_size_bytes(self) -> int:
-        d = dtype_size(self.dtype)
-        b, h = self.block_size, self.num_kv_heads
-        if self.kv_quant_mode.is_nvfp4:
-            return b * h * (nvfp4_full(self.head_size) + nvfp4_full(self.value_head_size)) * d
-        return b * h * (self.head_size + self.value_head_size) * d
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         """ceil(tokens / block_size) pages, tokens being max_model_len split over the CP ranks."""
@@ -257,7 +256,7 @@ class TQFullAttentionSpec(FullAttentionSpec):
     def real_page_size_bytes(self) -> int:
         if self.tq_slot_size > 0:
             return self.block_size * self.num_kv_heads * self.tq_slot_size
-        return FullAttentionSpec.real_page_size_bytes.fget(self)  # type: ignore[attr-defined,no-any-return]
+        return AttentionSpec.real_page_size_bytes.fget(self)  # type: ignore[attr-defined,no-any-return]
 
 
 @check_construction
@@ -281,25 +280,9 @@ class SlidingWindowSpec(AttentionSpec):
     head_size_v: int | None = None
 
     def __post_init__(self) -> None:
-        require_positive(self, "head_size", self.head_size)
-        if self.head_size_v is None:
-            object.__setattr__(self, "head_size_v", self.head_size)
-        require_positive(self, "head_size_v", self.head_size_v)
+        _default_value_head_size(self)
         require_positive(self, "sliding_window", self.sliding_window)
         AttentionSpec.__post_init__(self)
-
-    @property
-    def value_head_size(self) -> int:
-        hsv = self.head_size_v
-        return self.head_size if hsv is None else hsv
-
-    @property
-    def real_page_size_bytes(self) -> int:
-        d = dtype_size(self.dtype)
-        b, h = self.block_size, self.num_kv_heads
-        if self.kv_quant_mode.is_nvfp4:
-            return b * h * (nvfp4_full(self.head_size) + nvfp4_full(self.value_head_size)) * d
-        return b * h * (self.head_size + self.value_head_size) * d
 
     def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
         """Blocks one request can hold at once: the window plus one step's tokens, +1 because the

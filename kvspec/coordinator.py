@@ -16,8 +16,9 @@ from typing import Final
 
 from kvspec._checking import check_api, check_hot
 from kvspec.config import KVCacheConfig, scheduler_spec
-from kvspec.errors import SchedulingError, UnsupportedConfigurationError
+from kvspec.errors import BlockPoolError, SchedulingError, UnsupportedConfigurationError
 from kvspec.hashing import BlockHasher, BlockHashListWithBlockSize
+from kvspec.managers.base import SingleTypeKVCacheManager
 from kvspec.pool import BlockPool, BlockStored, KVCacheBlock, KVCacheEvent
 from kvspec.protocols import KVCacheManager, KVCacheSpec, SchedulerLimits
 from kvspec.registry import Registry, default_registry
@@ -209,8 +210,7 @@ class KVCacheCoordinator:
             )
             self.managers.append(manager)
         self._is_cross = tuple(isinstance(s, CrossAttentionSpec) for s in self.specs)
-        self._has_cross = any(self._is_cross)
-        self._spec_groups = self._split_spec_groups(registry)
+        self._spec_groups = self._split_spec_groups()
         self._event_metadata = tuple(
             (get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in self.specs
         )
@@ -222,7 +222,8 @@ class KVCacheCoordinator:
         # Managers that can free blocks early; full attention's remove_skipped_blocks is a no-op.
         self._skipping_managers = [m for m in self.managers if _may_skip_blocks(type(m))]
 
-    def _split_spec_groups(self, registry: Registry[KVCacheSpec, KVCacheManager]) -> tuple[_SpecGroup, ...]:
+    def _split_spec_groups(self) -> tuple[_SpecGroup, ...]:
+        """Groups with equal specs searched together (a hit must exist in all of them)."""
         by_spec: dict[KVCacheSpec, list[int]] = {}
         for gid, spec in enumerate(self.specs):
             by_spec.setdefault(spec, []).append(gid)
@@ -605,8 +606,6 @@ class KVCacheCoordinator:
     def check_invariants(self) -> None:
         """Raise if any block's ref count differs from the number of holders (requests + reservations),
         or if the pool's queue and cache map disagree. For tests and debugging; O(blocks)."""
-        from kvspec.errors import BlockPoolError
-
         self.block_pool.check_invariants()
         holders = [0] * self.block_pool.num_gpu_blocks
         for manager in self.managers:
@@ -621,8 +620,6 @@ class KVCacheCoordinator:
 
 def _may_skip_blocks(manager_cls: type) -> bool:
     """False only for managers that keep SingleTypeKVCacheManager's no-op skipping behaviour."""
-    from kvspec.managers.base import SingleTypeKVCacheManager
-
     if not issubclass(manager_cls, SingleTypeKVCacheManager):
         return True
     return (

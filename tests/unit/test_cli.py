@@ -139,3 +139,12 @@ def test_readme_example_is_the_type_checked_file() -> None:
     assert len([line for line in example.splitlines() if line.strip()]) <= 20
     assert "nox --no-venv -s lint mypy tests" in readme
     assert "nox --no-venv -s lint mypy tests" in (root / ".ci" / "run").read_text()
+
+
+def test_readme_engine_snippet_runs() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Using it in an engine", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["new_blocks"] is not None

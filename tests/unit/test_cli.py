@@ -83,6 +83,19 @@ def test_unknown_model_exits_2() -> None:
     assert proc.returncode == 2 and "Unknown model 'no-such-model'" in proc.stderr
 
 
+def test_negative_memory_exits_2() -> None:
+    proc = kvspec("plan", "--memory=-80GiB")
+    assert proc.returncode == 2 and "size must be positive" in proc.stderr
+
+
+def test_console_script() -> None:
+    script = Path(sys.executable).parent / "kvspec"
+    if not script.exists():
+        pytest.skip("kvspec is not installed as a console script in this environment")
+    proc = subprocess.run([str(script), "inspect", "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and len(json.loads(proc.stdout)["registrations"]) == 10
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

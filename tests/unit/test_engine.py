@@ -123,3 +123,27 @@ def test_simulate_command(tmp_path: Path) -> None:
         timeout=300,
     )
     assert bad.returncode == 2 and "Unknown model" in bad.stderr
+
+
+def test_attention_window_matches_what_the_manager_frees() -> None:
+    """The first key a query at position n can see is exactly the first token the sliding-window
+    manager keeps: a mismatch would read freed (possibly reused) blocks."""
+    import torch
+
+    from kvspec import BlockPool, SlidingWindowManager
+
+    cfg = TinyModelConfig(
+        layer_kinds=("sliding",), sliding_window=24, num_heads=1, num_kv_heads=1, head_dim=1
+    )
+    model = TinyDecoder(cfg)
+    spec = cfg.kv_cache_specs(16)["layers.0"]
+    manager = SlidingWindowManager(
+        spec, BlockPool(4), enable_caching=True, kv_cache_group_id=0, scheduler_block_size=16
+    )
+    for n in range(0, 100, 7):
+        q = torch.ones(1, 1, 1, dtype=cfg.dtype)
+        kv = torch.arange(n + 1, dtype=cfg.dtype).view(-1, 1, 1)
+        # values = key positions and uniform scores: the output is the mean of the visible positions
+        out = model._attend(q, torch.zeros_like(kv), kv, torch.tensor([n]), cfg.sliding_window)
+        first_visible = manager.get_num_skipped_tokens(n)
+        assert float(out) == pytest.approx(sum(range(first_visible, n + 1)) / (n + 1 - first_visible))

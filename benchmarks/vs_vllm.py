@@ -51,6 +51,8 @@ def layer_kinds(model: str) -> list[str]:
         return ["full"] * 32
     if model == "hybrid48":
         return ["full" if i % 6 == 5 else "sliding" for i in range(48)]
+    if model == "chunked32":
+        return ["full" if i % 4 == 3 else "chunked" for i in range(32)]
     if model == "hybrid128":
         return ["full" if i % 8 == 7 else "mamba" if i % 8 == 3 else "sliding" for i in range(128)]
     raise ValueError(model)
@@ -88,6 +90,8 @@ class KvspecAdapter:
                 out[f"layers.{i}"] = kvspec.FullAttentionSpec(**common)
             elif kind == "sliding":
                 out[f"layers.{i}"] = kvspec.SlidingWindowSpec(sliding_window=1024, **common)
+            elif kind == "chunked":
+                out[f"layers.{i}"] = kvspec.ChunkedLocalAttentionSpec(attention_chunk_size=1024, **common)
             else:
                 out[f"layers.{i}"] = kvspec.MambaSpec(
                     block_size=BLOCK,
@@ -172,6 +176,8 @@ class VllmAdapter:
                 out[f"layers.{i}"] = kvi.FullAttentionSpec(**common)
             elif kind == "sliding":
                 out[f"layers.{i}"] = kvi.SlidingWindowSpec(sliding_window=1024, **common)
+            elif kind == "chunked":
+                out[f"layers.{i}"] = kvi.ChunkedLocalAttentionSpec(attention_chunk_size=1024, **common)
             else:
                 out[f"layers.{i}"] = kvi.MambaSpec(
                     block_size=BLOCK,
@@ -236,8 +242,14 @@ class RunResult:
         return self.hit_tokens / self.admitted_tokens if self.admitted_tokens else 0.0
 
 
-def drive(adapter: Any, model: str, num_blocks: int, prompts: Sequence[list[int]]) -> RunResult:
-    """A scheduler loop identical for both libraries (FCFS, chunked prefill, preempt the newest)."""
+def drive(
+    adapter: Any, model: str, num_blocks: int, prompts: Sequence[list[int]], trace: list[Any] | None = None
+) -> RunResult:
+    """A scheduler loop identical for both libraries (FCFS, chunked prefill, preempt the newest).
+
+    With ``trace``, every allocation's block ids and every prefix hit are appended to it, so two
+    libraries' runs can be compared block id by block id.
+    """
     adapter.build(model, num_blocks)
     kv = adapter.kv
     result = RunResult()
@@ -254,7 +266,9 @@ def drive(adapter: Any, model: str, num_blocks: int, prompts: Sequence[list[int]
     running: list[Any] = []
     gc.collect()
     while waiting or running:
-        step = 0.0
+        t0 = clock()
+        kv.new_step_starts()  # as both engines' schedulers do (Mamba defers states cached this step)
+        step = clock() - t0
         budget = BUDGET
         scheduled: list[tuple[Any, int]] = []
         idx = 0
@@ -268,6 +282,8 @@ def drive(adapter: Any, model: str, num_blocks: int, prompts: Sequence[list[int]
             t0 = clock()
             new = kv.allocate_slots(req, n)
             dt = clock() - t0
+            if trace is not None:
+                trace.append((req.request_id, n, None if new is None else new.get_block_ids()))
             step += dt
             calls["allocate_slots prefill" if prefill else "allocate_slots decode"].append(dt)
             if new is None:
@@ -293,6 +309,15 @@ def drive(adapter: Any, model: str, num_blocks: int, prompts: Sequence[list[int]
             t1 = clock()
             new = kv.allocate_slots(req, n, hit, computed)
             dt2 = clock() - t1
+            if trace is not None:
+                trace.append(
+                    (
+                        req.request_id,
+                        hit,
+                        computed.get_block_ids(),
+                        None if new is None else new.get_block_ids(),
+                    )
+                )
             step += dt + dt2
             if new is None:
                 break
@@ -380,6 +405,38 @@ def bench_w12(adapters: list[Any], rounds: int, quick: bool, lines: list[str]) -
     return summary
 
 
+def _normalise(trace: list[Any]) -> list[Any]:
+    """Block ids as plain lists of ints (vLLM returns lists in tuples, as kvspec does)."""
+    return [tuple(list(map(list, x)) if isinstance(x, tuple) else x for x in item) for item in trace]
+
+
+def check_identical(adapters: list[Any], quick: bool, lines: list[str]) -> None:
+    """Run W1 and W2 once per library and compare every allocation's block ids and every hit."""
+    prompts = make_prompts(64 if quick else 256, 2048, 1024)
+    cases = (
+        ("W1", "full32", 8192),
+        ("W2", "hybrid48", 32768),
+        ("chunked local 3:1 full", "chunked32", 16384),
+        ("SW + full + Mamba", "hybrid128", 65536),
+    )
+    for label, model, blocks in cases:
+        traces = []
+        for adapter in adapters:
+            trace: list[Any] = []
+            drive(adapter, model, blocks, prompts, trace)
+            traces.append(_normalise(trace))
+        same = traces[0] == traces[1]
+        first = next((i for i, (a, b) in enumerate(zip(*traces)) if a != b), None)
+        lines.append(
+            f"{label}: {len(traces[0]):,} allocations and prefix hits compared block id by block id: "
+            + (
+                "identical"
+                if same
+                else f"DIFFERENT (first at event {first}; lengths {len(traces[0])}, {len(traces[1])})"
+            )
+        )
+
+
 def bench_w3(adapters: list[Any], rounds: int, quick: bool, lines: list[str]) -> dict[str, Any]:
     num = 128 if quick else 512  # x 2,048 tokens: 1,048,576 tokens in full mode
     prompts = make_prompts(num, 2048, 0, seed=1)
@@ -442,6 +499,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="64 requests instead of 256 (a smoke run)")
     parser.add_argument("--only", choices=["W1W2", "W3", "W4"], default=None)
+    parser.add_argument(
+        "--check-identical",
+        action="store_true",
+        help="also run W1 and W2 once per library recording every block id, and compare the two traces",
+    )
     args = parser.parse_args(argv)
     adapters: list[Any] = [KvspecAdapter()]
     try:
@@ -453,6 +515,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"kvspec {kvspec.__version__} vs {vllm_note}; torch {torch.__version__}; Python {sys.version.split()[0]}; "
         f"{os.cpu_count()} CPUs; {args.rounds} alternating rounds, medians",
     ]
+    if args.check_identical and len(adapters) == 2:
+        check_identical(adapters, args.quick, lines)
     if args.only in (None, "W1W2"):
         bench_w12(adapters, args.rounds, args.quick, lines)
     if args.only in (None, "W3"):

@@ -347,20 +347,23 @@ class BlockPool:
         cache = block_map._cache
         events = self.enable_kv_cache_events
         stored: list[bytes] = []
-        for i in range(num_cached_blocks, num_full_blocks):
-            block = blocks[i]
+        for i, block, block_hash in zip(
+            range(num_cached_blocks, num_full_blocks),
+            blocks[num_cached_blocks:num_full_blocks],
+            hashes[num_cached_blocks:num_full_blocks],
+        ):
             if block.is_null or (block_mask is not None and not block_mask[i]):
                 continue
             if block.block_hash is not None:
                 raise BlockPoolError(f"Block {block.block_id} already has a hash; it cannot be cached again.")
-            key = hashes[i] + suffix
+            key = block_hash + suffix
             block.block_hash = key
             if key in cache:
                 block_map.insert(key, block)  # a duplicate of cached content: kept beside it
             else:
                 cache[key] = block
             if events:
-                stored.append(hashes[i])
+                stored.append(block_hash)
         if self.enable_kv_cache_events and stored:
             parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
             extra: list[tuple[Any, ...] | None] | None = None
@@ -385,24 +388,35 @@ class BlockPool:
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take ``num_blocks`` from the free queue's head (evicting their cached content), ref_cnt 1."""
-        if num_blocks > self.free_block_queue.num_free_blocks:
+        queue = self.free_block_queue
+        if num_blocks > queue.num_free_blocks:
             raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
-        blocks = self.free_block_queue.popleft_n(num_blocks)
-        if self.enable_caching:
-            cache = self.cached_block_hash_to_block._cache
-            events = self.enable_kv_cache_events
-            for block in blocks:
-                key = block.block_hash
-                if key is not None:
-                    if not events and cache.get(key) is block:
-                        del cache[key]  # the common eviction: the only block under its hash
-                        block.block_hash = None
-                    else:
-                        self._maybe_evict_cached_block(block)
-                block.ref_cnt = 1
-        else:
-            for block in blocks:
-                block.ref_cnt = 1
+        if num_blocks == 0:
+            return []
+        # One walk unlinks, evicts and references each block (popleft_n + eviction fused: hot path).
+        cache = self.cached_block_hash_to_block._cache
+        plain_evict = self.enable_caching and not self.enable_kv_cache_events
+        blocks: list[KVCacheBlock] = []
+        append = blocks.append
+        block = queue._head.next_free_block
+        for _ in range(num_blocks):
+            assert block is not None
+            nxt = block.next_free_block
+            block.prev_free_block = block.next_free_block = None
+            key = block.block_hash
+            if key is not None:
+                if plain_evict and cache.get(key) is block:
+                    del cache[key]  # the common eviction: the only block under its hash
+                    block.block_hash = None
+                else:
+                    self._maybe_evict_cached_block(block)
+            block.ref_cnt = 1
+            append(block)
+            block = nxt
+        assert block is not None
+        queue._head.next_free_block = block
+        block.prev_free_block = queue._head
+        queue.num_free_blocks -= num_blocks
         return blocks
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:

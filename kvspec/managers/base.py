@@ -126,7 +126,7 @@ class SingleTypeKVCacheManager:
                 allocated = self.block_pool.get_new_blocks(num_new)
                 req_blocks.extend(allocated)
                 if self.tracks_new_block_ids:
-                    self.new_block_ids.extend(b.block_id for b in allocated)
+                    self.new_block_ids.extend([b.block_id for b in allocated])
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
@@ -140,7 +140,7 @@ class SingleTypeKVCacheManager:
         new_blocks = self.block_pool.get_new_blocks(num_new)
         req_blocks.extend(new_blocks)
         if self.tracks_new_block_ids:
-            self.new_block_ids.extend(b.block_id for b in new_blocks)
+            self.new_block_ids.extend([b.block_id for b in new_blocks])
         return new_blocks
 
     # -- caching and freeing ------------------------------------------------------------------

@@ -9,7 +9,9 @@ W1  32-layer full attention, 8,192 blocks of 16 tokens: 256 requests of 2,048-to
 W2  the same on a 48-layer hybrid (5 sliding-window(1,024) : 1 full), 32,768 blocks.
 W3  block hashing of 1M prompt tokens (sha256; and the fast option: kvspec xxhash vs vLLM xxhash).
 W4  planning (get_kv_cache_configs) of a 128-layer hybrid (full + sliding window + Mamba).
-Per-step time = time spent inside the KV-cache library's calls during one scheduler step (allocation,
+Python's cyclic garbage collector is paused during each run (as timeit does), so a collection of the whole
+shared heap is not charged to whichever library happens to be running. Per-step time = time spent inside
+the KV-cache library's calls during one scheduler step (allocation,
 prefix lookup, freeing, and appending generated tokens, which hashes newly full blocks). "step, mean over
 the run" is a run's total library time divided by its steps (the figure the targets use: steps mix
 decode-only and prefill work, so their median jumps between the two kinds); "step, median" is shown too.
@@ -265,6 +267,25 @@ def drive(
     generated: dict[str, int] = {}
     running: list[Any] = []
     gc.collect()
+    gc.disable()  # as timeit does: a collection of the whole heap (both libraries' objects) is not a step's cost
+    try:
+        _loop(kv, waiting, running, prompt_len, generated, result, clock, calls, trace)
+    finally:
+        gc.enable()
+    return result
+
+
+def _loop(
+    kv: Any,
+    waiting: deque[Any],
+    running: list[Any],
+    prompt_len: dict[str, int],
+    generated: dict[str, int],
+    result: RunResult,
+    clock: Callable[[], float],
+    calls: dict[str, list[float]],
+    trace: list[Any] | None,
+) -> None:
     while waiting or running:
         t0 = clock()
         kv.new_step_starts()  # as both engines' schedulers do (Mamba defers states cached this step)
@@ -349,7 +370,6 @@ def drive(
             step += clock() - t0
             generated[rid] = done + 1
         result.step_times.append(step)
-    return result
 
 
 # -- reporting ----------------------------------------------------------------------------------

@@ -9,57 +9,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from kvspec.cli_args import parse_bytes
+from kvspec.cli_args import positive_int as _positive
 from kvspec.config import KVCacheConfig
 from kvspec.errors import InsufficientKVCacheMemoryError, KVSpecError, ModelConfigError
 from kvspec.models import DEFAULT_MODEL, KV_CACHE_DTYPES, build_model_layout, preset_names
 from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memory_usage_bytes_from_groups
 from kvspec.protocols import SchedulerLimits
-from kvspec.specs.kinds import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
+from kvspec.specs.kinds import get_kv_cache_spec_kind_name, get_kv_cache_spec_sliding_window
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "t": 10**12,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_SIZE = re.compile(r"^\s*(-?[0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(text: str) -> int:
-    """'80GiB' -> 85899345920; accepts B, KB/MB/GB/TB (powers of 10) and KiB/MiB/GiB/TiB (powers of 2)."""
-    match = _SIZE.match(text)
-    if not match or match[2].lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}; use e.g. 80GiB, 512MiB or 1e9")
-    value = float(match[1]) * _UNITS[match[2].lower()]
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
-    return int(value)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -79,7 +41,7 @@ def _group_rows(config: KVCacheConfig, limits: SchedulerLimits) -> list[dict[str
             {
                 "group": gid,
                 "layer_names": list(group.layer_names),
-                "kind": get_kv_cache_spec_kind(spec).value,
+                "kind": get_kv_cache_spec_kind_name(spec),
                 "spec": type(spec).__name__,
                 "layers": len(group.layer_names),
                 "block_size": spec.block_size,

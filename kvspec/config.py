@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvspec.protocols import KVCacheSpec
-from kvspec.specs.mamba import MambaSpec
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
+from kvspec.traits import traits_of
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,26 +43,28 @@ class KVCacheConfig:
 
     @property
     def has_mamba_layers(self) -> bool:
-        return any(_is_mamba(g.kv_cache_spec) for g in self.kv_cache_groups)
+        """Some group holds layers whose declared kind is "mamba" (a uniform group: any of its layers)."""
+        return any(traits_of(s).kind == "mamba" for g in self.kv_cache_groups for s in _layer_specs(g))
 
     @property
     def needs_kv_cache_zeroing(self) -> bool:
-        """Mamba states are read before they are written, so their buffers start zeroed."""
-        return self.has_mamba_layers
+        """Some layer declares ``needs_zeroed_buffers`` (Mamba: states are read before they are written)."""
+        return any(traits_of(s).needs_zeroed_buffers for g in self.kv_cache_groups for s in _layer_specs(g))
 
     @property
     def total_bytes(self) -> int:
         return sum(t.size for t in self.kv_cache_tensors)
 
 
-def _is_mamba(spec: KVCacheSpec) -> bool:
+def _layer_specs(group: KVCacheGroupSpec) -> list[KVCacheSpec]:
+    spec = group.kv_cache_spec
     if isinstance(spec, UniformTypeKVCacheSpecs):
-        return any(isinstance(s, MambaSpec) for s in spec.kv_cache_specs.values())
-    return isinstance(spec, MambaSpec)
+        return list(spec.kv_cache_specs.values())
+    return [spec]
 
 
 def scheduler_spec(spec: KVCacheSpec) -> KVCacheSpec:
     """The spec the scheduler sees for a group: a uniform-type group is run by its first layer's spec."""
     if isinstance(spec, UniformTypeKVCacheSpecs):
-        return spec.first_spec()
+        return spec.representative_spec()
     return spec

@@ -8,31 +8,23 @@ are released first, which is what the request would do next step anyway).
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final
 
 from kvspec._checking import check_api, check_hot
 from kvspec.config import KVCacheConfig, scheduler_spec
-from kvspec.errors import BlockPoolError, SchedulingError, UnsupportedConfigurationError
-from kvspec.hashing import BlockHasher, BlockHashListWithBlockSize
+from kvspec.errors import InvariantViolationError, SchedulingError, UnsupportedConfigurationError
+from kvspec.hashing import BlockHasher
+from kvspec.hit_search import PrefixHitSearch, split_spec_groups
+from kvspec.manager_api import KVCacheManager, ManagerContext
 from kvspec.managers.base import SingleTypeKVCacheManager
-from kvspec.pool import BlockPool, BlockStored, KVCacheBlock, KVCacheEvent
-from kvspec.protocols import KVCacheManager, KVCacheSpec, SchedulerLimits
-from kvspec.registry import Registry, default_registry
+from kvspec.pool import BlockPool, KVCacheBlock, KVCacheEvent
+from kvspec.protocols import KVCacheSpec, SchedulerLimits
+from kvspec.registry import AnyRegistry, default_registry
 from kvspec.request import Request
-from kvspec.specs.attention import (
-    ChunkedLocalAttentionSpec,
-    CrossAttentionSpec,
-    FullAttentionSpec,
-    SlidingWindowSpec,
-)
-from kvspec.specs.kinds import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
-from kvspec.specs.mamba import MambaSpec
-
-logger = logging.getLogger(__name__)
+from kvspec.stats_events import PrefixCacheStats, annotate_events, group_event_metadata
+from kvspec.traits import SpecTraits, traits_of
 
 
 class KVCacheBlocks:
@@ -65,42 +57,6 @@ class KVCacheBlocks:
         return f"KVCacheBlocks({self.get_block_ids()})"
 
 
-@dataclass(kw_only=True, slots=True)
-class PrefixCacheStats:
-    """Prefix-cache counters since the last ``make_prefix_cache_stats`` (tokens, not blocks)."""
-
-    requests: int = 0
-    queries: int = 0
-    hits: int = 0
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
-    reset: bool = False
-
-    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
-        if preempted:
-            self.preempted_requests += 1
-            self.preempted_queries += num_tokens
-            self.preempted_hits += num_hits
-        else:
-            self.requests += 1
-            self.queries += num_tokens
-            self.hits += num_hits
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class _SpecGroup:
-    spec: KVCacheSpec
-    group_ids: tuple[int, ...]
-    manager_cls: type[KVCacheManager]
-    is_full: bool
-    use_eagle: bool
-
-
 def resolve_block_sizes(
     config: KVCacheConfig, limits: SchedulerLimits, enable_caching: bool, hash_block_size: int | None
 ) -> tuple[int, int]:
@@ -108,9 +64,11 @@ def resolve_block_sizes(
 
     One group: both are its block size times the CP size. Several: the scheduler block is the LCM of
     the groups' block sizes; hashes are taken at their GCD (or at the LCM without caching or when a
-    Mamba group's block size is not the smallest), and every group's block size must be a multiple.
+    group whose hits end only on its own block boundaries (Mamba) has a block that is not the smallest),
+    and every group's block size must be a multiple.
     """
     specs = [scheduler_spec(g.kv_cache_spec) for g in config.kv_cache_groups]
+    own_boundaries = [traits_of(s).hits_at_own_block_boundaries for s in specs]
     cp = limits.context_parallel_size
     if len(specs) <= 1:
         size = (specs[0].block_size if specs else 16) * cp
@@ -123,7 +81,9 @@ def resolve_block_sizes(
     scheduler = math.lcm(*sizes) * (cp if len(set(sizes)) == 1 else 1)
     if hash_block_size is not None:
         chosen = hash_block_size
-    elif not enable_caching or any(isinstance(s, MambaSpec) and s.block_size != min(sizes) for s in specs):
+    elif not enable_caching or any(
+        own and s.block_size != min(sizes) for own, s in zip(own_boundaries, specs, strict=True)
+    ):
         chosen = scheduler
     else:
         chosen = math.gcd(*sizes)
@@ -153,7 +113,7 @@ class KVCacheCoordinator:
         log_stats: bool = False,
         hash_block_size: int | None = None,
         hash_algorithm: str = "sha256",
-        registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
+        registry: AnyRegistry | None = None,
     ) -> None:
         registry = default_registry if registry is None else registry
         self.kv_cache_config = kv_cache_config
@@ -164,12 +124,19 @@ class KVCacheCoordinator:
         self.hash_algorithm = hash_algorithm
         groups = kv_cache_config.kv_cache_groups
         self.specs: tuple[KVCacheSpec, ...] = tuple(scheduler_spec(g.kv_cache_spec) for g in groups)
-        if enable_caching and any(isinstance(s, CrossAttentionSpec) for s in self.specs):
-            raise UnsupportedConfigurationError(
-                "Encoder-decoder models (cross attention) must run with enable_caching=False."
-            )
-        if enable_caching and use_eagle and any(isinstance(s, MambaSpec) for s in self.specs):
-            raise UnsupportedConfigurationError("EAGLE with Mamba prefix caching is not supported.")
+        self.traits: tuple[SpecTraits, ...] = tuple(traits_of(s) for s in self.specs)
+        registrations = [registry.require(spec, f"group {gid}") for gid, spec in enumerate(self.specs)]
+        for spec, traits in zip(self.specs, self.traits, strict=True):
+            if enable_caching and not traits.supports_prefix_caching:
+                raise UnsupportedConfigurationError(
+                    f"{type(spec).__name__} does not support prefix caching (encoder-decoder models with "
+                    "cross attention, for one); run with enable_caching=False."
+                )
+            if enable_caching and use_eagle and not traits.supports_eagle_with_prefix_caching:
+                raise UnsupportedConfigurationError(
+                    f"EAGLE with prefix caching is not supported for {type(spec).__name__} layers "
+                    "(e.g. Mamba); turn off one of them."
+                )
         self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(
             kv_cache_config, limits, enable_caching, hash_block_size
         )
@@ -190,29 +157,38 @@ class KVCacheCoordinator:
             eagle_ids = set(range(len(groups)))
         self._eagle_group_ids: Final = frozenset(eagle_ids if use_eagle else ())
         mnbt, mml = limits.batched_tokens, limits.max_model_len
-        cp_d, cp_p = limits.decode_context_parallel_size, limits.prefill_context_parallel_size
-        self.managers: list[KVCacheManager] = []
-        for gid, spec in enumerate(self.specs):
-            manager_cls = registry.require(spec, f"group {gid}").manager_cls
-            cap = None
-            if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
-                cap = spec.max_admission_blocks_per_request(mnbt, mml)
-            manager = manager_cls(
-                spec,
-                self.block_pool,
-                enable_caching=enable_caching,
-                kv_cache_group_id=gid,
-                scheduler_block_size=self.scheduler_block_size,
-                dcp_world_size=cp_d,
-                pcp_world_size=cp_p,
-                max_admission_blocks_per_request=cap,
-                use_eagle=gid in self._eagle_group_ids,
+        self.managers: list[KVCacheManager] = [
+            registration.manager_cls(
+                ManagerContext(
+                    kv_cache_spec=spec,
+                    traits=traits,
+                    block_pool=self.block_pool,
+                    kv_cache_group_id=gid,
+                    scheduler_block_size=self.scheduler_block_size,
+                    enable_caching=enable_caching,
+                    dcp_world_size=limits.decode_context_parallel_size,
+                    pcp_world_size=limits.prefill_context_parallel_size,
+                    max_admission_blocks_per_request=traits.admission_cap_blocks(spec.block_size, mnbt, mml),
+                    use_eagle=gid in self._eagle_group_ids,
+                )
             )
-            self.managers.append(manager)
-        self._is_cross = tuple(isinstance(s, CrossAttentionSpec) for s in self.specs)
-        self._spec_groups = self._split_spec_groups()
-        self._event_metadata = tuple(
-            (get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in self.specs
+            for gid, (spec, traits, registration) in enumerate(
+                zip(self.specs, self.traits, registrations, strict=True)
+            )
+        ]
+        self._is_cross = tuple(t.allocate_per_encoder_input for t in self.traits)
+        self.hit_search = PrefixHitSearch(
+            spec_groups=split_spec_groups(self.specs, self.traits, self.managers, self._eagle_group_ids),
+            num_groups=len(self.specs),
+            block_pool=self.block_pool,
+            hash_block_size=self.hash_block_size,
+            scheduler_block_size=self.scheduler_block_size,
+            dcp_world_size=limits.decode_context_parallel_size,
+            pcp_world_size=limits.prefill_context_parallel_size,
+        )
+        self._event_metadata = group_event_metadata(
+            self.traits,
+            [r.capabilities.identifier if r.capabilities is not None else None for r in registrations],
         )
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self._empty = KVCacheBlocks(tuple(() for _ in self.specs))
@@ -221,25 +197,6 @@ class KVCacheCoordinator:
         self._cached_tokens: dict[str, int] = {}
         # Managers that can free blocks early; full attention's remove_skipped_blocks is a no-op.
         self._skipping_managers = [m for m in self.managers if _may_skip_blocks(type(m))]
-
-    def _split_spec_groups(self) -> tuple[_SpecGroup, ...]:
-        """Groups with equal specs searched together (a hit must exist in all of them)."""
-        by_spec: dict[KVCacheSpec, list[int]] = {}
-        for gid, spec in enumerate(self.specs):
-            by_spec.setdefault(spec, []).append(gid)
-        out = [
-            _SpecGroup(
-                spec=spec,
-                group_ids=tuple(gids),
-                manager_cls=type(self.managers[gids[0]]),
-                is_full=isinstance(spec, FullAttentionSpec),
-                use_eagle=any(g in self._eagle_group_ids for g in gids),
-            )
-            for spec, gids in by_spec.items()
-        ]
-        # Full attention first: its hits are downward-closed, so later passes only truncate them.
-        out.sort(key=lambda g: not g.is_full)
-        return tuple(out)
 
     # -- helpers for engines ------------------------------------------------------------------
 
@@ -274,76 +231,11 @@ class KVCacheCoordinator:
             self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
         return KVCacheBlocks(blocks), num_hit_tokens
 
-    def _hash_view(self, hashes: Sequence[bytes], block_size: int) -> Sequence[bytes]:
-        if block_size == self.hash_block_size:
-            return hashes
-        return BlockHashListWithBlockSize(hashes, self.hash_block_size, block_size)
-
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        pool = self.block_pool
-        if len(self._spec_groups) == 1:
-            group = self._spec_groups[0]
-            bs = group.spec.block_size * self.limits.context_parallel_size
-            hit = group.manager_cls.find_longest_cache_hit(
-                self._hash_view(block_hashes, group.spec.block_size),
-                max_length,
-                group.group_ids,
-                pool,
-                group.spec,
-                group.use_eagle,
-                self.scheduler_block_size if len(self.specs) > 1 else bs,
-                self.limits.decode_context_parallel_size,
-                self.limits.prefill_context_parallel_size,
-            )
-            per_group: list[list[KVCacheBlock]] = [[] for _ in self.specs]
-            for gid, blocks in zip(group.group_ids, hit):
-                per_group[gid] = blocks
-            return tuple(per_group), len(hit[0]) * bs
-        return self._hybrid_hit(block_hashes, max_length)
-
-    def _hybrid_hit(
-        self, block_hashes: Sequence[bytes], max_length: int
-    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        """Fixed point: each group's hit can only shorten the common hit; repeat until it is stable."""
-        hit_length = max_length
-        results: dict[int, tuple[list[KVCacheBlock], ...]] = {}
-        first_pass = True
-        while True:
-            current = hit_length
-            for idx, group in enumerate(self._spec_groups):
-                bs = group.spec.block_size
-                if group.is_full and not first_pass and not group.use_eagle:
-                    for blocks in results[idx]:
-                        del blocks[current // bs :]
-                    continue
-                lookup = min(current + bs, max_length) if group.use_eagle else current
-                hit = group.manager_cls.find_longest_cache_hit(
-                    self._hash_view(block_hashes, bs),
-                    lookup,
-                    group.group_ids,
-                    self.block_pool,
-                    group.spec,
-                    group.use_eagle,
-                    self.scheduler_block_size,
-                )
-                results[idx] = hit
-                current = min(current, len(hit[0]) * bs)
-            if current == hit_length and not first_pass:
-                break
-            stable = current == hit_length
-            hit_length = current
-            first_pass = False
-            if stable:
-                break
-        per_group: list[list[KVCacheBlock]] = [[] for _ in self.specs]
-        for idx, group in enumerate(self._spec_groups):
-            keep = hit_length // group.spec.block_size
-            for gid, blocks in zip(group.group_ids, results[idx]):
-                del blocks[keep:]
-                per_group[gid] = blocks
-        return tuple(per_group), hit_length
+        """(blocks per group, hit tokens) for at most ``max_length`` tokens (see kvspec.hit_search)."""
+        return self.hit_search.find(block_hashes, max_length)
 
     # -- allocation ---------------------------------------------------------------------------
 
@@ -577,31 +469,8 @@ class KVCacheCoordinator:
         return stats
 
     def take_events(self) -> list[KVCacheEvent]:
-        """KV events since the last call, BlockStored annotated with its group's spec kind and window."""
-        events = self.block_pool.take_events()
-        out: list[KVCacheEvent] = []
-        for event in events:
-            if isinstance(event, BlockStored) and event.group_idx is not None:
-                if 0 <= event.group_idx < len(self._event_metadata):
-                    kind, window = self._event_metadata[event.group_idx]
-                    event = BlockStored(
-                        block_hashes=event.block_hashes,
-                        parent_block_hash=event.parent_block_hash,
-                        token_ids=event.token_ids,
-                        block_size=event.block_size,
-                        lora_id=event.lora_id,
-                        medium=event.medium,
-                        lora_name=event.lora_name,
-                        cache_salt=event.cache_salt,
-                        extra_keys=event.extra_keys,
-                        group_idx=event.group_idx,
-                        kv_cache_spec_kind=kind,
-                        kv_cache_spec_sliding_window=window,
-                    )
-                else:
-                    logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
-            out.append(event)
-        return out
+        """KV events since the last call, BlockStored annotated with its group's declared kind and window."""
+        return annotate_events(self.block_pool.take_events(), self._event_metadata)
 
     def check_invariants(self) -> None:
         """Raise if any block's ref count differs from the number of holders (requests + reservations),
@@ -613,7 +482,7 @@ class KVCacheCoordinator:
                 holders[block.block_id] += 1
         for block in self.block_pool.blocks:
             if not block.is_null and block.ref_cnt != holders[block.block_id]:
-                raise BlockPoolError(
+                raise InvariantViolationError(
                     f"block {block.block_id} has ref_cnt {block.ref_cnt} but {holders[block.block_id]} holders"
                 )
 

@@ -12,6 +12,14 @@ class KVSpecError(Exception):
     """Base class of every error kvspec raises on purpose."""
 
 
+class CapacityError(KVSpecError):
+    """Not enough blocks or memory: a normal condition a caller handles (wait, preempt, shrink), not a bug."""
+
+
+class InvariantError(KVSpecError, AssertionError):
+    """An internal invariant broke (ref counts, free queue, cache map): a bug in kvspec or in a plugin."""
+
+
 class KVSpecTypeError(KVSpecError, TypeError):
     """An argument has the wrong type (raised by the runtime type checks at public boundaries)."""
 
@@ -36,6 +44,14 @@ class RegistrationError(KVSpecError, TypeError):
     """A spec/manager registration was rejected; the registry is left exactly as it was."""
 
 
+class TraitsError(RegistrationError):
+    """A spec's declared traits (``kv_cache_traits``) are malformed or contradict its other members."""
+
+
+class SpecClassError(RegistrationError):
+    """A spec class breaks a class-level rule: it must be frozen and hashable, with properties as properties."""
+
+
 class MissingManagerError(RegistrationError):
     """A spec class was registered without a manager class."""
 
@@ -50,6 +66,14 @@ class SpecProtocolError(RegistrationError):
 
 class ManagerProtocolError(RegistrationError):
     """A class registered as a manager does not provide every member of the KVCacheManager protocol."""
+
+
+class ManagerSignatureError(ManagerProtocolError):
+    """A manager method's parameters differ from the KVCacheManager protocol's (names, order or kind)."""
+
+
+class PluginContractError(KVSpecError, ValueError):
+    """A plugin's spec or manager returned a value that breaks the contract (found by kvspec.testing)."""
 
 
 class ConflictingRegistrationError(RegistrationError):
@@ -72,7 +96,7 @@ class PlanningError(KVSpecError, ValueError):
     """The memory planner cannot build a KV cache layout for the given specs and budget."""
 
 
-class InsufficientKVCacheMemoryError(PlanningError):
+class InsufficientKVCacheMemoryError(PlanningError, CapacityError):
     """The budget cannot hold one request of ``max_model_len`` tokens (or any block at all)."""
 
     def __init__(
@@ -111,7 +135,11 @@ class BlockPoolError(KVSpecError, RuntimeError):
     """The block pool was used in a way that breaks its invariants."""
 
 
-class NotEnoughFreeBlocksError(BlockPoolError):
+class InvariantViolationError(BlockPoolError, InvariantError):
+    """``check_invariants`` found ref counts, the free queue or the cache map inconsistent (a bug)."""
+
+
+class NotEnoughFreeBlocksError(BlockPoolError, CapacityError):
     """More blocks were requested than the pool has free."""
 
 

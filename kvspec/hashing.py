@@ -16,12 +16,9 @@ import pickle
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NewType, cast, overload
+from typing import Any, NewType, Protocol, cast, overload
 
 from kvspec.errors import KVSpecError
-
-if TYPE_CHECKING:
-    from kvspec.request import Request
 
 BlockHash = NewType("BlockHash", bytes)
 BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
@@ -87,6 +84,24 @@ class MultiModalFeature:
     length: int
 
 
+class HashedRequest(Protocol):
+    """What the hasher reads from (and appends to) a request; kvspec.request.Request satisfies it."""
+
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def block_hashes(self) -> list[BlockHash]: ...
+
+    @property
+    def block_extra_keys(self) -> list[tuple[Any, ...] | None]: ...
+
+    @property
+    def needs_extra_keys(self) -> bool: ...
+
+    def extra_keys_for_block(self, start: int, end: int) -> tuple[Any, ...] | None: ...
+
+
 class BlockHasher:
     """Hashes full blocks of ``block_size`` tokens into a chain rooted at a seed.
 
@@ -117,7 +132,7 @@ class BlockHasher:
             data += b"\x01" + pickle.dumps(extra_keys, protocol=5)
         return BlockHash(self._digest(data))
 
-    def hash_new_blocks(self, request: Request) -> list[BlockHash]:
+    def hash_new_blocks(self, request: HashedRequest) -> list[BlockHash]:
         """Hashes of the request's full blocks that are not hashed yet (appended to the request)."""
         bs = self.block_size
         hashes = request.block_hashes

@@ -28,12 +28,11 @@ from kvspec.errors import (
     PlanningError,
     SpecMergeError,
 )
-from kvspec.protocols import KVCacheManager, KVCacheSpec, SchedulerLimits
-from kvspec.registry import Registry, default_registry
-from kvspec.specs._common import cdiv, dtype_size
-from kvspec.specs.attention import ChunkedLocalAttentionSpec, FullAttentionSpec, SlidingWindowSpec
-from kvspec.specs.mla import HiddenStateCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
+from kvspec.protocols import KVCacheSpec, SchedulerLimits
+from kvspec.registry import AnyRegistry, default_registry
+from kvspec.specs._common import cdiv
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
+from kvspec.traits import full_attention_form, resized_to_page, traits_of
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +67,12 @@ def is_kv_cache_spec_uniform(layer_specs: Mapping[str, KVCacheSpec]) -> bool:
     return True
 
 
-def _is_uniform_type(specs: Sequence[KVCacheSpec], registry: Registry[KVCacheSpec, KVCacheManager]) -> bool:
+def _is_uniform_type(specs: Sequence[KVCacheSpec], registry: AnyRegistry) -> bool:
     return bool(specs) and registry.is_uniform_type(specs)
 
 
 def make_uniform_type_specs(
-    layer_specs: Mapping[str, KVCacheSpec], registry: Registry[KVCacheSpec, KVCacheManager] | None = None
+    layer_specs: Mapping[str, KVCacheSpec], registry: AnyRegistry | None = None
 ) -> UniformTypeKVCacheSpecs | None:
     """One UniformTypeKVCacheSpecs for ``layer_specs`` if they are of one uniform type, else None."""
     registry = default_registry if registry is None else registry
@@ -84,14 +83,15 @@ def make_uniform_type_specs(
 
 
 def unify_hybrid_kv_cache_specs(
-    layer_specs: Mapping[str, KVCacheSpec], registry: Registry[KVCacheSpec, KVCacheManager] | None = None
+    layer_specs: Mapping[str, KVCacheSpec], registry: AnyRegistry | None = None
 ) -> dict[str, KVCacheSpec]:
     """With hybrid management disabled, convert windowed layers to full attention so one type remains.
 
-    Sliding-window and chunked-local layers become FullAttentionSpec with ``sliding_window`` /
-    ``attention_chunk_size`` set (they then keep every block: memory is sized for full attention).
-    Unlike vLLM 0.23, a chunked layer keeps its ``kv_quant_mode``. Raises HybridUnificationError when
-    no full-attention layer is present or the result is still mixed.
+    A layer converts when its traits list a full-attention family (``hybrid_off_families``) that some layer
+    of the model belongs to (``full_attention_family``): ``to_full_attention(template)`` then builds its
+    full-attention form (built-ins: FullAttentionSpec with ``sliding_window`` / ``attention_chunk_size``
+    set, which keeps every block). Unlike vLLM 0.23, a chunked layer keeps its ``kv_quant_mode``. Raises
+    HybridUnificationError when no full-attention layer is present or the result is still mixed.
     """
     registry = default_registry if registry is None else registry
     out = dict(layer_specs)
@@ -101,43 +101,18 @@ def unify_hybrid_kv_cache_specs(
     logger.warning(
         "Hybrid KV cache manager is disabled for this hybrid model; windowed layers are sized as full attention."
     )
-    full = [s for s in specs if isinstance(s, FullAttentionSpec) and not isinstance(s, MLAAttentionSpec)]
-    mla_full = [s for s in specs if isinstance(s, MLAAttentionSpec)]
-    if full or mla_full:
-        for name, spec in out.items():
-            if isinstance(spec, SlidingWindowMLASpec):
-                base = (mla_full or full)[0]
-                out[name] = MLAAttentionSpec(
-                    block_size=base.block_size,
-                    num_kv_heads=spec.num_kv_heads,
-                    head_size=spec.head_size,
-                    dtype=spec.dtype,
-                    kv_quant_mode=spec.kv_quant_mode,
-                    cache_dtype_str=spec.cache_dtype_str,
-                    compress_ratio=spec.compress_ratio,
-                    model_version=spec.model_version,
-                )
-            elif isinstance(spec, SlidingWindowSpec) and full:
-                out[name] = FullAttentionSpec(
-                    block_size=spec.block_size,
-                    num_kv_heads=spec.num_kv_heads,
-                    head_size=spec.head_size,
-                    head_size_v=spec.head_size_v,
-                    dtype=spec.dtype,
-                    kv_quant_mode=spec.kv_quant_mode,
-                    sliding_window=spec.sliding_window,
-                    page_size_padded=spec.page_size_padded,
-                )
-            elif isinstance(spec, ChunkedLocalAttentionSpec) and full:
-                out[name] = FullAttentionSpec(
-                    block_size=spec.block_size,
-                    num_kv_heads=spec.num_kv_heads,
-                    head_size=spec.head_size,
-                    dtype=spec.dtype,
-                    kv_quant_mode=spec.kv_quant_mode,
-                    attention_chunk_size=spec.attention_chunk_size,
-                    page_size_padded=spec.page_size_padded,
-                )
+    traits = {name: traits_of(spec) for name, spec in out.items()}
+    # The first full-attention layer of each family ("kv", "latent") is the conversion template.
+    templates: dict[str, KVCacheSpec] = {}
+    for name, spec in out.items():
+        family = traits[name].full_attention_family
+        if family is not None:
+            templates.setdefault(family, spec)
+    if templates:
+        for name, spec in list(out.items()):
+            template = next((templates[f] for f in traits[name].hybrid_off_families if f in templates), None)
+            if template is not None:
+                out[name] = full_attention_form(spec, template)
     if not (is_kv_cache_spec_uniform(out) or _is_uniform_type(list(out.values()), registry)):
         kinds = sorted({type(s).__name__ for s in out.values()})
         raise HybridUnificationError(
@@ -212,9 +187,13 @@ def get_kv_cache_groups(
     layer_specs: Mapping[str, KVCacheSpec],
     *,
     hybrid: bool = True,
-    registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
+    registry: AnyRegistry | None = None,
 ) -> list[KVCacheGroupSpec]:
-    """Split layers into KV cache groups (each group shares one block table)."""
+    """Split layers into KV cache groups (each group shares one block table).
+
+    Layers whose traits declare ``own_group`` (hidden-state caches) get one group each, resized to the
+    common page by their ``with_page_size``.
+    """
     registry = default_registry if registry is None else registry
     specs_by_layer = dict(layer_specs)
     if not hybrid:
@@ -227,16 +206,14 @@ def get_kv_cache_groups(
     uniform = make_uniform_type_specs(specs_by_layer, registry)
     if uniform is not None:
         return [KVCacheGroupSpec(layer_names=tuple(names), kv_cache_spec=uniform)]
-    hidden = {n: s for n, s in specs_by_layer.items() if isinstance(s, HiddenStateCacheSpec)}
-    rest = {n: s for n, s in specs_by_layer.items() if n not in hidden}
+    own = {n: s for n, s in specs_by_layer.items() if traits_of(s).own_group}
+    rest = {n: s for n, s in specs_by_layer.items() if n not in own}
     groups = _group_by_uniform_page_size(unify_kv_cache_spec_page_size(rest)) if rest else []
-    if hidden:
+    if own:
         common_page = groups[0].kv_cache_spec.page_size_bytes if groups else None
-        for name, spec in hidden.items():
+        for name, spec in own.items():
             page = spec.page_size_bytes if common_page is None else common_page
-            per_token = spec.num_kv_heads * spec.head_size * dtype_size(spec.dtype)
-            adjusted = dataclasses.replace(spec, block_size=max(page // per_token, 1), page_size_padded=page)
-            groups.append(KVCacheGroupSpec(layer_names=(name,), kv_cache_spec=adjusted))
+            groups.append(KVCacheGroupSpec(layer_names=(name,), kv_cache_spec=resized_to_page(spec, page)))
     return groups
 
 
@@ -405,7 +382,7 @@ def get_kv_cache_configs(
     *,
     num_blocks_override: int | None = None,
     hybrid: bool = True,
-    registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
+    registry: AnyRegistry | None = None,
 ) -> list[KVCacheConfig]:
     """One KVCacheConfig per worker (tensor- or pipeline-parallel), all with the same block count.
 
@@ -456,7 +433,7 @@ def get_kv_cache_config(
     *,
     num_blocks_override: int | None = None,
     hybrid: bool = True,
-    registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
+    registry: AnyRegistry | None = None,
 ) -> KVCacheConfig:
     """The layout for a single worker (see :func:`get_kv_cache_configs`)."""
     return get_kv_cache_configs(
@@ -499,7 +476,7 @@ def auto_fit_max_model_len(
     limits: SchedulerLimits,
     *,
     hybrid: bool = True,
-    registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
+    registry: AnyRegistry | None = None,
 ) -> int:
     """The largest max_model_len every worker can serve one request of (vLLM's max_model_len=-1)."""
     registry = default_registry if registry is None else registry

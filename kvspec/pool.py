@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NewType
 
-from kvspec.errors import BlockPoolError, NotEnoughFreeBlocksError
+from kvspec.errors import BlockPoolError, InvariantViolationError, NotEnoughFreeBlocksError
 from kvspec.hashing import (
     BlockHashListWithBlockSize,
     get_block_hash,
@@ -26,6 +26,9 @@ from kvspec.request import Request
 
 logger = logging.getLogger(__name__)
 
+#: A block's index in the pool (and in every KV cache tensor): 0 <= id < num_gpu_blocks; 0 is the null block.
+BlockId = NewType("BlockId", int)
+
 
 class KVCacheBlock:
     """One block id of the pool, with its reference count and (once full and cached) its hash."""
@@ -33,7 +36,7 @@ class KVCacheBlock:
     __slots__ = ("block_hash", "block_id", "is_null", "next_free_block", "prev_free_block", "ref_cnt")
 
     def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
+        self.block_id = BlockId(block_id)
         self.ref_cnt = 0
         #: The block's BlockHashWithGroupId once it is full and cached, else None.
         self.block_hash: bytes | None = None
@@ -76,7 +79,7 @@ class FreeKVCacheBlockQueue:
             raise NotEnoughFreeBlocksError("No free blocks available")
         nxt = first.next_free_block
         if nxt is None:
-            raise BlockPoolError(f"Free queue is corrupt at block {first.block_id}")
+            raise InvariantViolationError(f"Free queue is corrupt at block {first.block_id}")
         self._head.next_free_block = nxt
         nxt.prev_free_block = self._head
         first.prev_free_block = first.next_free_block = None
@@ -518,28 +521,30 @@ class BlockPool:
         """Raise BlockPoolError if the free queue, ref counts or cache map disagree (for tests/debug)."""
         free = self.free_block_queue.get_all_free_blocks()
         if len(free) != self.free_block_queue.num_free_blocks:
-            raise BlockPoolError("free queue length and counter disagree")
+            raise InvariantViolationError("free queue length and counter disagree")
         free_ids = {b.block_id for b in free}
         if len(free_ids) != len(free):
-            raise BlockPoolError("a block is in the free queue twice")
+            raise InvariantViolationError("a block is in the free queue twice")
         for block in self.blocks:
             if block.is_null:
                 if block.block_id in free_ids or block.block_hash is not None:
-                    raise BlockPoolError("the null block is free or hashed")
+                    raise InvariantViolationError("the null block is free or hashed")
                 continue
             if (block.ref_cnt == 0) != (block.block_id in free_ids):
-                raise BlockPoolError(
+                raise InvariantViolationError(
                     f"block {block.block_id}: ref_cnt={block.ref_cnt} but free={block.block_id in free_ids}"
                 )
             if block.ref_cnt < 0:
-                raise BlockPoolError(f"block {block.block_id} has ref_cnt {block.ref_cnt}")
+                raise InvariantViolationError(f"block {block.block_id} has ref_cnt {block.ref_cnt}")
             if block.block_hash is not None and block not in self.cached_block_hash_to_block.blocks_for(
                 block.block_hash
             ):
-                raise BlockPoolError(f"block {block.block_id} has a hash the cache map does not hold")
+                raise InvariantViolationError(
+                    f"block {block.block_id} has a hash the cache map does not hold"
+                )
         for key, block in self.cached_block_hash_to_block.items():
             if block.block_hash != key:
-                raise BlockPoolError(f"cache map holds block {block.block_id} under a foreign hash")
+                raise InvariantViolationError(f"cache map holds block {block.block_id} under a foreign hash")
 
 
 __all__ = [

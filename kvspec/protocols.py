@@ -8,7 +8,7 @@ signatures or return types of a class.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar, runtime_checkable
 
@@ -16,8 +16,6 @@ import typing_extensions
 from typing_extensions import Self
 
 from kvspec.errors import SpecValidationError
-from kvspec.pool import BlockPool, KVCacheBlock
-from kvspec.request import Request
 
 MambaCacheMode = Literal["none", "align", "all"]
 MAMBA_CACHE_MODES: tuple[MambaCacheMode, ...] = ("none", "align", "all")
@@ -131,112 +129,18 @@ class _KVCacheSpecCallables(Protocol):
     def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool: ...
 
 
-@runtime_checkable
-class KVCacheManager(Protocol):
-    """Runs one KV cache group of one spec type (vLLM's SingleTypeKVCacheManager).
+#: What ``is_uniform_with_collection`` of the built-in specs accepts: a sequence, or vLLM's layer -> spec dict.
+SpecCollection = Sequence[KVCacheSpec] | Mapping[str, KVCacheSpec]
 
-    Invariants: every block id it hands out comes from the shared ``BlockPool``; a block is referenced
-    once per request that holds it; ``free`` returns every block of a request to the pool.
-    Units: ``num_tokens`` arguments are tokens, return values of ``get_num_*_blocks*`` are blocks.
-    """
 
-    def __init__(
-        self,
-        kv_cache_spec: KVCacheSpec,
-        block_pool: BlockPool,
-        *,
-        enable_caching: bool,
-        kv_cache_group_id: int,
-        scheduler_block_size: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        max_admission_blocks_per_request: int | None = None,
-        use_eagle: bool = False,
-    ) -> None: ...
-
-    def get_num_blocks_to_allocate(
-        self,
-        request_id: str,
-        num_tokens: int,
-        new_computed_blocks: Sequence[KVCacheBlock],
-        total_computed_tokens: int,
-        num_tokens_main_model: int,
-        apply_admission_cap: bool = False,
-    ) -> int:
-        """Blocks that allocating up to ``num_tokens`` would take out of the free queue."""
-        ...
-
-    def allocate_new_computed_blocks(
-        self,
-        request_id: str,
-        new_computed_blocks: Sequence[KVCacheBlock],
-        num_local_computed_tokens: int,
-        num_external_computed_tokens: int,
-    ) -> None:
-        """Attach prefix-cache hits (and blocks for externally computed tokens) to a new request."""
-        ...
-
-    def allocate_new_blocks(
-        self, request_id: str, num_tokens: int, num_tokens_main_model: int
-    ) -> list[KVCacheBlock]:
-        """Append fresh blocks so the request can hold ``num_tokens`` tokens; return the new ones."""
-        ...
-
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Publish the request's full blocks up to ``num_tokens`` in the prefix cache."""
-        ...
-
-    def free(self, request_id: str) -> None:
-        """Release every block of the request (tail blocks become the first to be evicted)."""
-        ...
-
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
-        """Free blocks that attention will never read again (outside the window, finished chunks)."""
-        ...
-
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        """Tokens at the front of the request that this spec type never reads again."""
-        ...
-
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
-        """Leading blocks shared by every request that holds blocks (for cascade attention)."""
-        ...
-
-    def get_blocks(self, request_id: str) -> Sequence[KVCacheBlock]:
-        """The request's blocks in order (null blocks stand for skipped positions)."""
-        ...
-
-    @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[bytes],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        """The longest prefix hit, one block list per group id; skipped positions hold the null block."""
-        ...
-
-    def new_step_starts(self) -> None:
-        """Called once at the start of every scheduler step."""
-        ...
-
-    def iter_held_blocks(self) -> Iterator[KVCacheBlock]:
-        """Every non-null block this manager holds a reference on, once per reference."""
-        ...
-
-    def take_new_block_ids(self) -> list[int]:
-        """Ids of blocks allocated since the last call (for zeroing); clears the list."""
-        ...
+def as_spec_list(specs: SpecCollection) -> list[KVCacheSpec]:
+    """The specs of a sequence or of a layer-name -> spec mapping (vLLM passes a dict)."""
+    if isinstance(specs, Mapping):
+        return list(specs.values())
+    return list(specs)
 
 
 SpecT = TypeVar("SpecT", bound=KVCacheSpec)
-MgrT = TypeVar("MgrT", bound=KVCacheManager)
 
 
 def missing_members(cls: type, proto: type) -> frozenset[str]:

@@ -28,7 +28,8 @@ from kvspec.errors import (
     UniformBaseError,
     UnregisteredSpecError,
 )
-from kvspec.protocols import KVCacheManager, KVCacheSpec, MgrT, SpecT, missing_members
+from kvspec.manager_api import KVCacheManager, MgrT
+from kvspec.protocols import KVCacheSpec, SpecT, missing_members
 
 KNOWN_DEVICES = frozenset({"cpu", "cuda", "npu", "xpu", "rocm", "tpu"})
 KNOWN_STORAGE_LAYOUTS = frozenset({"paged_kv", "paged_latent", "state", "compressed", "custom"})
@@ -357,7 +358,11 @@ class Registry(Generic[SpecT, MgrT]):
                 raise
 
 
-#: The process-wide registry with kvspec's built-in specs; plugins register into it.
+#: A registry of any parameterisation (``Registry`` is invariant in its type parameters, so APIs that only
+#: look registrations up accept this rather than ``Registry[KVCacheSpec, KVCacheManager]``).
+AnyRegistry = Registry[Any, Any]
+
+#: The process-wide registry; kvspec.builtins registers the built-in specs; plugins register into it.
 default_registry: Registry[KVCacheSpec, KVCacheManager] = Registry(name="default")
 
 
@@ -367,7 +372,7 @@ def register_kv_cache_spec(
     *,
     uniform_type_base_spec: type[KVCacheSpec] | None = None,
     capabilities: Capabilities | None = None,
-    registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
+    registry: AnyRegistry | None = None,
 ) -> Callable[[type[SpecT]], type[SpecT]]:
     """Class decorator: register the decorated spec class (into the default registry unless given).
 
@@ -386,13 +391,11 @@ def register_kv_cache_spec(
 class PlatformHook(Protocol):
     """A hardware platform's registration hook (vLLM's ``Platform.register_custom_kv_cache_specs``)."""
 
-    def register_custom_kv_cache_specs(self, registry: Registry[KVCacheSpec, KVCacheManager]) -> None: ...
+    def register_custom_kv_cache_specs(self, registry: AnyRegistry) -> None: ...
 
 
 @check_api
-def apply_platform_hook(
-    platform: PlatformHook, registry: Registry[KVCacheSpec, KVCacheManager] | None = None
-) -> None:
+def apply_platform_hook(platform: PlatformHook, registry: AnyRegistry | None = None) -> None:
     """Let a platform register its specs, atomically: if the hook raises, none of its registrations stay.
 
     Call it once per process that builds managers or plans memory (engine core and workers alike): the
@@ -419,7 +422,7 @@ def _allowed_plugins(allow: Sequence[str] | None) -> set[str] | None:
 
 @check_api
 def load_plugins(
-    registry: Registry[KVCacheSpec, KVCacheManager] | None = None,
+    registry: AnyRegistry | None = None,
     *,
     allow: Sequence[str] | None = None,
     group: str = PLUGIN_GROUP,
@@ -452,12 +455,3 @@ def load_plugins(
             raise PluginError(f"kvspec plugin {ep.name!r} failed to register: {exc}") from exc
         loaded.append(ep.name)
     return loaded
-
-
-def _register_builtins() -> None:
-    from kvspec.managers import register_builtins
-
-    register_builtins(default_registry)
-
-
-_register_builtins()

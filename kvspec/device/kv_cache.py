@@ -6,17 +6,13 @@ Every layer's view is block-major (``[num_blocks, ...]``) so that one block id a
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from kvspec.config import KVCacheConfig
 from kvspec.errors import DeviceError
 from kvspec.protocols import KVCacheSpec
-from kvspec.specs.attention import AttentionSpec
-from kvspec.specs.mamba import MambaSpec
-from kvspec.specs.mla import MLAAttentionSpec, SlidingWindowMLASpec
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
+from kvspec.traits import PageView, traits_of
 
 LayerCache = torch.Tensor | tuple[torch.Tensor, ...]
 
@@ -31,30 +27,41 @@ def layer_specs_of(config: KVCacheConfig) -> dict[str, KVCacheSpec]:
     return out
 
 
-def _attention_view(buffer: torch.Tensor, spec: AttentionSpec, num_blocks: int) -> torch.Tensor:
-    pages = buffer[: num_blocks * spec.page_size_bytes].view(num_blocks, spec.page_size_bytes)
-    real = pages[:, : spec.real_page_size_bytes].view(spec.dtype)
-    h, hs = spec.num_kv_heads, spec.head_size
-    if isinstance(spec, (MLAAttentionSpec, SlidingWindowMLASpec)):
-        return real.view(num_blocks, spec.storage_block_size, h, hs)
-    hsv = getattr(spec, "head_size_v", None) or hs
-    # [block, token in block, kv head, K (head_size) then V (head_size_v)]
-    return real.view(num_blocks, spec.block_size, h, hs + hsv)
+def page_views_of(spec: KVCacheSpec) -> tuple[tuple[PageView, ...], bool]:
+    """The typed views a spec declares for one page (traits), and whether its cache is a tuple.
+
+    A spec that declares none gets one raw uint8 view of its whole page, so any spec can be laid out.
+    """
+    traits = traits_of(spec)
+    views = traits.device_views or (PageView(name="raw", dtype=torch.uint8, shape=(spec.page_size_bytes,)),)
+    for view in views:
+        if view.offset_bytes + view.num_bytes > spec.page_size_bytes:
+            raise DeviceError(
+                f"{type(spec).__name__} declares device view {view.name!r} of {view.num_bytes} bytes at offset "
+                f"{view.offset_bytes}, past its page of {spec.page_size_bytes} bytes; fix its kv_cache_traits()."
+            )
+    return views, traits.device_view_is_tuple
 
 
-def _mamba_views(buffer: torch.Tensor, spec: MambaSpec, num_blocks: int) -> tuple[torch.Tensor, ...]:
+def _views(buffer: torch.Tensor, spec: KVCacheSpec, num_blocks: int) -> LayerCache:
+    """Block-major views ``[num_blocks, *view.shape]`` of ``buffer`` for each declared page view."""
+    views, as_tuple = page_views_of(spec)
     pages = buffer[: num_blocks * spec.page_size_bytes].view(num_blocks, spec.page_size_bytes)
-    views = []
-    offset = 0
-    for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True):
-        nbytes = math.prod(shape) * dtype.itemsize
-        views.append(pages[:, offset : offset + nbytes].view(dtype).view(num_blocks, *shape))
-        offset += nbytes
-    return tuple(views)
+    out = tuple(
+        pages[:, v.offset_bytes : v.offset_bytes + v.num_bytes].view(v.dtype).view(num_blocks, *v.shape)
+        for v in views
+    )
+    if len(out) == 1 and not as_tuple:
+        return out[0]
+    return out
 
 
 def allocate_kv_caches(config: KVCacheConfig, device: str | torch.device = "cpu") -> dict[str, LayerCache]:
-    """Allocate ``config``'s tensors (zeroed) and return each layer's typed view of its buffer."""
+    """Allocate ``config``'s tensors (zeroed) and return each layer's typed views of its buffer.
+
+    A layer's cache is one tensor, or a tuple when its spec declares several views (Mamba states) or
+    ``device_view_is_tuple``; shapes come from the spec's ``SpecTraits.device_views``.
+    """
     specs = layer_specs_of(config)
     caches: dict[str, LayerCache] = {}
     for tensor in config.kv_cache_tensors:
@@ -67,12 +74,7 @@ def allocate_kv_caches(config: KVCacheConfig, device: str | torch.device = "cpu"
                     f"Tensor of {tensor.size} bytes holds {num_blocks} blocks of layer {name}, fewer than the "
                     f"config's {config.num_blocks}."
                 )
-            if isinstance(spec, AttentionSpec):
-                caches[name] = _attention_view(buffer, spec, config.num_blocks)
-            elif isinstance(spec, MambaSpec):
-                caches[name] = _mamba_views(buffer, spec, config.num_blocks)
-            else:
-                raise DeviceError(f"No device layout for {type(spec).__name__} (layer {name}).")
+            caches[name] = _views(buffer, spec, config.num_blocks)
     return caches
 
 

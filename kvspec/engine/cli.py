@@ -8,27 +8,20 @@ import sys
 import time
 from typing import Any
 
+from kvspec.cli_args import parse_bytes
+from kvspec.cli_args import positive_int as _positive
 from kvspec.engine.engine import Engine, EngineStats
 from kvspec.engine.model import TINY_FULL, TINY_HYBRID, TinyModelConfig
 from kvspec.engine.workloads import WORKLOADS, make_workload
 from kvspec.errors import KVSpecError, ModelConfigError
 from kvspec.models import build_model_layout
 from kvspec.protocols import SchedulerLimits
-from kvspec.specs.attention import CrossAttentionSpec
-from kvspec.specs.mamba import MambaSpec
+from kvspec.traits import traits_of
 
 TINY_MODELS: dict[str, TinyModelConfig] = {"tiny-full": TINY_FULL, "tiny-hybrid": TINY_HYBRID}
 
 
-def _positive(text: str) -> int:
-    from kvspec.cli import _positive as positive
-
-    return positive(text)
-
-
 def add_simulate_parser(sub: Any) -> None:
-    from kvspec.cli import parse_bytes
-
     p: argparse.ArgumentParser = sub.add_parser(
         "simulate",
         help="run a synthetic workload through the coordinator (tiny torch model, or bookkeeping for a preset)",
@@ -90,10 +83,11 @@ def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
         mamba_cache_mode="align" if caching else "none",
     )
     specs = layout.layer_specs
-    if caching and any(isinstance(s, CrossAttentionSpec) for s in specs.values()):
+    traits = [traits_of(s) for s in specs.values()]
+    if caching and not all(t.supports_prefix_caching for t in traits):
         caching = False
-        notes.append("encoder-decoder model: prefix caching turned off")
-    if any(isinstance(s, MambaSpec) for s in specs.values()) and caching:
+        notes.append("a layer type without prefix caching (e.g. cross attention): prefix caching turned off")
+    if caching and any(t.hits_at_own_block_boundaries for t in traits):
         notes.append("Mamba layers run in 'align' cache mode")
     limits = SchedulerLimits(
         max_model_len=layout.max_model_len,

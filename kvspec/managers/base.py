@@ -1,18 +1,37 @@
-"""Shared bookkeeping of the per-spec-type managers (vLLM's SingleTypeKVCacheManager).
+"""Shared bookkeeping of the per-spec-type managers (vLLM's SingleTypeKVCacheManager), and the plugin surface.
 
 State per request: its block list (``req_to_blocks``; null blocks mark positions freed early) and how many
 of its leading blocks are already published in the prefix cache (``num_cached_block``; presence there
 means the request was admitted). No runtime type checks here: these methods run per step and per block.
+
+The hooks a plugin manager overrides (everything else is bookkeeping it inherits):
+
+``setup(self) -> None``
+    Called at the end of construction. Validate the spec (read its fields or ``self.traits``), add
+    per-manager state, reserve blocks. Raise a ``KVSpecError`` subclass for a spec it cannot run.
+``find_longest_cache_hit(cls, query: HitQuery) -> HitResult`` (classmethod)
+    The longest prefix hit for ``query.kv_cache_group_ids``: one list per group id, all of one length n,
+    such that ``n * block_size <= query.max_length``, ``n * block_size`` is a multiple of
+    ``query.alignment_tokens`` and position i holds a block cached under ``query.block_hashes[i]`` (or the
+    null block where the spec never reads position i). Must not change the pool.
+``get_num_skipped_tokens(self, num_computed_tokens: int) -> int``
+    Tokens at the front of a request of ``num_computed_tokens`` tokens that attention never reads again
+    (0 <= result <= num_computed_tokens). Blocks wholly inside them are freed early. Default 0.
+``reachable_block_mask(self, num_blocks: int) -> list[bool] | None``
+    Which of a request's first ``num_blocks`` full blocks are worth publishing to the prefix cache
+    (None: all). Default None.
+``get_num_common_prefix_blocks(self, running_request_id: str) -> int``
+    Leading blocks of the request held by every request that holds blocks (for cascade attention):
+    counts a block only if its ref count equals the number of such requests. Default 0 (no cascade).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import ClassVar
 
 from kvspec.errors import SchedulingError
-from kvspec.pool import BlockPool, KVCacheBlock
-from kvspec.protocols import KVCacheSpec
+from kvspec.manager_api import HitQuery, HitResult, ManagerContext
+from kvspec.pool import KVCacheBlock
 from kvspec.request import Request
 from kvspec.specs._common import cdiv
 
@@ -20,36 +39,26 @@ from kvspec.specs._common import cdiv
 class SingleTypeKVCacheManager:
     """Base class with the behaviour most managers share; subclasses define the hit search."""
 
-    #: Spec classes whose new blocks are reported by take_new_block_ids (for zeroing on allocation).
-    tracks_new_block_ids: ClassVar[bool] = False
-
-    def __init__(
-        self,
-        kv_cache_spec: KVCacheSpec,
-        block_pool: BlockPool,
-        *,
-        enable_caching: bool,
-        kv_cache_group_id: int,
-        scheduler_block_size: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        max_admission_blocks_per_request: int | None = None,
-        use_eagle: bool = False,
-    ) -> None:
-        cp = dcp_world_size * pcp_world_size
-        self.kv_cache_spec = kv_cache_spec
-        self.block_size = kv_cache_spec.block_size * cp
+    def __init__(self, context: ManagerContext) -> None:
+        spec = context.kv_cache_spec
+        block_pool = context.block_pool
+        self.context = context
+        self.kv_cache_spec = spec
+        self.traits = context.traits
+        self.block_size = context.block_size
         self.block_pool = block_pool
-        self.enable_caching = enable_caching
-        self.kv_cache_group_id = kv_cache_group_id
-        self.scheduler_block_size = scheduler_block_size
-        self.dcp_world_size = dcp_world_size
-        self.pcp_world_size = pcp_world_size
-        self.max_admission_blocks_per_request = max_admission_blocks_per_request
+        self.enable_caching = context.enable_caching
+        self.kv_cache_group_id = context.kv_cache_group_id
+        self.scheduler_block_size = context.scheduler_block_size
+        self.dcp_world_size = context.dcp_world_size
+        self.pcp_world_size = context.pcp_world_size
+        self.max_admission_blocks_per_request = context.max_admission_blocks_per_request
+        self.use_eagle = context.use_eagle
+        #: Whether new blocks are reported by take_new_block_ids (for zeroing): the spec's trait.
+        self.tracks_new_block_ids = context.traits.zero_new_blocks
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.new_block_ids: list[int] = []
-        self.use_eagle = use_eagle
         self._null_block = block_pool.null_block
         self.setup()
 
@@ -218,18 +227,7 @@ class SingleTypeKVCacheManager:
         return ids
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[bytes],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
+    def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
         raise NotImplementedError(f"{cls.__name__} does not define a prefix-cache hit search")
 
 

@@ -2,54 +2,50 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from kvspec.errors import UnsupportedConfigurationError
+from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager
-from kvspec.pool import BlockPool, KVCacheBlock
+from kvspec.pool import KVCacheBlock
 from kvspec.protocols import KVCacheSpec
-from kvspec.specs.attention import ChunkedLocalAttentionSpec
+from kvspec.traits import SpecTraits
 
 
-def _chunk(spec: KVCacheSpec) -> int:
-    if not isinstance(spec, ChunkedLocalAttentionSpec):
+def _chunk(spec: KVCacheSpec, traits: SpecTraits) -> int:
+    """The chunk size the spec declares (``SpecTraits.attention_chunk_size``), whatever its class."""
+    if traits.attention_chunk_size is None or traits.attention_chunk_size <= 0:
         raise UnsupportedConfigurationError(
-            f"ChunkedLocalAttentionManager runs ChunkedLocalAttentionSpec layers, got {type(spec).__name__}."
+            f"ChunkedLocalAttentionManager runs specs that declare SpecTraits.attention_chunk_size; "
+            f"{type(spec).__name__} declares {traits.attention_chunk_size!r}."
         )
-    return spec.attention_chunk_size
+    return traits.attention_chunk_size
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     """Blocks before the current chunk are null; a hit scans the current chunk left to right."""
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[bytes],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        if use_eagle:
+    def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
+        if query.use_eagle:
             raise UnsupportedConfigurationError(
                 "Hybrid KV cache is not supported for eagle + chunked local attention."
             )
-        if dcp_world_size * pcp_world_size != 1:
+        if query.dcp_world_size * query.pcp_world_size != 1:
             raise UnsupportedConfigurationError(
                 "Chunked local attention prefix caching does not support context parallelism."
             )
-        block_size = kv_cache_spec.block_size
+        block_hashes, kv_cache_group_ids, block_pool = (
+            query.block_hashes,
+            query.kv_cache_group_ids,
+            query.block_pool,
+        )
+        max_length, alignment_tokens = query.max_length, query.alignment_tokens
+        block_size = query.kv_cache_spec.block_size
         if block_size != alignment_tokens:
             raise UnsupportedConfigurationError(
                 f"Chunked local attention needs hits aligned to its own block size {block_size}, "
                 f"got an alignment of {alignment_tokens} tokens."
             )
-        chunk = _chunk(kv_cache_spec)
+        chunk = _chunk(query.kv_cache_spec, query.traits)
         max_num_blocks = min(max_length // block_size, len(block_hashes))
         start_token = (max_length // chunk) * chunk if max_length > 0 else 0
         start_block = start_token // block_size
@@ -61,8 +57,11 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
                 break
             for blocks, block in zip(computed, hits):
                 blocks.append(block)
-        return computed
+        return HitResult(computed)
+
+    def setup(self) -> None:
+        self.attention_chunk_size = _chunk(self.kv_cache_spec, self.traits)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        chunk = _chunk(self.kv_cache_spec)
+        chunk = self.attention_chunk_size
         return (num_computed_tokens // chunk) * chunk

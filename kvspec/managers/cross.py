@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvspec.errors import SchedulingError, UnsupportedConfigurationError
+from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager
-from kvspec.pool import BlockPool, KVCacheBlock
-from kvspec.protocols import KVCacheSpec
+from kvspec.pool import KVCacheBlock
 from kvspec.request import Request
 
 
@@ -28,18 +28,7 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         raise SchedulingError("Should not be called as prefix caching is disabled.")
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[bytes],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
+    def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
         raise UnsupportedConfigurationError(
             "CrossAttentionManager does not support caching; run encoder-decoder models with "
             "enable_caching=False."

@@ -2,36 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 from kvspec.errors import SpecValidationError
+from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
-from kvspec.pool import BlockPool, KVCacheBlock
-from kvspec.protocols import KVCacheSpec
-from kvspec.specs.attention import SinkFullAttentionSpec
+from kvspec.pool import KVCacheBlock
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
     """Every block is needed until the request ends; hits are a left-to-right prefix of the chain."""
 
-    tracks_new_block_ids = True
-
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[bytes],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+    def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
+        block_hashes, kv_cache_group_ids, block_pool = (
+            query.block_hashes,
+            query.kv_cache_group_ids,
+            query.block_pool,
+        )
+        block_size = query.kv_cache_spec.block_size * query.dcp_world_size * query.pcp_world_size
         computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in kv_cache_group_ids)
-        max_num_blocks = min(max_length // block_size, len(block_hashes))
+        max_num_blocks = min(query.max_length // block_size, len(block_hashes))
         lookup = block_pool.get_cached_block
         if len(kv_cache_group_ids) == 1:
             suffix = kv_cache_group_ids[0].to_bytes(4, "big")
@@ -45,11 +36,11 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                     break
                 for blocks, block in zip(computed, hits):
                     blocks.append(block)
-        if use_eagle and computed[0]:
+        if query.use_eagle and computed[0]:
             for blocks in computed:
                 blocks.pop()
-        truncate_to_alignment(computed, block_size, alignment_tokens)
-        return computed
+        truncate_to_alignment(computed, block_size, query.alignment_tokens)
+        return HitResult(computed)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         num_requests = len(self.req_to_blocks)
@@ -69,8 +60,7 @@ class SinkFullAttentionManager(FullAttentionManager):
     """
 
     def setup(self) -> None:
-        spec = self.kv_cache_spec
-        sink_len = spec.sink_len if isinstance(spec, SinkFullAttentionSpec) else None
+        sink_len = getattr(self.kv_cache_spec, "sink_len", None)
         if sink_len is None or sink_len <= 0 or sink_len % self.block_size:
             raise SpecValidationError(
                 f"SinkFullAttentionSpec.sink_len must be a positive multiple of block_size="

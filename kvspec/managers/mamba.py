@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvspec.errors import UnsupportedConfigurationError
+from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager
-from kvspec.pool import BlockPool, KVCacheBlock
-from kvspec.protocols import KVCacheSpec
+from kvspec.pool import KVCacheBlock
+from kvspec.protocols import MAMBA_CACHE_MODES, MambaCacheMode
 from kvspec.request import Request
 from kvspec.specs._common import cdiv
-from kvspec.specs.mamba import MambaSpec
 
 
 class MambaManager(SingleTypeKVCacheManager):
@@ -25,32 +25,30 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def setup(self) -> None:
         spec = self.kv_cache_spec
-        if not isinstance(spec, MambaSpec):
+        mode = getattr(spec, "mamba_cache_mode", None)
+        nspec = getattr(spec, "num_speculative_blocks", None)
+        if mode not in MAMBA_CACHE_MODES or not isinstance(nspec, int) or nspec < 0:
             raise UnsupportedConfigurationError(
-                f"MambaManager runs MambaSpec layers, got {type(spec).__name__}."
+                f"MambaManager runs specs with mamba_cache_mode in {MAMBA_CACHE_MODES} and "
+                f"num_speculative_blocks >= 0; {type(spec).__name__} has {mode!r} and {nspec!r}."
             )
-        self.mamba_cache_mode = spec.mamba_cache_mode
-        self.num_speculative_blocks = spec.num_speculative_blocks
+        self.mamba_cache_mode: MambaCacheMode = mode
+        self.num_speculative_blocks: int = nspec
         self.cached_blocks_this_step: set[bytes] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self._allocated_block_reqs: set[str] = set()
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[bytes],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        if dcp_world_size * pcp_world_size != 1:
+    def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
+        if query.dcp_world_size * query.pcp_world_size != 1:
             raise UnsupportedConfigurationError("Mamba prefix caching does not support context parallelism.")
-        block_size = kv_cache_spec.block_size
+        block_hashes, kv_cache_group_ids, block_pool = (
+            query.block_hashes,
+            query.kv_cache_group_ids,
+            query.block_pool,
+        )
+        max_length, alignment_tokens = query.max_length, query.alignment_tokens
+        block_size = query.kv_cache_spec.block_size
         max_num_blocks = min(max_length // block_size, len(block_hashes))
         null = block_pool.null_block
         computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in kv_cache_group_ids)
@@ -63,7 +61,7 @@ class MambaManager(SingleTypeKVCacheManager):
                     blocks.extend([null] * i)
                     blocks.append(block)
                 break
-        return computed
+        return HitResult(computed)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return max(0, num_computed_tokens - 1)

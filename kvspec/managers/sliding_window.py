@@ -3,49 +3,46 @@ freed as the request advances and a prefix hit needs only the blocks covering th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from kvspec.errors import UnsupportedConfigurationError
+from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
-from kvspec.pool import BlockPool, KVCacheBlock
+from kvspec.pool import KVCacheBlock
 from kvspec.protocols import KVCacheSpec
 from kvspec.specs._common import cdiv
-from kvspec.specs.attention import SlidingWindowSpec
+from kvspec.traits import SpecTraits
 
 
-def _window(spec: KVCacheSpec) -> int:
-    if not isinstance(spec, SlidingWindowSpec):
+def _window(spec: KVCacheSpec, traits: SpecTraits) -> int:
+    """The window the spec declares (``SpecTraits.sliding_window``), whatever its class."""
+    if traits.sliding_window is None or traits.sliding_window <= 0:
         raise UnsupportedConfigurationError(
-            f"SlidingWindowManager runs SlidingWindowSpec layers, got {type(spec).__name__}."
+            f"SlidingWindowManager runs specs that declare SpecTraits.sliding_window; "
+            f"{type(spec).__name__} declares {traits.sliding_window!r}."
         )
-    return spec.sliding_window
+    return traits.sliding_window
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
     """Frees blocks that fell out of the window; searches hits right to left."""
 
     def setup(self) -> None:
-        self.sliding_window = _window(self.kv_cache_spec)
+        self.sliding_window = _window(self.kv_cache_spec, self.traits)
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[bytes],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        if dcp_world_size * pcp_world_size != 1:
+    def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
+        if query.dcp_world_size * query.pcp_world_size != 1:
             raise UnsupportedConfigurationError(
                 "Sliding-window prefix caching does not support context parallelism."
             )
-        window = _window(kv_cache_spec)
-        block_size = kv_cache_spec.block_size
+        window = _window(query.kv_cache_spec, query.traits)
+        block_hashes, kv_cache_group_ids, block_pool = (
+            query.block_hashes,
+            query.kv_cache_group_ids,
+            query.block_pool,
+        )
+        use_eagle, alignment_tokens = query.use_eagle, query.alignment_tokens
+        block_size = query.kv_cache_spec.block_size
+        max_length = query.max_length
         need = cdiv(window - 1, block_size) + (1 if use_eagle else 0)
         max_num_blocks = min(max_length // block_size, len(block_hashes))
         null = block_pool.null_block
@@ -81,7 +78,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             for blocks in computed:
                 blocks.pop()
             truncate_to_alignment(computed, block_size, alignment_tokens)
-        return computed
+        return HitResult(computed)
 
     def reachable_block_mask(self, num_blocks: int) -> list[bool] | None:
         """Which of the first ``num_blocks`` blocks a future hybrid hit can use (None: all of them).

@@ -21,7 +21,7 @@ from kvspec.errors import (
     UnsupportedConfigurationError,
     WindowSizeMismatchError,
 )
-from kvspec.protocols import KVCacheSpec, SchedulerLimits
+from kvspec.protocols import KVCacheSpec, SchedulerLimits, SpecCollection, as_spec_list
 from kvspec.specs._common import (
     KVQuantMode,
     cdiv,
@@ -31,6 +31,7 @@ from kvspec.specs._common import (
     require_optional_positive,
     require_positive,
 )
+from kvspec.traits import PageView, SpecTraits, attention_page_views
 
 #: Fields that FullAttentionSpec.merge combines instead of requiring equality.
 _WINDOW_FIELDS = frozenset({"sliding_window", "attention_chunk_size"})
@@ -163,6 +164,19 @@ class AttentionSpec:
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         raise NotImplementedError(f"{type(self).__name__} has no memory bound of its own")
 
+    def page_views(self) -> tuple[PageView, ...]:
+        """[token in block, kv head, K (head_size) then V (value head size)] over the real page bytes."""
+        return attention_page_views(
+            block_size=self.block_size,
+            num_kv_heads=self.num_kv_heads,
+            head_sizes=(self.head_size, self.value_head_size),
+            dtype=self.dtype,
+            real_page_bytes=self.real_page_size_bytes,
+        )
+
+    def kv_cache_traits(self) -> SpecTraits:
+        return SpecTraits(device_views=self.page_views())
+
     def copy_with_new_block_size(self, block_size: int) -> Self:
         return dataclasses.replace(self, block_size=block_size)
 
@@ -172,8 +186,9 @@ class AttentionSpec:
         merged: Self = merge_equal_specs(cls, specs)
         return merged
 
-    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
-        return all(isinstance(s, type(self)) for s in specs)
+    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+        """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
+        return all(isinstance(s, type(self)) for s in as_spec_list(specs))
 
 
 @check_construction
@@ -191,6 +206,20 @@ class FullAttentionSpec(AttentionSpec):
 
     #: MLA specs must be merged by MLAAttentionSpec.merge, never mixed with plain full attention.
     is_mla: ClassVar[bool] = False
+    #: KV event kind and full-attention family of the class (traits).
+    _kind: ClassVar[str] = "full_attention"
+    _family: ClassVar[str] = "kv"
+    #: vLLM reports new block ids (for zeroing) for exactly Full, TQFull and MLA specs.
+    _zero_new_blocks: ClassVar[bool] = True
+
+    def kv_cache_traits(self) -> SpecTraits:
+        return SpecTraits(
+            prefix_hits_left_closed=True,
+            full_attention_family=self._family,
+            kind=self._kind,
+            zero_new_blocks=self._zero_new_blocks,
+            device_views=self.page_views(),
+        )
 
     def __post_init__(self) -> None:
         _default_value_head_size(self)
@@ -234,8 +263,9 @@ class FullAttentionSpec(AttentionSpec):
             )
         return dataclasses.replace(first, sliding_window=window, attention_chunk_size=chunk)
 
-    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
-        return all(isinstance(s, FullAttentionSpec) for s in specs)
+    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+        """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
+        return all(isinstance(s, FullAttentionSpec) for s in as_spec_list(specs))
 
 
 @check_construction
@@ -266,6 +296,9 @@ class SinkFullAttentionSpec(FullAttentionSpec):
 
     sink_len: int | None = None
 
+    _kind: ClassVar[str] = "sink_full_attention"
+    _zero_new_blocks: ClassVar[bool] = False
+
     def __post_init__(self) -> None:
         require_optional_positive(self, "sink_len", self.sink_len)
         FullAttentionSpec.__post_init__(self)
@@ -290,6 +323,34 @@ class SlidingWindowSpec(AttentionSpec):
         tokens = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
         return cdiv(tokens, self.block_size) + 1
 
+    #: Families whose full-attention layer a hybrid-off conversion follows (traits).
+    _hybrid_off_families: ClassVar[tuple[str, ...]] = ("kv",)
+    _kind: ClassVar[str] = "sliding_window"
+
+    def kv_cache_traits(self) -> SpecTraits:
+        return SpecTraits(
+            admission_lookback_tokens=self.sliding_window - 1,
+            admission_extra_blocks=1,
+            sliding_window=self.sliding_window,
+            event_sliding_window=self.sliding_window,
+            hybrid_off_families=self._hybrid_off_families,
+            kind=self._kind,
+            device_views=self.page_views(),
+        )
+
+    def to_full_attention(self, template: KVCacheSpec) -> KVCacheSpec:
+        """Full attention that remembers the window (memory is then sized for full attention)."""
+        return FullAttentionSpec(
+            block_size=self.block_size,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            head_size_v=self.head_size_v,
+            dtype=self.dtype,
+            kv_quant_mode=self.kv_quant_mode,
+            sliding_window=self.sliding_window,
+            page_size_padded=self.page_size_padded,
+        )
+
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         if limits.decode_context_parallel_size != 1:
             raise UnsupportedConfigurationError(
@@ -299,9 +360,11 @@ class SlidingWindowSpec(AttentionSpec):
         blocks = self.max_admission_blocks_per_request(limits.batched_tokens, limits.max_model_len)
         return blocks * self.page_size_bytes
 
-    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+        """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
         return all(
-            isinstance(s, SlidingWindowSpec) and s.sliding_window == self.sliding_window for s in specs
+            isinstance(s, SlidingWindowSpec) and s.sliding_window == self.sliding_window
+            for s in as_spec_list(specs)
         )
 
 
@@ -325,10 +388,32 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         blocks = self.max_admission_blocks_per_request(limits.batched_tokens, limits.max_model_len)
         return blocks * self.page_size_bytes
 
-    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+    def kv_cache_traits(self) -> SpecTraits:
+        return SpecTraits(
+            admission_lookback_tokens=self.attention_chunk_size,
+            attention_chunk_size=self.attention_chunk_size,
+            hybrid_off_families=("kv",),
+            kind="chunked_local_attention",
+            device_views=self.page_views(),
+        )
+
+    def to_full_attention(self, template: KVCacheSpec) -> KVCacheSpec:
+        """Full attention that remembers the chunk size (keeps its kv_quant_mode, unlike vLLM 0.23)."""
+        return FullAttentionSpec(
+            block_size=self.block_size,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            dtype=self.dtype,
+            kv_quant_mode=self.kv_quant_mode,
+            attention_chunk_size=self.attention_chunk_size,
+            page_size_padded=self.page_size_padded,
+        )
+
+    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+        """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
         return all(
             isinstance(s, ChunkedLocalAttentionSpec) and s.attention_chunk_size == self.attention_chunk_size
-            for s in specs
+            for s in as_spec_list(specs)
         )
 
 
@@ -340,6 +425,9 @@ class EncoderOnlyAttentionSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         return 0
 
+    def kv_cache_traits(self) -> SpecTraits:
+        return SpecTraits(kind="encoder_only_attention", device_views=self.page_views())
+
 
 @check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -348,3 +436,11 @@ class CrossAttentionSpec(AttentionSpec):
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         return cdiv(limits.max_num_encoder_input_tokens, self.block_size) * self.page_size_bytes
+
+    def kv_cache_traits(self) -> SpecTraits:
+        return SpecTraits(
+            allocate_per_encoder_input=True,
+            supports_prefix_caching=False,
+            kind="cross_attention",
+            device_views=self.page_views(),
+        )

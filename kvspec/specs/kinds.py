@@ -1,21 +1,14 @@
-"""Coarse spec kinds and windows, used to annotate KV events for routers."""
+"""Coarse spec kinds and windows, used to annotate KV events for routers.
+
+The kind comes from the spec's declared traits (``SpecTraits.kind``), never from its class: a plugin
+family reports its own kind string; built-in kinds are members of :class:`KVCacheSpecKind`.
+"""
 
 from __future__ import annotations
 
 from enum import Enum
 
-from kvspec.protocols import KVCacheSpec
-from kvspec.specs.attention import (
-    ChunkedLocalAttentionSpec,
-    CrossAttentionSpec,
-    EncoderOnlyAttentionSpec,
-    FullAttentionSpec,
-    SinkFullAttentionSpec,
-    SlidingWindowSpec,
-)
-from kvspec.specs.mamba import MambaSpec
-from kvspec.specs.mla import MLAAttentionSpec, SlidingWindowMLASpec
-from kvspec.specs.uniform import UniformTypeKVCacheSpecs
+from kvspec.traits import traits_of
 
 
 class KVCacheSpecKind(str, Enum):
@@ -31,36 +24,24 @@ class KVCacheSpecKind(str, Enum):
     UNKNOWN = "unknown"
 
 
-# Subclasses before their bases, so the most specific kind wins.
-_KIND_ORDER: tuple[tuple[type, KVCacheSpecKind], ...] = (
-    (SlidingWindowMLASpec, KVCacheSpecKind.SLIDING_WINDOW_MLA),
-    (MLAAttentionSpec, KVCacheSpecKind.MLA_ATTENTION),
-    (SinkFullAttentionSpec, KVCacheSpecKind.SINK_FULL_ATTENTION),
-    (FullAttentionSpec, KVCacheSpecKind.FULL_ATTENTION),
-    (ChunkedLocalAttentionSpec, KVCacheSpecKind.CHUNKED_LOCAL_ATTENTION),
-    (SlidingWindowSpec, KVCacheSpecKind.SLIDING_WINDOW),
-    (MambaSpec, KVCacheSpecKind.MAMBA),
-    (EncoderOnlyAttentionSpec, KVCacheSpecKind.ENCODER_ONLY_ATTENTION),
-    (CrossAttentionSpec, KVCacheSpecKind.CROSS_ATTENTION),
-)
+_BY_VALUE = {kind.value: kind for kind in KVCacheSpecKind}
 
 
-def get_kv_cache_spec_kind(spec: KVCacheSpec) -> KVCacheSpecKind:
-    """The kind of ``spec``; a uniform-type group has its layers' kind if they share one."""
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        kinds = {get_kv_cache_spec_kind(s) for s in spec.kv_cache_specs.values()}
-        return kinds.pop() if len(kinds) == 1 else KVCacheSpecKind.UNKNOWN
-    for cls, kind in _KIND_ORDER:
-        if isinstance(spec, cls):
-            return kind
-    return KVCacheSpecKind.UNKNOWN
+def get_kv_cache_spec_kind(spec: object) -> KVCacheSpecKind | str:
+    """The declared kind of ``spec``: a KVCacheSpecKind for built-in kinds, the plugin's string otherwise
+    ("unknown" when it declares none). A uniform-type group has its layers' kind if they share one."""
+    kind = traits_of(spec).kind
+    if kind is None:
+        return KVCacheSpecKind.UNKNOWN
+    return _BY_VALUE.get(kind, kind)
 
 
-def get_kv_cache_spec_sliding_window(spec: KVCacheSpec) -> int | None:
-    """The window of a sliding-window spec (or of a uniform group with one window), else None."""
-    if isinstance(spec, SlidingWindowSpec):
-        return spec.sliding_window
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        windows = {get_kv_cache_spec_sliding_window(s) for s in spec.kv_cache_specs.values()}
-        return windows.pop() if len(windows) == 1 else None
-    return None
+def get_kv_cache_spec_sliding_window(spec: object) -> int | None:
+    """The window KV events report for ``spec`` (a uniform group's if all its layers share one), else None."""
+    return traits_of(spec).event_sliding_window
+
+
+def get_kv_cache_spec_kind_name(spec: object) -> str:
+    """The declared kind of ``spec`` as a plain string ("unknown" when it declares none)."""
+    kind = get_kv_cache_spec_kind(spec)
+    return kind.value if isinstance(kind, KVCacheSpecKind) else kind

@@ -9,7 +9,13 @@ from typing_extensions import Self
 
 from kvspec._checking import check_construction
 from kvspec.errors import SpecValidationError
-from kvspec.protocols import MAMBA_CACHE_MODES, KVCacheSpec, MambaCacheMode, SchedulerLimits
+from kvspec.protocols import (
+    MAMBA_CACHE_MODES,
+    MambaCacheMode,
+    SchedulerLimits,
+    SpecCollection,
+    as_spec_list,
+)
 from kvspec.specs._common import (
     cdiv,
     dtype_size,
@@ -19,6 +25,7 @@ from kvspec.specs._common import (
     require_positive,
 )
 from kvspec.specs.attention import merge_equal_specs
+from kvspec.traits import PageView, SpecTraits
 
 
 @check_construction
@@ -91,6 +98,22 @@ class MambaSpec:
             blocks = 1
         return (blocks + self.num_speculative_blocks) * self.page_size_bytes
 
+    def kv_cache_traits(self) -> SpecTraits:
+        """Hits at its own block boundaries only; state is read before it is written (zeroed buffers)."""
+        views: list[PageView] = []
+        offset = 0
+        for i, (shape, dtype) in enumerate(zip(self.shapes, self.dtypes, strict=True)):
+            views.append(PageView(name=f"state{i}", dtype=dtype, shape=shape, offset_bytes=offset))
+            offset += prod(shape) * dtype_size(dtype)
+        return SpecTraits(
+            hits_at_own_block_boundaries=True,
+            supports_eagle_with_prefix_caching=False,
+            kind="mamba",
+            needs_zeroed_buffers=True,
+            device_views=tuple(views),
+            device_view_is_tuple=True,
+        )
+
     def copy_with_new_block_size(self, block_size: int) -> Self:
         return dataclasses.replace(self, block_size=block_size)
 
@@ -99,8 +122,9 @@ class MambaSpec:
         merged: Self = merge_equal_specs(cls, specs)
         return merged
 
-    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+        """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
         return all(
             isinstance(s, MambaSpec) and s.num_speculative_blocks == self.num_speculative_blocks
-            for s in specs
+            for s in as_spec_list(specs)
         )

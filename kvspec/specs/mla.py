@@ -5,15 +5,30 @@ token into 656 bytes (584 for DeepSeek V4). ``compress_ratio`` > 1 stores ``bloc
 tokens per block (DeepSeek V4). ``alignment`` pads the page up to a multiple of that many bytes.
 """
 
-from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from typing_extensions import Self
+
 from kvspec._checking import check_construction
 from kvspec.errors import SpecValidationError
-from kvspec.protocols import KVCacheSpec
+from kvspec.protocols import KVCacheSpec, SpecCollection, as_spec_list
 from kvspec.specs._common import dtype_size, require_optional_positive, require_positive, round_up
 from kvspec.specs.attention import AttentionSpec, FullAttentionSpec, SlidingWindowSpec
+from kvspec.traits import PageView, SpecTraits, attention_page_views
+
+
+def _latent_views(spec: AttentionSpec) -> tuple[PageView, ...]:
+    """[stored token in block, kv head, head_size]: one latent vector per token (no K/V split)."""
+    return attention_page_views(
+        block_size=spec.storage_block_size,
+        num_kv_heads=spec.num_kv_heads,
+        head_sizes=(spec.head_size,),
+        dtype=spec.dtype,
+        real_page_bytes=spec.real_page_size_bytes,
+    )
+
 
 FP8_DS_MLA = "fp8_ds_mla"
 DEEPSEEK_V4 = "deepseek_v4"
@@ -53,6 +68,8 @@ class MLAAttentionSpec(FullAttentionSpec):
     model_version: str | None = None
 
     is_mla: ClassVar[bool] = True
+    _kind: ClassVar[str] = "mla_attention"
+    _family: ClassVar[str] = "latent"
 
     def __post_init__(self) -> None:
         _validate_mla_fields(self, self.compress_ratio, self.alignment)
@@ -71,11 +88,26 @@ class MLAAttentionSpec(FullAttentionSpec):
             return self.block_size * FP8_DS_MLA_TOKEN_BYTES
         return self.storage_block_size * self.num_kv_heads * self.head_size * dtype_size(self.dtype)
 
+    def page_views(self) -> tuple[PageView, ...]:
+        return _latent_views(self)
+
 
 @check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HiddenStateCacheSpec(MLAAttentionSpec):
     """Marks layers that cache hidden states (speculative decoding); each becomes its own group."""
+
+    _zero_new_blocks: ClassVar[bool] = False
+
+    def kv_cache_traits(self) -> SpecTraits:
+        return dataclasses.replace(MLAAttentionSpec.kv_cache_traits(self), own_group=True)
+
+    def with_page_size(self, page_size_bytes: int) -> Self:
+        """As many tokens per block as fit ``page_size_bytes`` (at least 1), padded to exactly that page."""
+        per_token = self.num_kv_heads * self.head_size * dtype_size(self.dtype)
+        return dataclasses.replace(
+            self, block_size=max(page_size_bytes // per_token, 1), page_size_padded=page_size_bytes
+        )
 
 
 @check_construction
@@ -112,7 +144,27 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
             return self.storage_block_size * FP8_DS_MLA_V4_TOKEN_BYTES
         return self.storage_block_size * self.num_kv_heads * self.head_size * dtype_size(self.dtype)
 
-    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+    _hybrid_off_families: ClassVar[tuple[str, ...]] = ("latent", "kv")
+    _kind: ClassVar[str] = "sliding_window_mla"
+
+    def page_views(self) -> tuple[PageView, ...]:
+        return _latent_views(self)
+
+    def to_full_attention(self, template: KVCacheSpec) -> KVCacheSpec:
+        """MLA full attention with the template layer's block size (drops the window and alignment)."""
+        return MLAAttentionSpec(
+            block_size=template.block_size,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            dtype=self.dtype,
+            kv_quant_mode=self.kv_quant_mode,
+            cache_dtype_str=self.cache_dtype_str,
+            compress_ratio=self.compress_ratio,
+            model_version=self.model_version,
+        )
+
+    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
         return all(
-            isinstance(s, SlidingWindowMLASpec) and s.sliding_window == self.sliding_window for s in specs
+            isinstance(s, SlidingWindowMLASpec) and s.sliding_window == self.sliding_window
+            for s in as_spec_list(specs)
         )

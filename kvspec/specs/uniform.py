@@ -8,9 +8,10 @@ from typing_extensions import Self
 
 from kvspec._checking import check_construction
 from kvspec.errors import SpecValidationError
-from kvspec.protocols import KVCacheSpec, SchedulerLimits
+from kvspec.protocols import KVCacheSpec, SchedulerLimits, SpecCollection
 from kvspec.specs._common import cdiv, require_positive
 from kvspec.specs.attention import merge_equal_specs
+from kvspec.traits import SpecTraits, common_value, traits_of
 
 
 @check_construction
@@ -57,8 +58,38 @@ class UniformTypeKVCacheSpecs:
         return list(dict.fromkeys(s.page_size_bytes for s in self.kv_cache_specs.values()))
 
     def first_spec(self) -> KVCacheSpec:
-        """The spec that stands for the group in the scheduler (vLLM: the first inner spec)."""
-        return next(iter(self.kv_cache_specs.values()))
+        """The spec that stands for the group in the scheduler: see :meth:`representative_spec`."""
+        return self.representative_spec()
+
+    def representative_spec(self) -> KVCacheSpec:
+        """The spec that stands for the group in the scheduler (so its class picks the group's manager).
+
+        Rule, independent of layer order (vLLM takes the first layer's, so a group mixing a plugin subclass
+        with its built-in parent was run by whichever came first): the first layer whose class is a
+        subclass of every other layer's class (the most derived); if no class is, the first layer of the
+        class whose qualified name sorts first.
+        """
+        specs = list(self.kv_cache_specs.values())
+        classes = list(dict.fromkeys(type(s) for s in specs))
+        derived = [c for c in classes if all(issubclass(c, other) for other in classes)]
+        if derived:
+            chosen = derived[0]
+        else:
+            chosen = min(classes, key=lambda c: (c.__module__, c.__qualname__))
+        return next(s for s in specs if type(s) is chosen)
+
+    def kv_cache_traits(self) -> SpecTraits:
+        """The representative layer's traits; kind and event window only where all layers agree."""
+        inner = [traits_of(s) for s in self.kv_cache_specs.values()]
+        base = traits_of(self.representative_spec())
+        kinds = {t.kind for t in inner}
+        return dataclasses.replace(
+            base,
+            kind=kinds.pop() if len(kinds) == 1 else "unknown",
+            event_sliding_window=common_value([t.event_sliding_window for t in inner]),
+            needs_zeroed_buffers=any(t.needs_zeroed_buffers for t in inner),
+            device_views=(),
+        )
 
     def narrowed_to(self, layer_names: Sequence[str]) -> Self:
         """The same group restricted to ``layer_names`` (a worker's share)."""
@@ -74,6 +105,7 @@ class UniformTypeKVCacheSpecs:
         merged: Self = merge_equal_specs(cls, specs)
         return merged
 
-    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+        """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
         inner = list(self.kv_cache_specs.values())
         return inner[0].is_uniform_with_collection(inner)

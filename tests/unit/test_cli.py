@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.cli import main, parse_bytes
+from kvspec.cli import main
+from kvspec.cli_args import parse_bytes
 
 
 def kvspec(*args: str) -> subprocess.CompletedProcess[str]:

@@ -130,16 +130,14 @@ def test_attention_window_matches_what_the_manager_frees() -> None:
     manager keeps: a mismatch would read freed (possibly reused) blocks."""
     import torch
 
-    from kvspec import BlockPool, SlidingWindowManager
+    from kvspec import BlockPool, ManagerContext, SlidingWindowManager
 
     cfg = TinyModelConfig(
         layer_kinds=("sliding",), sliding_window=24, num_heads=1, num_kv_heads=1, head_dim=1
     )
     model = TinyDecoder(cfg)
     spec = cfg.kv_cache_specs(16)["layers.0"]
-    manager = SlidingWindowManager(
-        spec, BlockPool(4), enable_caching=True, kv_cache_group_id=0, scheduler_block_size=16
-    )
+    manager = SlidingWindowManager(ManagerContext.for_spec(spec, BlockPool(4)))
     for n in range(0, 100, 7):
         q = torch.ones(1, 1, 1, dtype=cfg.dtype)
         kv = torch.arange(n + 1, dtype=cfg.dtype).view(-1, 1, 1)

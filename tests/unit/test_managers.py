@@ -10,8 +10,11 @@ from kvspec import (
     BlockPool,
     ChunkedLocalAttentionManager,
     ChunkedLocalAttentionSpec,
+    HitQuery,
     KVCacheBlock,
+    ManagerContext,
     Request,
+    SingleTypeKVCacheManager,
     SlidingWindowManager,
     SlidingWindowSpec,
     UnsupportedConfigurationError,
@@ -27,14 +30,7 @@ def sw_manager(window: int = 4, num_blocks: int = 100, cap: int | None = 10**9) 
         block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=window
     )
     pool = BlockPool(num_blocks, hash_block_size=BS)
-    return SlidingWindowManager(
-        spec,
-        pool,
-        enable_caching=True,
-        kv_cache_group_id=0,
-        scheduler_block_size=BS,
-        max_admission_blocks_per_request=cap,
-    )
+    return SlidingWindowManager(ManagerContext.for_spec(spec, pool, max_admission_blocks_per_request=cap))
 
 
 def chunked_manager(chunk: int = 4, num_blocks: int = 100) -> ChunkedLocalAttentionManager:
@@ -43,12 +39,22 @@ def chunked_manager(chunk: int = 4, num_blocks: int = 100) -> ChunkedLocalAttent
     )
     pool = BlockPool(num_blocks, hash_block_size=BS)
     return ChunkedLocalAttentionManager(
-        spec,
-        pool,
-        enable_caching=True,
-        kv_cache_group_id=0,
-        scheduler_block_size=BS,
-        max_admission_blocks_per_request=10**9,
+        ManagerContext.for_spec(spec, pool, max_admission_blocks_per_request=10**9)
+    )
+
+
+def query(
+    manager: SingleTypeKVCacheManager, hashes: list[BlockHash], max_length: int, use_eagle: bool = False
+) -> HitQuery:
+    return HitQuery(
+        block_hashes=hashes,
+        max_length=max_length,
+        kv_cache_group_ids=(0,),
+        block_pool=manager.block_pool,
+        kv_cache_spec=manager.kv_cache_spec,
+        traits=manager.traits,
+        use_eagle=use_eagle,
+        alignment_tokens=BS,
     )
 
 
@@ -83,8 +89,8 @@ def test_sliding_window_possible_cached_prefix(
     pool = manager.block_pool
     hashes = cache_pattern(pool, pattern)
     (hit,) = SlidingWindowManager.find_longest_cache_hit(
-        hashes, len(pattern) * BS + tail, [0], pool, manager.kv_cache_spec, False, BS
-    )
+        query(manager, hashes, len(pattern) * BS + tail)
+    ).blocks
     assert len(hit) == expected_blocks
     assert [i for i, b in enumerate(hit) if not b.is_null] == expected_real
 
@@ -110,14 +116,12 @@ def test_chunked_local_attention_possible_cached_prefix(
     manager = chunked_manager(chunk=4)
     pool = manager.block_pool
     hashes = cache_pattern(pool, pattern)
-    (hit,) = ChunkedLocalAttentionManager.find_longest_cache_hit(
-        hashes, max_length, [0], pool, manager.kv_cache_spec, False, BS
-    )
+    (hit,) = ChunkedLocalAttentionManager.find_longest_cache_hit(query(manager, hashes, max_length)).blocks
     assert len(hit) == expected_blocks
     assert [i for i, b in enumerate(hit) if not b.is_null] == expected_real
     with pytest.raises(UnsupportedConfigurationError, match="eagle"):
         ChunkedLocalAttentionManager.find_longest_cache_hit(
-            hashes, max_length, [0], pool, manager.kv_cache_spec, True, BS
+            query(manager, hashes, max_length, use_eagle=True)
         )
 
 

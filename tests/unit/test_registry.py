@@ -48,7 +48,7 @@ from kvspec import (
     load_plugins,
     register_kv_cache_spec,
 )
-from kvspec.managers import register_builtins
+from kvspec.builtins import register_builtins
 from tests.helpers import ForeignSpec
 
 BF16 = torch.bfloat16

@@ -1,0 +1,160 @@
+"""Prefix-cache hit search across KV cache groups: the longest prefix that every group can serve.
+
+Groups with equal specs are searched together (one query, a hit must exist in all of them). Groups whose
+spec declares left-closed hits (``SpecTraits.prefix_hits_left_closed``, full attention) are searched first:
+any shorter prefix of their hit is a hit too, so later passes only truncate them. Other groups are searched
+again until the common length stops shrinking (a fixed point).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvspec.hashing import BlockHashListWithBlockSize
+from kvspec.manager_api import HitQuery, KVCacheManager
+from kvspec.pool import BlockPool, KVCacheBlock
+from kvspec.protocols import KVCacheSpec
+from kvspec.traits import SpecTraits
+
+#: One block list per KV cache group (outer index = group id).
+GroupBlocks = tuple[list[KVCacheBlock], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SpecGroup:
+    """Groups with one equal spec, searched by one query of their manager class."""
+
+    spec: KVCacheSpec
+    traits: SpecTraits
+    group_ids: tuple[int, ...]
+    manager_cls: type[KVCacheManager]
+    use_eagle: bool
+
+
+def split_spec_groups(
+    specs: Sequence[KVCacheSpec],
+    traits: Sequence[SpecTraits],
+    managers: Sequence[KVCacheManager],
+    eagle_group_ids: frozenset[int],
+) -> tuple[SpecGroup, ...]:
+    """Groups with equal specs together; left-closed ones first (stable otherwise)."""
+    by_spec: dict[KVCacheSpec, list[int]] = {}
+    for gid, spec in enumerate(specs):
+        by_spec.setdefault(spec, []).append(gid)
+    out = [
+        SpecGroup(
+            spec=spec,
+            traits=traits[gids[0]],
+            group_ids=tuple(gids),
+            manager_cls=type(managers[gids[0]]),
+            use_eagle=any(g in eagle_group_ids for g in gids),
+        )
+        for spec, gids in by_spec.items()
+    ]
+    out.sort(key=lambda g: not g.traits.prefix_hits_left_closed)
+    return tuple(out)
+
+
+class PrefixHitSearch:
+    """Finds the longest common prefix hit of a request over every group of one coordinator.
+
+    Units: ``max_length`` and hit lengths in tokens; block hashes are at ``hash_block_size`` tokens and
+    are regrouped to each spec's block size on the fly.
+    """
+
+    def __init__(
+        self,
+        *,
+        spec_groups: tuple[SpecGroup, ...],
+        num_groups: int,
+        block_pool: BlockPool,
+        hash_block_size: int,
+        scheduler_block_size: int,
+        dcp_world_size: int,
+        pcp_world_size: int,
+    ) -> None:
+        self.spec_groups = spec_groups
+        self.num_groups = num_groups
+        self.block_pool = block_pool
+        self.hash_block_size = hash_block_size
+        self.scheduler_block_size = scheduler_block_size
+        self.dcp_world_size = dcp_world_size
+        self.pcp_world_size = pcp_world_size
+
+    def _hash_view(self, hashes: Sequence[bytes], block_size: int) -> Sequence[bytes]:
+        if block_size == self.hash_block_size:
+            return hashes
+        return BlockHashListWithBlockSize(hashes, self.hash_block_size, block_size)
+
+    def find(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
+        """(blocks per group, hit tokens): the longest prefix of at most ``max_length`` tokens."""
+        if len(self.spec_groups) == 1:
+            return self._single(block_hashes, max_length)
+        return self._hybrid(block_hashes, max_length)
+
+    def _single(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
+        group = self.spec_groups[0]
+        cp = self.dcp_world_size * self.pcp_world_size
+        bs = group.spec.block_size * cp
+        hit = group.manager_cls.find_longest_cache_hit(
+            HitQuery(
+                block_hashes=self._hash_view(block_hashes, group.spec.block_size),
+                max_length=max_length,
+                kv_cache_group_ids=group.group_ids,
+                block_pool=self.block_pool,
+                kv_cache_spec=group.spec,
+                traits=group.traits,
+                use_eagle=group.use_eagle,
+                alignment_tokens=self.scheduler_block_size if self.num_groups > 1 else bs,
+                dcp_world_size=self.dcp_world_size,
+                pcp_world_size=self.pcp_world_size,
+            )
+        ).blocks
+        per_group: list[list[KVCacheBlock]] = [[] for _ in range(self.num_groups)]
+        for gid, blocks in zip(group.group_ids, hit):
+            per_group[gid] = blocks
+        return tuple(per_group), len(hit[0]) * bs
+
+    def _hybrid(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
+        """Fixed point: each group's hit can only shorten the common hit; repeat until it is stable."""
+        hit_length = max_length
+        results: dict[int, GroupBlocks] = {}
+        first_pass = True
+        while True:
+            current = hit_length
+            for idx, group in enumerate(self.spec_groups):
+                bs = group.spec.block_size
+                if group.traits.prefix_hits_left_closed and not first_pass and not group.use_eagle:
+                    for blocks in results[idx]:
+                        del blocks[current // bs :]
+                    continue
+                lookup = min(current + bs, max_length) if group.use_eagle else current
+                hit = group.manager_cls.find_longest_cache_hit(
+                    HitQuery(
+                        block_hashes=self._hash_view(block_hashes, bs),
+                        max_length=lookup,
+                        kv_cache_group_ids=group.group_ids,
+                        block_pool=self.block_pool,
+                        kv_cache_spec=group.spec,
+                        traits=group.traits,
+                        use_eagle=group.use_eagle,
+                        alignment_tokens=self.scheduler_block_size,
+                    )
+                ).blocks
+                results[idx] = hit
+                current = min(current, len(hit[0]) * bs)
+            if current == hit_length and not first_pass:
+                break
+            stable = current == hit_length
+            hit_length = current
+            first_pass = False
+            if stable:
+                break
+        per_group: list[list[KVCacheBlock]] = [[] for _ in range(self.num_groups)]
+        for idx, group in enumerate(self.spec_groups):
+            keep = hit_length // group.spec.block_size
+            for gid, blocks in zip(group.group_ids, results[idx]):
+                del blocks[keep:]
+                per_group[gid] = blocks
+        return tuple(per_group), hit_length

@@ -1,0 +1,186 @@
+"""What a manager implements, and the parameter objects it receives: the narrow, documented manager API.
+
+A manager is built from one :class:`ManagerContext`; a hit search receives one :class:`HitQuery` and answers
+one :class:`HitResult`. The hooks a plugin manager usually overrides are documented in
+``kvspec.managers.base``; the registry checks every member's signature against :class:`KVCacheManager`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar, runtime_checkable
+
+from kvspec.pool import BlockPool, KVCacheBlock
+from kvspec.protocols import KVCacheSpec
+from kvspec.request import Request
+from kvspec.traits import SpecTraits, traits_of
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ManagerContext:
+    """Everything a manager is built from (one KV cache group); passed as the constructor's only argument.
+
+    Units: ``scheduler_block_size`` and ``block_size`` in tokens; ``max_admission_blocks_per_request`` in
+    blocks (None: no cap). ``block_size`` is the spec's block size times the context-parallel size.
+    """
+
+    kv_cache_spec: KVCacheSpec
+    traits: SpecTraits
+    block_pool: BlockPool
+    kv_cache_group_id: int
+    scheduler_block_size: int
+    enable_caching: bool = True
+    dcp_world_size: int = 1
+    pcp_world_size: int = 1
+    max_admission_blocks_per_request: int | None = None
+    use_eagle: bool = False
+
+    @property
+    def block_size(self) -> int:
+        return self.kv_cache_spec.block_size * self.dcp_world_size * self.pcp_world_size
+
+    @classmethod
+    def for_spec(
+        cls,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        *,
+        kv_cache_group_id: int = 0,
+        scheduler_block_size: int | None = None,
+        enable_caching: bool = True,
+        max_admission_blocks_per_request: int | None = None,
+        use_eagle: bool = False,
+    ) -> ManagerContext:
+        """A context for one manager outside a coordinator (tests, tools): traits from the spec, the
+        scheduler block defaulting to the spec's block size."""
+        return cls(
+            kv_cache_spec=kv_cache_spec,
+            traits=traits_of(kv_cache_spec),
+            block_pool=block_pool,
+            kv_cache_group_id=kv_cache_group_id,
+            scheduler_block_size=kv_cache_spec.block_size
+            if scheduler_block_size is None
+            else scheduler_block_size,
+            enable_caching=enable_caching,
+            max_admission_blocks_per_request=max_admission_blocks_per_request,
+            use_eagle=use_eagle,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HitQuery:
+    """One prefix-cache hit search over ``kv_cache_group_ids`` (groups with equal specs, searched together).
+
+    ``block_hashes`` are at the spec's block size; ``max_length`` (tokens) bounds the hit;
+    ``alignment_tokens``: a hit must end on a multiple of it (the scheduler block in hybrids);
+    ``use_eagle``: the last matched block is dropped (EAGLE recomputes it).
+    """
+
+    block_hashes: Sequence[bytes]
+    max_length: int
+    kv_cache_group_ids: tuple[int, ...]
+    block_pool: BlockPool
+    kv_cache_spec: KVCacheSpec
+    traits: SpecTraits
+    use_eagle: bool
+    alignment_tokens: int
+    dcp_world_size: int = 1
+    pcp_world_size: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class HitResult:
+    """A hit: one block list per queried group id (same order), all of one length; positions a spec
+    never reads again hold the pool's null block. ``num_blocks`` x the spec's block size = hit tokens."""
+
+    blocks: tuple[list[KVCacheBlock], ...]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks[0]) if self.blocks else 0
+
+
+@runtime_checkable
+class KVCacheManager(Protocol):
+    """Runs one KV cache group of one spec type (vLLM's SingleTypeKVCacheManager).
+
+    Constructed as ``manager_cls(context)`` with a :class:`ManagerContext`. Most plugins subclass
+    ``kvspec.managers.SingleTypeKVCacheManager`` and override only its hooks (``setup``,
+    ``find_longest_cache_hit``, ``get_num_skipped_tokens``, ``reachable_block_mask``,
+    ``get_num_common_prefix_blocks``); a from-scratch manager implements every member below.
+
+    Invariants: every block it hands out comes from the shared ``BlockPool``; a block is referenced once per
+    request that holds it (``iter_held_blocks`` yields each reference); ``free`` returns every block of a
+    request to the pool. Units: ``num_tokens`` arguments are tokens, ``get_num_*`` return blocks.
+    """
+
+    def __init__(self, context: ManagerContext) -> None: ...
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        """Blocks that allocating up to ``num_tokens`` would take out of the free queue (>= 0)."""
+        ...
+
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """Attach prefix-cache hits (and blocks for externally computed tokens) to a new request."""
+        ...
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        """Append fresh blocks so the request can hold ``num_tokens`` tokens; return the new ones."""
+        ...
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Publish the request's full blocks up to ``num_tokens`` in the prefix cache."""
+        ...
+
+    def free(self, request_id: str) -> None:
+        """Release every block of the request (tail blocks become the first to be evicted)."""
+        ...
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """Free blocks that attention will never read again (outside the window, finished chunks)."""
+        ...
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        """Leading blocks of the request that every request holding blocks shares (cascade attention)."""
+        ...
+
+    def get_blocks(self, request_id: str) -> Sequence[KVCacheBlock]:
+        """The request's blocks in order (null blocks stand for skipped positions)."""
+        ...
+
+    @classmethod
+    def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
+        """The longest prefix hit for ``query``, one block list per group id."""
+        ...
+
+    def new_step_starts(self) -> None:
+        """Called once at the start of every scheduler step."""
+        ...
+
+    def iter_held_blocks(self) -> Iterator[KVCacheBlock]:
+        """Every non-null block this manager holds a reference on, once per reference."""
+        ...
+
+    def take_new_block_ids(self) -> list[int]:
+        """Ids of blocks allocated since the last call (for zeroing); clears the list."""
+        ...
+
+
+MgrT = TypeVar("MgrT", bound=KVCacheManager)

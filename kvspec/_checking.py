@@ -7,17 +7,30 @@ mode, which the test suite uses, so production pays nothing in the scheduler's h
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TypeVar
 
 from beartype import BeartypeConf, BeartypeStrategy, FrozenDict, beartype
 
-from kvspec.errors import KVSpecTypeError
+from kvspec.errors import KVSpecTypeError, UnsupportedConfigurationError
 from kvspec.protocols import KVCacheSpec, _KVCacheSpecCallables
 
-MODE = os.environ.get("KVSPEC_TYPECHECK", "api").strip().lower() or "api"
-if MODE not in ("off", "api", "full"):
-    MODE = "api"
+MODES = ("off", "api", "full")
+
+
+def typecheck_mode(value: str | None) -> str:
+    """The mode ``KVSPEC_TYPECHECK=value`` selects (unset or empty: "api"); anything else is an error."""
+    mode = (value or "").strip().lower() or "api"
+    if mode not in MODES:
+        raise UnsupportedConfigurationError(
+            f"KVSPEC_TYPECHECK={value!r} is not a mode; use one of {', '.join(MODES)} "
+            "(off: no runtime checks, api: public boundaries, full: also per-step methods)."
+        )
+    return mode
+
+
+MODE = typecheck_mode(os.environ.get("KVSPEC_TYPECHECK"))
 
 _ON = BeartypeConf(
     is_color=False,
@@ -39,5 +52,25 @@ def check_construction(cls: _C) -> _C:
     Spec properties (page sizes) run in planning loops, so unlike ``check_api`` on a class this leaves
     every other method unwrapped.
     """
-    setattr(cls, "__init__", check_api(vars(cls)["__init__"]))  # noqa: B010 (mypy rejects the attribute form)
+    checked = check_api(vars(cls)["__init__"])
+    checked.__kvspec_checked__ = True
+    setattr(cls, "__init__", checked)  # noqa: B010 (mypy rejects the attribute form)
     return cls
+
+
+def check_plugin_constructor(spec_cls: type) -> None:
+    """Type-check a registered dataclass spec's constructor like the built-ins' (once per class).
+
+    Only the class's own generated ``__init__`` is wrapped; a class without one inherits a checked one.
+    """
+    if MODE == "off" or not dataclasses.is_dataclass(spec_cls):
+        return
+    init = vars(spec_cls).get("__init__")
+    if init is None or getattr(init, "__kvspec_checked__", False):
+        return
+    try:
+        checked = check_api(init)
+    except Exception:
+        return  # annotations beartype cannot resolve: leave the constructor as it is
+    checked.__kvspec_checked__ = True
+    setattr(spec_cls, "__init__", checked)  # noqa: B010

@@ -17,19 +17,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, runtime_checkable
 
-from kvspec._checking import check_api
+from kvspec._checking import check_api, check_plugin_constructor
+from kvspec.door_checks import check_manager_class, check_spec_class, check_uniform_base, require_class
 from kvspec.errors import (
     CapabilityError,
     ConflictingRegistrationError,
-    ManagerProtocolError,
-    MissingManagerError,
+    KVSpecTypeError,
     PluginError,
-    SpecProtocolError,
-    UniformBaseError,
+    RegistrationError,
     UnregisteredSpecError,
 )
 from kvspec.manager_api import KVCacheManager, MgrT
-from kvspec.protocols import KVCacheSpec, SpecT, missing_members
+from kvspec.protocols import KVCacheSpec, SpecT
 
 KNOWN_DEVICES = frozenset({"cpu", "cuda", "npu", "xpu", "rocm", "tpu"})
 KNOWN_STORAGE_LAYOUTS = frozenset({"paged_kv", "paged_latent", "state", "compressed", "custom"})
@@ -78,7 +77,7 @@ class Registration(Generic[SpecT, MgrT]):
 
     spec_cls: type[SpecT]
     manager_cls: type[MgrT]
-    uniform_type_base_spec: type[SpecT]
+    uniform_type_base_spec: type[KVCacheSpec]
     capabilities: Capabilities | None = None
     source: str = "user"
 
@@ -108,6 +107,11 @@ class _ManagerCache(dict[type, Any]):
         self._owner = owner
 
     def __missing__(self, spec_cls: type) -> Any:
+        if issubclass(spec_cls, type):
+            raise KVSpecTypeError(
+                "get_manager_class() takes a spec instance, got a class; use registry.lookup(SpecClass) "
+                "for a class."
+            )
         entry = self._owner[spec_cls]
         manager = None if entry is None else entry.manager_cls
         self[spec_cls] = manager
@@ -153,60 +157,54 @@ class Registry(Generic[SpecT, MgrT]):
 
     # -- mutation -----------------------------------------------------------------------------
 
-    @check_api
     def register(
         self,
         spec_cls: type[SpecT],
         manager_cls: type[MgrT] | None,
-        uniform_type_base_spec: type[SpecT] | None = None,
+        uniform_type_base_spec: type[KVCacheSpec] | None = None,
         *,
         capabilities: Capabilities | None = None,
         source: str = "user",
     ) -> None:
         """Register ``spec_cls`` to be run by ``manager_cls``.
 
-        Raises (and changes nothing): MissingManagerError, SpecProtocolError, ManagerProtocolError,
-        UniformBaseError, ConflictingRegistrationError. Registering the same triple again is a no-op.
+        ``uniform_type_base_spec``: the class whose layers may share a uniform-type group with this one
+        (any spec class ``spec_cls`` derives from; default: ``spec_cls`` itself).
+        Raises (and changes nothing): MissingManagerError, SpecProtocolError, SpecClassError,
+        ManagerProtocolError, ManagerSignatureError, UniformBaseError, ConflictingRegistrationError,
+        KVSpecTypeError. Registering the same triple again is a no-op.
         """
         entry = self._validate(spec_cls, manager_cls, uniform_type_base_spec, capabilities, source)
         with self._lock:
             self._check_conflict(entry, self._entries)
             self._entries[spec_cls] = entry
             self._lookup_cache = _LookupCache(self)
+        check_plugin_constructor(spec_cls)
 
+    @staticmethod
     def _validate(
-        self,
-        spec_cls: type[SpecT],
-        manager_cls: type[MgrT] | None,
-        base: type[SpecT] | None,
-        capabilities: Capabilities | None,
-        source: str,
-    ) -> Registration[SpecT, MgrT]:
-        if manager_cls is None:
-            raise MissingManagerError(
-                f"Registering {_name(spec_cls)}: manager_class is required; pass the KVCacheManager "
-                "class that runs this spec type."
+        spec_cls: object,
+        manager_cls: object,
+        base: object,
+        capabilities: object,
+        source: object,
+    ) -> Registration[Any, Any]:
+        """Every class-level check (kvspec.door_checks), in the order that names the first problem best."""
+        spec = require_class(spec_cls, "spec_cls")
+        check_spec_class(spec)
+        manager = check_manager_class(manager_cls, spec)
+        base_cls = spec if base is None else require_class(base, "uniform_type_base_spec")
+        check_uniform_base(spec, base_cls)
+        if capabilities is not None and not isinstance(capabilities, Capabilities):
+            raise KVSpecTypeError(
+                f"capabilities must be a kvspec.Capabilities or None, got {type(capabilities).__name__}."
             )
-        missing = missing_members(spec_cls, KVCacheSpec)
-        if missing:
-            raise SpecProtocolError(
-                f"{_name(spec_cls)} is not a KVCacheSpec: missing {', '.join(sorted(missing))}."
-            )
-        missing = missing_members(manager_cls, KVCacheManager)
-        if missing:
-            raise ManagerProtocolError(
-                f"{_name(manager_cls)} (manager for {spec_cls.__name__}) is not a KVCacheManager: "
-                f"missing {', '.join(sorted(missing))}."
-            )
-        base = spec_cls if base is None else base
-        if not issubclass(spec_cls, base):
-            raise UniformBaseError(
-                f"{_name(spec_cls)} must inherit from its declared uniform_type_base_spec {_name(base)}."
-            )
+        if not isinstance(source, str):
+            raise KVSpecTypeError(f"source must be a str, got {type(source).__name__}.")
         return Registration(
-            spec_cls=spec_cls,
-            manager_cls=manager_cls,
-            uniform_type_base_spec=base,
+            spec_cls=spec,
+            manager_cls=manager,
+            uniform_type_base_spec=base_cls,
             capabilities=capabilities,
             source=source,
         )
@@ -224,9 +222,18 @@ class Registry(Generic[SpecT, MgrT]):
                 f"{entry.uniform_type_base_spec.__name__}."
             )
 
-    def register_many(self, items: Sequence[tuple[type[SpecT], type[MgrT], type[SpecT] | None]]) -> None:
-        """Register several classes at once: all or none."""
-        entries = [self._validate(s, m, b, None, "user") for s, m, b in items]
+    def register_many(
+        self, items: Sequence[tuple[type[SpecT], type[MgrT], type[KVCacheSpec] | None]]
+    ) -> None:
+        """Register several classes at once: all or none (each item is checked like ``register``)."""
+        entries = []
+        for item in items:
+            triple: object = item
+            if not isinstance(triple, tuple) or len(triple) != 3:
+                raise KVSpecTypeError(
+                    f"register_many takes (spec_cls, manager_cls, uniform_type_base_spec) triples, got {item!r}."
+                )
+            entries.append(self._validate(item[0], item[1], item[2], None, "user"))
         with self._lock:
             staged = dict(self._entries)
             for entry in entries:
@@ -234,6 +241,8 @@ class Registry(Generic[SpecT, MgrT]):
                 staged[entry.spec_cls] = entry
             self._entries = staged
             self._lookup_cache = _LookupCache(self)
+        for entry in entries:
+            check_plugin_constructor(entry.spec_cls)
 
     # -- lookup -------------------------------------------------------------------------------
 
@@ -273,11 +282,15 @@ class Registry(Generic[SpecT, MgrT]):
                 )
             return found
 
-    def get_manager_class(self, spec: object) -> type[MgrT] | None:
+    def get_manager_class(self, spec: KVCacheSpec) -> type[MgrT] | None:
+        """The manager class for the spec *instance* (MRO lookup, cached); None if its lineage is unknown.
+
+        Passing a class raises KVSpecTypeError (use ``lookup(cls)``): vLLM answers None, silently.
+        """
         manager: type[MgrT] | None = self._lookup_cache.managers[type(spec)]
         return manager
 
-    def get_uniform_type_base_spec(self, spec: object) -> type[SpecT] | None:
+    def get_uniform_type_base_spec(self, spec: KVCacheSpec) -> type[KVCacheSpec] | None:
         entry = self.lookup(type(spec))
         return None if entry is None else entry.uniform_type_base_spec
 
@@ -332,6 +345,20 @@ class Registry(Generic[SpecT, MgrT]):
             return RegistrySnapshot(dict(self._entries), self._strict)
 
     def restore(self, snapshot: RegistrySnapshot[SpecT, MgrT]) -> None:
+        """Replace every entry with the snapshot's; each entry is validated first (all or nothing)."""
+        if not isinstance(snapshot, RegistrySnapshot):
+            raise KVSpecTypeError(f"restore() takes a RegistrySnapshot, got {type(snapshot).__name__}.")
+        for key, entry in snapshot.entries.items():
+            checked: object = entry
+            if not isinstance(checked, Registration) or entry.spec_cls is not key:
+                raise RegistrationError(f"Snapshot entry for {key!r} is not a Registration of that class.")
+            self._validate(
+                entry.spec_cls,
+                entry.manager_cls,
+                entry.uniform_type_base_spec,
+                entry.capabilities,
+                entry.source,
+            )
         with self._lock:
             self._entries = dict(snapshot.entries)
             self._strict = snapshot.strict
@@ -366,9 +393,8 @@ AnyRegistry = Registry[Any, Any]
 default_registry: Registry[KVCacheSpec, KVCacheManager] = Registry(name="default")
 
 
-@check_api
 def register_kv_cache_spec(
-    manager_class: type[KVCacheManager],
+    manager_class: type[KVCacheManager] | None = None,
     *,
     uniform_type_base_spec: type[KVCacheSpec] | None = None,
     capabilities: Capabilities | None = None,
@@ -376,7 +402,8 @@ def register_kv_cache_spec(
 ) -> Callable[[type[SpecT]], type[SpecT]]:
     """Class decorator: register the decorated spec class (into the default registry unless given).
 
-    Put it above ``@dataclass``. It returns the class itself, so mypy keeps its concrete type.
+    Put it above ``@dataclass``. It returns the class itself, so mypy keeps its concrete type. Every
+    check of :meth:`Registry.register` applies (a missing ``manager_class`` is a MissingManagerError).
     """
     target = default_registry if registry is None else registry
 
@@ -394,25 +421,36 @@ class PlatformHook(Protocol):
     def register_custom_kv_cache_specs(self, registry: AnyRegistry) -> None: ...
 
 
-@check_api
 def apply_platform_hook(platform: PlatformHook, registry: AnyRegistry | None = None) -> None:
     """Let a platform register its specs, atomically: if the hook raises, none of its registrations stay.
 
     Call it once per process that builds managers or plans memory (engine core and workers alike): the
     registry is process-local. Hooks must be idempotent (identical re-registration is allowed).
     """
+    hook = getattr(platform, "register_custom_kv_cache_specs", None)
+    if not callable(hook):
+        raise KVSpecTypeError(
+            f"{type(platform).__name__} is not a platform hook: it needs a register_custom_kv_cache_specs(registry) "
+            "method."
+        )
     target = default_registry if registry is None else registry
     try:
         with target.transaction():
-            platform.register_custom_kv_cache_specs(target)
+            hook(target)
     except Exception as exc:
         raise PluginError(
-            f"Platform hook {type(platform).__name__}.register_custom_kv_cache_specs failed: {exc}"
+            f"Platform hook {type(platform).__name__}.register_custom_kv_cache_specs failed "
+            f"({type(exc).__name__}): {exc}"
         ) from exc
 
 
 def _allowed_plugins(allow: Sequence[str] | None) -> set[str] | None:
     if allow is not None:
+        if isinstance(allow, str) or not all(isinstance(a, str) for a in allow):
+            raise KVSpecTypeError(
+                f"load_plugins(allow=...) takes a list of plugin names, got {allow!r}; "
+                "write allow=['name'] (a bare string would be read letter by letter)."
+            )
         return set(allow)
     env = os.environ.get(PLUGINS_ENV)
     if env is None:
@@ -420,7 +458,6 @@ def _allowed_plugins(allow: Sequence[str] | None) -> set[str] | None:
     return {name.strip() for name in env.split(",") if name.strip()}
 
 
-@check_api
 def load_plugins(
     registry: AnyRegistry | None = None,
     *,
@@ -430,28 +467,44 @@ def load_plugins(
     """Load plugins from the ``kvspec.plugins`` entry-point group; return the names loaded.
 
     Each entry point names a callable taking the registry. Which run: ``allow`` if given, else the
-    comma-separated ``KVSPEC_PLUGINS`` variable if set (empty: none), else all. Each plugin registers
-    atomically; a failing plugin raises PluginError and leaves no registration behind.
+    comma-separated ``KVSPEC_PLUGINS`` variable if set (empty: none), else all installed ones.
+    A name in the allow-list that matches no entry point is a PluginError (a typo would load nothing).
+    Each plugin registers atomically; a failing plugin raises PluginError naming the plugins already
+    registered (they stay) and leaves none of its own registrations behind.
     """
     target = default_registry if registry is None else registry
     allowed = _allowed_plugins(allow)
+    points = sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name)
+    if allowed is not None:
+        unknown = sorted(allowed - {ep.name for ep in points})
+        if unknown:
+            available = ", ".join(sorted({ep.name for ep in points})) or "none"
+            raise PluginError(
+                f"kvspec plugin(s) {', '.join(map(repr, unknown))} named in the allow-list match no installed "
+                f"entry point in group {group!r} (installed: {available}). Check the spelling or install them."
+            )
     loaded: list[str] = []
-    for ep in sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name):
+    for ep in points:
         if allowed is not None and ep.name not in allowed:
             continue
+        done = f" Plugins registered before it: {', '.join(loaded) or 'none'}."
         try:
             hook = ep.load()
         except Exception as exc:
-            raise PluginError(f"kvspec plugin {ep.name!r} ({ep.value}) failed to import: {exc}") from exc
+            raise PluginError(
+                f"kvspec plugin {ep.name!r} ({ep.value}) failed to import ({type(exc).__name__}: {exc}).{done}"
+            ) from exc
         if not callable(hook):
             raise PluginError(
                 f"kvspec plugin {ep.name!r} ({ep.value}) is not callable; it must be a function "
-                "taking the registry."
+                f"taking the registry.{done}"
             )
         try:
             with target.transaction():
                 hook(target)
         except Exception as exc:
-            raise PluginError(f"kvspec plugin {ep.name!r} failed to register: {exc}") from exc
+            raise PluginError(
+                f"kvspec plugin {ep.name!r} failed to register ({type(exc).__name__}: {exc}).{done}"
+            ) from exc
         loaded.append(ep.name)
     return loaded

@@ -13,7 +13,7 @@ class HalfManager:
 default_registry.register(FullAttentionSpec, HalfManager)  # E: [arg-type] "type[HalfManager]"; expected "type[KVCacheManager] | None"
 
 
-@register_kv_cache_spec(HalfManager)  # E: [arg-type] "type[HalfManager]"; expected "type[KVCacheManager]"
+@register_kv_cache_spec(HalfManager)  # E: [arg-type] "type[HalfManager]"; expected "type[KVCacheManager] | None"
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MySpec(FullAttentionSpec):
     pass

@@ -453,8 +453,13 @@ class KVCacheCoordinator:
         self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget all cached blocks; False (nothing changed) while requests still hold blocks."""
-        if not self.block_pool.reset_prefix_cache():
+        """Forget all cached blocks; False (nothing changed) while requests still hold blocks.
+
+        Blocks a manager reserves for its lifetime (sink tokens) are not a request's and do not block a
+        reset (in vLLM 0.23 they do, so a model with sink attention can never reset its prefix cache).
+        """
+        reserved = sum(1 for m in self.managers for _ in m.iter_held_blocks()) if not self._admitted else 0
+        if not self.block_pool.reset_prefix_cache(num_reserved=reserved):
             return False
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from kvspec.errors import ModelConfigError
+from kvspec.layout_file import is_layout_file, layer_specs_from_layout
 from kvspec.protocols import KVCacheSpec, MambaCacheMode
 from kvspec.specs._common import KVQuantMode, cdiv, dtype_size, get_kv_quant_mode
 from kvspec.specs.attention import (
@@ -241,8 +242,12 @@ def build_model_layout(
     max_model_len: int | None = None,
     mamba_cache_mode: MambaCacheMode = "none",
 ) -> ModelLayout:
-    """Per-layer specs of ``model`` (preset or config.json) as one TP rank of each PP stage sees them."""
+    """Per-layer specs of ``model`` (preset, config.json or kvspec layout file) as one TP rank of each PP
+    stage sees them. A layout file (kvspec.layout_file) gives its layers' specs directly, as one TP rank
+    holds them; ``block_size``, ``dtype`` and ``kv_cache_dtype`` do not apply to it."""
     name, cfg = load_model_config(model)
+    if is_layout_file(cfg):
+        return _layout_file(cfg, name, pipeline_parallel_size, max_model_len)
     return layout_from_config(
         cfg,
         name=name,
@@ -253,6 +258,26 @@ def build_model_layout(
         pipeline_parallel_size=pipeline_parallel_size,
         max_model_len=max_model_len,
         mamba_cache_mode=mamba_cache_mode,
+    )
+
+
+def _layout_file(
+    cfg: Mapping[str, Any], path: str, pipeline_parallel_size: int, max_model_len: int | None
+) -> ModelLayout:
+    specs = layer_specs_from_layout(cfg, base_dir=Path(path).parent)
+    mml = max_model_len or _positive_int(cfg, "max_model_len", "kvspec layout")
+    enc = cfg.get("max_num_encoder_input_tokens", 0)
+    if isinstance(enc, bool) or not isinstance(enc, int) or enc < 0:
+        raise ModelConfigError(
+            f"kvspec layout max_num_encoder_input_tokens must be an int >= 0, got {enc!r}."
+        )
+    return ModelLayout(
+        name=str(cfg.get("name") or path),
+        model_type="kvspec_layout",
+        stage_specs=_split_stages(specs, pipeline_parallel_size),
+        max_model_len=mml,
+        max_num_encoder_input_tokens=enc,
+        notes=(f"layout file with plugins {', '.join(cfg.get('plugins', [])) or 'none'}",),
     )
 
 

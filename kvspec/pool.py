@@ -486,9 +486,10 @@ class BlockPool:
         for block_id in ids:
             self._maybe_evict_cached_block(self.blocks[block_id])
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash; refused (False) while any request still holds blocks."""
-        num_used = self.num_gpu_blocks - self.get_num_free_blocks()
+    def reset_prefix_cache(self, num_reserved: int = 0) -> bool:
+        """Forget every cached hash; refused (False) while any block other than the null block and
+        ``num_reserved`` blocks a manager holds for its lifetime is in use."""
+        num_used = self.num_gpu_blocks - self.get_num_free_blocks() - num_reserved
         if num_used != 1:
             logger.warning(
                 "Failed to reset prefix cache because some blocks (%d) are not freed yet", num_used - 1

@@ -1,0 +1,712 @@
+"""The plugin conformance kit: run it in a plugin's own test suite.
+
+``check_plugin(spec, manager_cls)`` registers the pair in a scratch registry (beside the built-ins), checks
+every value the spec returns, plans a layout (the spec alone, and beside full attention), and drives a
+coordinator through admission, a prefix hit, decode, an unrelated request, preemption, a refused
+allocation and free, checking after every step:
+
+- the pool's invariants and that every block's ref count equals its holders (``check_invariants``);
+- every value a manager method returns (types, ranges, blocks from this pool);
+- behaviour, not only bookkeeping: the block holding a request's last computed token is still held
+  (a skipped-token count off by one frees it), a prefix hit's blocks carry the request's own block
+  hashes, ``get_num_common_prefix_blocks`` never counts a block some running request does not hold,
+  a refused allocation changes nothing, and finishing every request returns every block.
+
+``plugin_state_machine(spec, manager_cls)`` returns a hypothesis ``RuleBasedStateMachine`` that makes the
+same checks after random steps (hypothesis is needed only for it).
+
+Every failure raises :class:`kvspec.errors.PluginContractError` (or the registration error at the door)
+naming the method, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvspec.builtins import register_builtins
+from kvspec.config import KVCacheConfig, scheduler_spec
+from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
+from kvspec.device.kv_cache import allocate_kv_caches, page_views_of
+from kvspec.errors import KVSpecError, PluginContractError
+from kvspec.hashing import BlockHashListWithBlockSize
+from kvspec.manager_api import KVCacheManager
+from kvspec.planning import get_kv_cache_config
+from kvspec.pool import BlockStored, KVCacheBlock
+from kvspec.protocols import KVCacheSpec, SchedulerLimits
+from kvspec.registry import AnyRegistry, Registry, default_registry
+from kvspec.request import Request
+from kvspec.specs.attention import FullAttentionSpec
+from kvspec.traits import SpecTraits, event_kind, traits_of
+
+__all__ = [
+    "ConformanceReport",
+    "CoordinatorChecker",
+    "check_plugin",
+    "check_spec_values",
+    "plugin_state_machine",
+]
+
+
+@dataclass(kw_only=True, slots=True)
+class ConformanceReport:
+    """What ``check_plugin`` checked (each entry passed), and what it skipped and why."""
+
+    spec_class: str
+    manager_class: str
+    checks: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"{self.spec_class} run by {self.manager_class}: {len(self.checks)} checks passed"]
+        lines += [f"  ok   {c}" for c in self.checks]
+        lines += [f"  skip {s}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _fail(what: str) -> PluginContractError:
+    return PluginContractError(what)
+
+
+def _require_count(value: object, what: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(f"{what} must be an int, got {type(value).__name__} {value!r}.")
+    if value < minimum:
+        raise _fail(f"{what} must be >= {minimum}, got {value}.")
+    return value
+
+
+# -- spec values ------------------------------------------------------------------------------------
+
+
+def check_spec_values(spec: KVCacheSpec, limits: SchedulerLimits | None = None) -> list[str]:
+    """Check every value ``spec`` returns; return the names of the checks that passed."""
+    name = type(spec).__name__
+    done: list[str] = []
+    bs = _require_count(spec.block_size, f"{name}.block_size", 1)
+    page = _require_count(spec.page_size_bytes, f"{name}.page_size_bytes", 1)
+    done.append("block_size and page_size_bytes are positive ints")
+    try:
+        hash(spec)
+    except TypeError as exc:
+        raise _fail(f"{name} instances are not hashable ({exc}); specs are dict keys when grouping.") from exc
+    try:
+        setattr(spec, "block_size", bs)  # noqa: B010
+    except (dataclasses.FrozenInstanceError, AttributeError, TypeError):
+        pass
+    else:
+        raise _fail(f"{name} instances can be modified (spec.block_size = ...); specs must be immutable.")
+    done.append("hashable and immutable")
+    limits = limits or SchedulerLimits(max_model_len=8 * bs, max_num_batched_tokens=4 * bs)
+    previous = -1
+    for length in (1, bs, 4 * bs, limits.max_model_len):
+        trial = dataclasses.replace(limits, max_model_len=length, max_num_batched_tokens=min(length, 4 * bs))
+        need = _require_count(
+            spec.max_memory_usage_bytes(trial), f"{name}.max_memory_usage_bytes(max_model_len={length})"
+        )
+        if need < previous:
+            raise _fail(
+                f"{name}.max_memory_usage_bytes shrinks as max_model_len grows ({previous} -> {need} bytes at "
+                f"{length} tokens); planning's binary search for the longest model length needs it monotone."
+            )
+        previous = need
+    done.append("max_memory_usage_bytes is a non-negative int, monotone in max_model_len")
+    bigger = spec.copy_with_new_block_size(2 * bs)
+    if type(bigger) is not type(spec) or bigger.block_size != 2 * bs:
+        raise _fail(
+            f"{name}.copy_with_new_block_size({2 * bs}) returned {type(bigger).__name__} with block_size="
+            f"{getattr(bigger, 'block_size', None)!r}; expected a {name} with block_size={2 * bs}."
+        )
+    if spec.copy_with_new_block_size(bs) != spec:
+        raise _fail(f"{name}.copy_with_new_block_size({bs}) (its own block size) does not equal the spec.")
+    _require_count(bigger.page_size_bytes, f"{name}.copy_with_new_block_size(...).page_size_bytes", 1)
+    done.append("copy_with_new_block_size keeps the class and sets the block size")
+    for specs in ([spec], [spec, spec]):
+        merged = type(spec).merge(specs)
+        if type(merged) is not type(spec) or merged.block_size != bs or merged.page_size_bytes != page:
+            raise _fail(
+                f"{name}.merge({len(specs)} equal specs) returned {merged!r}; expected a {name} with the same "
+                "block size and page size."
+            )
+    done.append("merge of equal specs gives an equal spec")
+    as_list = spec.is_uniform_with_collection([spec, spec])
+    if as_list is not True:
+        raise _fail(f"{name}.is_uniform_with_collection([spec, spec]) returned {as_list!r}; expected True.")
+    try:
+        as_dict = spec.is_uniform_with_collection({"a": spec, "b": spec})  # type: ignore[arg-type]
+    except Exception as exc:
+        raise _fail(
+            f"{name}.is_uniform_with_collection raised {type(exc).__name__} for vLLM's layer -> spec dict; "
+            "accept a Mapping too (kvspec.as_spec_list)."
+        ) from exc
+    if as_dict is not as_list:
+        raise _fail(
+            f"{name}.is_uniform_with_collection answers {as_dict!r} for a dict and {as_list!r} for a list of the "
+            "same specs; accept vLLM's dict[str, spec] (kvspec.as_spec_list)."
+        )
+    done.append("is_uniform_with_collection gives one answer for a list and for vLLM's dict")
+    traits = traits_of(spec)
+    views, _ = page_views_of(spec)
+    done.append(
+        f"traits declared ({'kv_cache_traits' if hasattr(spec, 'kv_cache_traits') else 'defaults'}), "
+        f"{len(views)} device view(s) inside the page"
+    )
+    if traits.admission_lookback_tokens is not None:
+        cap = traits.admission_cap_blocks(bs, limits.batched_tokens, limits.max_model_len)
+        _require_count(cap, f"{name} admission cap", 1)
+    return done
+
+
+# -- behaviour checks on a running coordinator ------------------------------------------------------
+
+
+class CoordinatorChecker:
+    """Checks a coordinator after every step; ``running`` maps request ids to their Request."""
+
+    def __init__(self, coord: KVCacheCoordinator) -> None:
+        self.coord = coord
+        self.pool = coord.block_pool
+
+    def _own_block(self, block: object, where: str) -> KVCacheBlock:
+        if not isinstance(block, KVCacheBlock):
+            raise _fail(f"{where} holds {type(block).__name__} {block!r}, not a KVCacheBlock.")
+        if (
+            not (0 <= block.block_id < self.pool.num_gpu_blocks)
+            or self.pool.blocks[block.block_id] is not block
+        ):
+            raise _fail(
+                f"{where} holds block {block.block_id}, which is not a block of this coordinator's pool."
+            )
+        return block
+
+    def check_blocks(self, blocks: KVCacheBlocks | None, where: str) -> None:
+        if blocks is None:
+            return
+        if len(blocks.blocks) != self.coord.num_groups:
+            raise _fail(f"{where} returned {len(blocks.blocks)} groups, expected {self.coord.num_groups}.")
+        for gid, group in enumerate(blocks.blocks):
+            for block in group:
+                self._own_block(block, f"{where} group {gid}")
+
+    def predicted_blocks(self, request: Request, num_new_tokens: int) -> int:
+        """What the managers say the next step of a running request takes (each value validated)."""
+        total = min(request.num_computed_tokens, self.coord.max_model_len)
+        main = total + num_new_tokens
+        need = min(main, self.coord.max_model_len)
+        out = 0
+        for gid, manager in enumerate(self.coord.managers):
+            n = manager.get_num_blocks_to_allocate(request.request_id, need, (), total, main)
+            out += _require_count(n, f"{type(manager).__name__}.get_num_blocks_to_allocate (group {gid})")
+        return out
+
+    def check_hit(self, request: Request, computed: KVCacheBlocks, num_hit_tokens: int) -> None:
+        coord = self.coord
+        _require_count(num_hit_tokens, "get_computed_blocks hit tokens")
+        self.check_blocks(computed, "get_computed_blocks")
+        if not coord.enable_caching:
+            if num_hit_tokens or any(computed.blocks):
+                raise _fail("a prefix hit with prefix caching disabled.")
+            return
+        if num_hit_tokens >= max(request.num_tokens, 1):
+            raise _fail(
+                f"a hit of {num_hit_tokens} tokens covers the whole {request.num_tokens}-token prompt."
+            )
+        for gid, group in enumerate(computed.blocks):
+            spec = coord.specs[gid]
+            if not group and num_hit_tokens == 0:
+                continue
+            if len(group) * spec.block_size * self._cp != num_hit_tokens:
+                raise _fail(
+                    f"group {gid}'s hit has {len(group)} blocks of {spec.block_size} tokens for a "
+                    f"{num_hit_tokens}-token hit."
+                )
+            view = BlockHashListWithBlockSize(request.block_hashes, coord.hash_block_size, spec.block_size)
+            for i, block in enumerate(group):
+                if block.is_null:
+                    continue
+                if block.block_hash != view[i] + gid.to_bytes(4, "big"):
+                    raise _fail(
+                        f"group {gid}'s hit puts block {block.block_id} at position {i}, but it is not cached "
+                        "under this request's hash for that position (find_longest_cache_hit matched the "
+                        "wrong block)."
+                    )
+
+    @property
+    def _cp(self) -> int:
+        return self.coord.limits.context_parallel_size if self.coord.num_groups == 1 else 1
+
+    def after_step(self, running: Mapping[str, Request]) -> None:
+        coord = self.coord
+        try:
+            coord.check_invariants()
+        except KVSpecError as exc:
+            raise _fail(f"pool or ref counts inconsistent after a step: {exc}") from exc
+        live: dict[str, list[list[KVCacheBlock]]] = {}
+        for gid, manager in enumerate(coord.managers):
+            mname = type(manager).__name__
+            for block in manager.iter_held_blocks():
+                self._own_block(block, f"{mname}.iter_held_blocks()")
+            ids = manager.take_new_block_ids()
+            if not isinstance(ids, list):
+                raise _fail(f"{mname}.take_new_block_ids() returned {type(ids).__name__}, not a list.")
+            for block_id in ids:
+                _require_count(block_id, f"{mname}.take_new_block_ids() id")
+                if block_id >= self.pool.num_gpu_blocks:
+                    raise _fail(f"{mname}.take_new_block_ids() reported block {block_id}, outside the pool.")
+            for rid, request in running.items():
+                blocks = manager.get_blocks(rid)
+                for block in blocks:
+                    self._own_block(block, f"{mname}.get_blocks({rid!r})")
+                live.setdefault(rid, []).append(list(blocks))
+                self._check_last_token_held(gid, manager, request, blocks)
+        for gid, manager in enumerate(coord.managers):
+            for rid in running:
+                got = _require_count(
+                    manager.get_num_common_prefix_blocks(rid),
+                    f"{type(manager).__name__}.get_num_common_prefix_blocks({rid!r})",
+                )
+                truth = _common_prefix(rid, [blocks[gid] for blocks in live.values()], live[rid][gid])
+                if got > truth:
+                    raise _fail(
+                        f"{type(manager).__name__}.get_num_common_prefix_blocks({rid!r}) = {got} (group {gid}), but "
+                        f"only {truth} leading block(s) are held by every one of the {len(running)} running "
+                        "requests; cascade attention would read another request's KV."
+                    )
+
+    def _check_last_token_held(
+        self, gid: int, manager: KVCacheManager, request: Request, blocks: Sequence[KVCacheBlock]
+    ) -> None:
+        """The block holding the last computed token is still held (the next token reads its KV, or the
+        state after it), unless the spec declares chunked attention (a new chunk reads nothing before it)
+        or a window of one token. Call it after allocate_slots and before the step's tokens are counted as
+        computed: that is when a too-eager free would let the model read a block another request reuses."""
+        traits = self.coord.traits[gid]
+        if traits.allocate_per_encoder_input or traits.attention_chunk_size is not None:
+            return
+        if traits.sliding_window is not None and traits.sliding_window < 2:
+            return
+        n = min(request.num_computed_tokens, self.coord.max_model_len)
+        if n <= 0 or not blocks:
+            return
+        bs = self.coord.specs[gid].block_size * self._cp
+        index = (n - 1) // bs
+        if index < len(blocks) and blocks[index].is_null:
+            raise _fail(
+                f"{type(manager).__name__} (group {gid}) freed block {index} of request "
+                f"{request.request_id!r}, which holds its last computed token (position {n - 1}); the next "
+                "step reads it. Is get_num_skipped_tokens off by one?"
+            )
+
+
+def _common_prefix(rid: str, all_lists: Sequence[Sequence[KVCacheBlock]], own: Sequence[KVCacheBlock]) -> int:
+    """Leading positions where every request that holds blocks holds this request's (non-null) block."""
+    holders = [blocks for blocks in all_lists if blocks]
+    count = 0
+    for i, block in enumerate(own):
+        if block.is_null or any(i >= len(b) or b[i] is not block for b in holders):
+            break
+        count += 1
+    return count
+
+
+# -- the scenario -----------------------------------------------------------------------------------
+
+
+def _companion_full_attention(spec: KVCacheSpec) -> FullAttentionSpec | None:
+    """A full-attention layer with the plugin's block size and exactly its page (padded), or None."""
+    bs, page = spec.block_size, spec.page_size_bytes
+    if page < 2 * bs:
+        return None
+    return FullAttentionSpec(
+        block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.int8, page_size_padded=page
+    )
+
+
+class _Scenario:
+    def __init__(
+        self,
+        config: KVCacheConfig,
+        limits: SchedulerLimits,
+        registry: AnyRegistry,
+        caching: bool,
+        report: ConformanceReport,
+        label: str,
+    ) -> None:
+        self.coord = KVCacheCoordinator(
+            config,
+            limits,
+            enable_caching=caching,
+            enable_kv_cache_events=True,
+            log_stats=True,
+            registry=registry,
+        )
+        self.checker = CoordinatorChecker(self.coord)
+        self.report = report
+        self.label = label
+        self.running: dict[str, Request] = {}
+        self.hasher = self.coord.make_block_hasher(seed="kvspec.testing")
+        self.encoder = any(t.allocate_per_encoder_input for t in self.coord.traits)
+        self.rng = random.Random(0)
+
+    def request(self, rid: str, tokens: list[int]) -> Request:
+        return Request(rid, tokens, block_hasher=self.hasher)
+
+    def admit(self, request: Request) -> int:
+        coord = self.coord
+        computed, hit = coord.get_computed_blocks(request)
+        self.checker.check_hit(request, computed, hit)
+        enc = 2 * coord.scheduler_block_size if self.encoder else 0
+        new = coord.allocate_slots(request, request.num_tokens - hit, hit, computed, num_encoder_tokens=enc)
+        if new is None:
+            raise _fail(
+                f"[{self.label}] allocate_slots refused request {request.request_id!r} with "
+                f"{coord.num_free_blocks} free blocks; the kit sizes the pool so it fits."
+            )
+        self.checker.check_blocks(new, "allocate_slots")
+        # Checked before the step's tokens count as computed: the model is about to read the hit's last
+        # token (its KV, or the state after it), so that block must still be held.
+        request.num_computed_tokens = hit
+        self.running[request.request_id] = request
+        self.checker.after_step(self.running)
+        request.num_computed_tokens = request.num_tokens
+        self.checker.after_step(self.running)
+        return hit
+
+    def decode(self, request: Request, steps: int) -> None:
+        for _ in range(steps):
+            self.coord.new_step_starts()
+            request.append_output_token_ids(self.rng.randrange(1, 50))
+            self.checker.predicted_blocks(request, 1)
+            new = self.coord.allocate_slots(request, 1)
+            if new is None:
+                raise _fail(f"[{self.label}] a one-token decode step was refused with free blocks left.")
+            self.checker.check_blocks(new, "allocate_slots (decode)")
+            # The step about to run reads the last computed token's block: check before advancing.
+            self.checker.after_step(self.running)
+            request.num_computed_tokens += 1
+            self.checker.after_step(self.running)
+
+    def finish(self, request: Request) -> None:
+        self.coord.free(request)
+        del self.running[request.request_id]
+        for manager in self.coord.managers:
+            if manager.get_blocks(request.request_id):
+                raise _fail(
+                    f"{type(manager).__name__} still holds blocks of {request.request_id!r} after free()."
+                )
+        self.checker.after_step(self.running)
+
+    def run(self, traits: SpecTraits) -> None:
+        coord, report, label = self.coord, self.report, self.label
+        bs = coord.scheduler_block_size
+        shared = [1 + (i % 97) for i in range(3 * bs)]
+        # 1. a prompt of exactly three scheduler blocks, then decode
+        r1 = self.request("r1", list(shared))
+        self.admit(r1)
+        self.decode(r1, 3)
+        report.checks.append(f"[{label}] admit a 3-block prompt and decode 3 tokens")
+        # 2. a request sharing r1's prompt: a prefix hit
+        r2 = self.request("r2", [*shared, *range(200, 200 + bs // 2 + 1)])
+        self.coord.new_step_starts()
+        hit = self.admit(r2)
+        if coord.enable_caching and traits.prefix_hits_left_closed and coord.num_groups == 1 and hit < bs:
+            raise _fail(
+                f"[{label}] a request sharing a cached 3-block prompt got a {hit}-token hit; the spec declares "
+                "left-closed (full-attention) hits, so at least one block should hit."
+            )
+        report.checks.append(
+            f"[{label}] prefix hit of {hit} tokens, every hit block under the request's own hash"
+        )
+        # 3. an unrelated request: nothing is common to all three
+        r3 = self.request("r3", [300 + (i % 50) for i in range(2 * bs + 3)])
+        self.coord.new_step_starts()
+        self.admit(r3)
+        self.decode(r2, 2)
+        report.checks.append(f"[{label}] three running requests, common-prefix counts bounded by the truth")
+        # 4. preempt r2 and re-admit it
+        self.coord.free(r2)
+        del self.running["r2"]
+        r2.num_computed_tokens = 0
+        r2.num_preemptions += 1
+        self.checker.after_step(self.running)
+        self.coord.new_step_starts()
+        self.admit(r2)
+        report.checks.append(f"[{label}] preemption and re-admission")
+        # 5. a refused allocation changes nothing
+        r4 = self.request("r4", [400 + (i % 50) for i in range(2 * bs)])
+        free_before = coord.num_free_blocks
+        enc = 2 * bs if self.encoder else 0
+        refused = coord.allocate_slots(r4, r4.num_tokens, num_encoder_tokens=enc, reserved_blocks=free_before)
+        if refused is not None and any(refused.blocks):
+            raise _fail(f"[{label}] allocate_slots handed out blocks it was told were reserved.")
+        if refused is None:
+            if coord.num_free_blocks != free_before or any(m.get_blocks("r4") for m in coord.managers):
+                raise _fail(f"[{label}] a refused allocate_slots changed the pool (free blocks or holdings).")
+            self.checker.after_step(self.running)
+            report.checks.append(f"[{label}] a refused allocation leaves the pool as it was")
+        else:
+            self.running["r4"] = r4
+        # 6. finish everything: every block comes back
+        for request in list(self.running.values()):
+            self.finish(request)
+        reserved = sum(1 for m in coord.managers for _ in m.iter_held_blocks())
+        if coord.num_free_blocks != coord.block_pool.num_gpu_blocks - 1 - reserved:
+            raise _fail(
+                f"[{label}] after every request finished, {coord.block_pool.num_gpu_blocks - 1 - reserved - coord.num_free_blocks} "
+                "block(s) are neither free nor held by a manager (leaked)."
+            )
+        report.checks.append(f"[{label}] every block returns to the pool when all requests finish")
+        if not coord.reset_prefix_cache():
+            raise _fail(f"[{label}] reset_prefix_cache() refused with no request running.")
+        # 7. events carry the group's declared kind
+        for event in coord.take_events():
+            if isinstance(event, BlockStored) and event.group_idx is not None:
+                meta = coord._event_metadata[event.group_idx]
+                if event.kv_cache_spec_kind != meta.kind:
+                    raise _fail(f"[{label}] a BlockStored event reports kind {event.kv_cache_spec_kind!r}.")
+        kinds = sorted({m.kind for m in coord._event_metadata})
+        report.checks.append(f"[{label}] KV events carry kinds {kinds}")
+
+
+def check_plugin(
+    spec: KVCacheSpec,
+    manager_cls: type[KVCacheManager],
+    *,
+    uniform_type_base_spec: type[KVCacheSpec] | None = None,
+    registry: AnyRegistry | None = None,
+    num_blocks: int = 64,
+) -> ConformanceReport:
+    """Check a spec/manager pair end to end (see the module docstring); raise on the first failure.
+
+    The pair is registered in a scratch registry that starts from ``registry`` (default: the default
+    registry), so the caller's registry is never changed. Returns what was checked.
+    """
+    source = default_registry if registry is None else registry
+    scratch: Registry[Any, Any] = Registry(name="conformance")
+    register_builtins(scratch)
+    for entry in source.registrations():
+        if entry.source != "builtin":
+            scratch.register(
+                entry.spec_cls,
+                entry.manager_cls,
+                entry.uniform_type_base_spec,
+                capabilities=entry.capabilities,
+            )
+    existing = scratch.lookup(type(spec))
+    if existing is None or existing.spec_cls is not type(spec) or existing.manager_cls is not manager_cls:
+        if existing is not None and existing.spec_cls is type(spec):
+            raise _fail(
+                f"{type(spec).__name__} is registered with {existing.manager_cls.__name__}, not "
+                f"{manager_cls.__name__}; check the pair the registry will run."
+            )
+        scratch.register(type(spec), manager_cls, uniform_type_base_spec)
+    report = ConformanceReport(spec_class=type(spec).__qualname__, manager_class=manager_cls.__qualname__)
+    report.checks.append("registration: class members, signatures, frozen and hashable")
+    report.checks += check_spec_values(spec)
+    traits = traits_of(spec)
+    bs = spec.block_size
+    limits = SchedulerLimits(
+        max_model_len=16 * bs,
+        max_num_batched_tokens=8 * bs,
+        max_num_encoder_input_tokens=2 * bs,
+        mamba_cache_mode=getattr(spec, "mamba_cache_mode", "none"),
+    )
+    layouts: dict[str, dict[str, KVCacheSpec]] = {"alone": {"plugin.0": spec, "plugin.1": spec}}
+    companion = _companion_full_attention(spec)
+    if companion is None:
+        report.skipped.append("beside full attention: the spec's page is smaller than 2 bytes per token")
+    else:
+        layouts["beside full attention"] = {"full.0": companion, "plugin.0": spec, "plugin.1": spec}
+    for label, layers in layouts.items():
+        try:
+            config = get_kv_cache_config(layers, 0, limits, num_blocks_override=num_blocks, registry=scratch)
+        except KVSpecError as exc:
+            raise _fail(f"[{label}] planning {type(spec).__name__} failed: {exc}") from exc
+        _check_config(config, layers, label)
+        report.checks.append(
+            f"[{label}] planned {len(config.kv_cache_groups)} group(s), {config.num_blocks} blocks, "
+            f"{len(config.kv_cache_tensors)} tensor(s)"
+        )
+        caches = allocate_kv_caches(config, "cpu")
+        for layer in layers:
+            cache = caches[layer]
+            for view in cache if isinstance(cache, tuple) else (cache,):
+                if view.shape[0] != config.num_blocks:
+                    raise _fail(f"[{label}] layer {layer}'s device view has {view.shape[0]} blocks.")
+        report.checks.append(f"[{label}] device views of every layer, block-major")
+        scheduler = dataclasses.replace(
+            config,
+            kv_cache_groups=tuple(
+                dataclasses.replace(g, kv_cache_spec=scheduler_spec(g.kv_cache_spec))
+                for g in config.kv_cache_groups
+            ),
+        )
+        modes = [True, False] if traits.supports_prefix_caching else [False]
+        for caching in modes:
+            tag = f"{label}, caching {'on' if caching else 'off'}"
+            _Scenario(scheduler, limits, scratch, caching, report, tag).run(traits)
+    registration = scratch.lookup(type(spec))
+    identifier = registration.capabilities.identifier if registration and registration.capabilities else None
+    report.checks.append(f"event kind {event_kind(traits, identifier)!r}")
+    return report
+
+
+def _check_config(config: KVCacheConfig, layers: Mapping[str, KVCacheSpec], label: str) -> None:
+    _require_count(config.num_blocks, f"[{label}] planned num_blocks", 1)
+    for tensor in config.kv_cache_tensors:
+        _require_count(tensor.size, f"[{label}] KVCacheTensor.size")
+    assigned = {n for g in config.kv_cache_groups for n in g.layer_names}
+    if assigned != set(layers):
+        raise _fail(f"[{label}] planning assigned layers {sorted(assigned)}, expected {sorted(layers)}.")
+
+
+# -- hypothesis -------------------------------------------------------------------------------------
+
+
+def plugin_state_machine(
+    spec: KVCacheSpec,
+    manager_cls: type[KVCacheManager],
+    *,
+    uniform_type_base_spec: type[KVCacheSpec] | None = None,
+    beside_full_attention: bool = True,
+) -> type[Any]:
+    """A hypothesis ``RuleBasedStateMachine`` class driving a coordinator of ``spec`` (and, by default, a
+    full-attention layer beside it) through random admissions, steps, preemptions, frees and resets,
+    with every :class:`CoordinatorChecker` check after each step. Use ``Machine.TestCase`` in a test."""
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+    registry: Registry[Any, Any] = Registry(name="conformance-machine")
+    register_builtins(registry)
+    for entry in default_registry.registrations():
+        if entry.source != "builtin":
+            registry.register(entry.spec_cls, entry.manager_cls, entry.uniform_type_base_spec)
+    if registry.lookup(type(spec)) is None or registry.lookup(type(spec)).manager_cls is not manager_cls:  # type: ignore[union-attr]
+        registry.register(type(spec), manager_cls, uniform_type_base_spec)
+    bs = spec.block_size
+    limits = SchedulerLimits(
+        max_model_len=8 * bs,
+        max_num_batched_tokens=4 * bs,
+        max_num_encoder_input_tokens=2 * bs,
+        mamba_cache_mode=getattr(spec, "mamba_cache_mode", "none"),
+    )
+    layers: dict[str, KVCacheSpec] = {"plugin.0": spec}
+    companion = _companion_full_attention(spec) if beside_full_attention else None
+    if companion is not None:
+        layers["full.0"] = companion
+    prefixes = [[1000 + 100 * p + i for i in range(3 * bs)] for p in range(3)]
+    caching_allowed = traits_of(spec).supports_prefix_caching
+
+    class PluginMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.waiting: dict[str, Request] = {}
+            self.running: dict[str, Request] = {}
+            self.next_id = 0
+            self.rng = random.Random(0)
+
+        @initialize(
+            num_blocks=st.integers(20, 48), chunk=st.sampled_from([bs, 2 * bs, 3 * bs]), caching=st.booleans()
+        )
+        def setup(self, num_blocks: int, chunk: int, caching: bool) -> None:
+            config = get_kv_cache_config(layers, 0, limits, num_blocks_override=num_blocks, registry=registry)
+            config = dataclasses.replace(
+                config,
+                kv_cache_groups=tuple(
+                    dataclasses.replace(g, kv_cache_spec=scheduler_spec(g.kv_cache_spec))
+                    for g in config.kv_cache_groups
+                ),
+            )
+            self.coord = KVCacheCoordinator(
+                config, limits, enable_caching=caching and caching_allowed, registry=registry
+            )
+            self.checker = CoordinatorChecker(self.coord)
+            self.hasher = self.coord.make_block_hasher(seed="kvspec.testing")
+            self.chunk = chunk
+            self.encoder = 2 * bs if any(t.allocate_per_encoder_input for t in self.coord.traits) else 0
+
+        @rule(prefix=st.integers(-1, 2), prefix_len=st.integers(0, 3 * bs), suffix_len=st.integers(1, 4 * bs))
+        def add_request(self, prefix: int, prefix_len: int, suffix_len: int) -> None:
+            head = prefixes[prefix][:prefix_len] if prefix >= 0 else []
+            tokens = head + [self.rng.randrange(50) for _ in range(suffix_len)]
+            rid = str(self.next_id)
+            self.next_id += 1
+            self.waiting[rid] = Request(rid, tokens, block_hasher=self.hasher)
+
+        @precondition(lambda self: bool(self.waiting))
+        @rule(data=st.data())
+        def admit(self, data: st.DataObject) -> None:
+            rid = data.draw(st.sampled_from(sorted(self.waiting)))
+            request = self.waiting[rid]
+            computed, n = self.coord.get_computed_blocks(request)
+            self.checker.check_hit(request, computed, n)
+            num_new = min(self.chunk, request.num_tokens - n)
+            free_before = self.coord.num_free_blocks
+            new = self.coord.allocate_slots(request, num_new, n, computed, num_encoder_tokens=self.encoder)
+            if new is None:
+                if self.coord.num_free_blocks > free_before:
+                    raise _fail("a refused admission freed blocks")
+                return
+            self.checker.check_blocks(new, "allocate_slots")
+            request.num_computed_tokens = n
+            del self.waiting[rid]
+            self.running[rid] = request
+            self.checker.after_step(self.running)  # before the step runs: the hit's last token is read
+            request.num_computed_tokens = n + num_new
+
+        @precondition(lambda self: bool(self.running))
+        @rule(data=st.data())
+        def step(self, data: st.DataObject) -> None:
+            rid = data.draw(st.sampled_from(sorted(self.running)))
+            request = self.running[rid]
+            if request.num_computed_tokens >= request.num_tokens:
+                request.append_output_token_ids(self.rng.randrange(50))
+            if request.num_tokens >= limits.max_model_len:
+                self.coord.free(self.running.pop(rid))
+                return
+            num_new = min(self.chunk, request.num_tokens - request.num_computed_tokens)
+            self.checker.predicted_blocks(request, num_new)
+            new = self.coord.allocate_slots(request, num_new)
+            if new is None:
+                self.coord.free(request)
+                request.num_computed_tokens = 0
+                request.num_preemptions += 1
+                del self.running[rid]
+                self.waiting[rid] = request
+                return
+            self.checker.check_blocks(new, "allocate_slots")
+            self.checker.after_step(self.running)  # before the step runs: its last computed token is read
+            request.num_computed_tokens += num_new
+
+        @precondition(lambda self: bool(self.running))
+        @rule(data=st.data())
+        def finish(self, data: st.DataObject) -> None:
+            rid = data.draw(st.sampled_from(sorted(self.running)))
+            self.coord.free(self.running.pop(rid))
+
+        @rule()
+        def new_step(self) -> None:
+            self.coord.new_step_starts()
+
+        @rule()
+        def reset(self) -> None:
+            if self.coord.reset_prefix_cache() is bool(self.running):
+                raise _fail("reset_prefix_cache() answered wrongly for the number of running requests")
+
+        @invariant()
+        def consistent(self) -> None:
+            if not hasattr(self, "coord"):
+                return
+            self.checker.after_step(self.running)
+            if not self.running:
+                held = sum(1 for m in self.coord.managers for _ in m.iter_held_blocks())
+                if self.coord.num_free_blocks != self.coord.block_pool.num_gpu_blocks - 1 - held:
+                    raise _fail("blocks leaked with no request running")
+
+    PluginMachine.__name__ = f"{type(spec).__name__}Machine"
+    return PluginMachine

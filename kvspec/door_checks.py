@@ -196,6 +196,13 @@ def _check_manager_member(cls: type, member: str) -> None:
     want = f"({', '.join(p.name for p in expected)})"
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in impl_params):
         return  # *args/**kwargs forwarders accept whatever the protocol passes
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in impl_params if p.default is p.empty and p.kind in positional]
+    if len(required) > len(expected):
+        raise ManagerSignatureError(
+            f"{shown} takes {len(required)} required parameter(s); the KVCacheManager protocol passes "
+            f"{len(expected)}: {member}{want}."
+        )
     if len(impl_params) < len(expected):
         raise ManagerSignatureError(
             f"{shown} takes {len(impl_params)} parameter(s); the KVCacheManager protocol passes "
@@ -213,7 +220,7 @@ def _check_manager_member(cls: type, member: str) -> None:
                 f"{shown}: parameter {got.name!r} needs the default {exp.default!r} (the coordinator may omit it)."
             )
     for extra in impl_params[len(expected) :]:
-        if extra.default is extra.empty and extra.kind is not extra.KEYWORD_ONLY:
+        if extra.default is extra.empty:
             raise ManagerSignatureError(
                 f"{shown}: extra parameter {extra.name!r} has no default; the protocol passes only {member}{want}."
             )

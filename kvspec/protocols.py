@@ -106,8 +106,11 @@ class KVCacheSpec(Protocol):
         """One spec that stands for every spec of a KV cache group; raises SpecMergeError if impossible."""
         ...
 
-    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
-        """The type-specific part of the uniformity rule (window, chunk, speculative blocks agree)."""
+    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+        """The type-specific part of the uniformity rule (window, chunk, speculative blocks agree).
+
+        ``specs`` is a sequence or vLLM's layer -> spec dict; both must give the same answer
+        (``kvspec.as_spec_list`` turns either into a list)."""
         ...
 
 
@@ -126,7 +129,7 @@ class _KVCacheSpecCallables(Protocol):
     @classmethod
     def merge(cls, specs: Sequence[Self]) -> Self: ...
 
-    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool: ...
+    def is_uniform_with_collection(self, specs: SpecCollection) -> bool: ...
 
 
 #: What ``is_uniform_with_collection`` of the built-in specs accepts: a sequence, or vLLM's layer -> spec dict.

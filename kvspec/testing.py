@@ -138,7 +138,7 @@ def check_spec_values(spec: KVCacheSpec, limits: SchedulerLimits | None = None) 
     if as_list is not True:
         raise _fail(f"{name}.is_uniform_with_collection([spec, spec]) returned {as_list!r}; expected True.")
     try:
-        as_dict = spec.is_uniform_with_collection({"a": spec, "b": spec})  # type: ignore[arg-type]
+        as_dict = spec.is_uniform_with_collection({"a": spec, "b": spec})
     except Exception as exc:
         raise _fail(
             f"{name}.is_uniform_with_collection raised {type(exc).__name__} for vLLM's layer -> spec dict; "

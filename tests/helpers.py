@@ -17,6 +17,7 @@ from kvspec import (
     Request,
     SchedulerLimits,
     SlidingWindowSpec,
+    SpecCollection,
 )
 
 
@@ -103,5 +104,5 @@ class ForeignSpec:
     def merge(cls, specs: Sequence[Self]) -> Self:
         return specs[0]
 
-    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
         return True

@@ -35,6 +35,13 @@ def page_views_of(spec: KVCacheSpec) -> tuple[tuple[PageView, ...], bool]:
     traits = traits_of(spec)
     views = traits.device_views or (PageView(name="raw", dtype=torch.uint8, shape=(spec.page_size_bytes,)),)
     for view in views:
+        size = view.dtype.itemsize
+        if spec.page_size_bytes % size or view.offset_bytes % size:
+            raise DeviceError(
+                f"{type(spec).__name__}: device view {view.name!r} of {view.dtype} needs its offset "
+                f"({view.offset_bytes}) and the page ({spec.page_size_bytes} bytes) to be multiples of {size} "
+                "bytes; pad the page (page_size_padded) or reorder the views."
+            )
         if view.offset_bytes + view.num_bytes > spec.page_size_bytes:
             raise DeviceError(
                 f"{type(spec).__name__} declares device view {view.name!r} of {view.num_bytes} bytes at offset "

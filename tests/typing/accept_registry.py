@@ -15,6 +15,7 @@ from kvspec import (
     SchedulerLimits,
     SlidingWindowManager,
     SlidingWindowSpec,
+    SpecCollection,
     default_registry,
     register_kv_cache_spec,
 )
@@ -50,7 +51,7 @@ class StateSpec:
     def merge(cls, specs: Sequence[Self]) -> Self:
         return specs[0]
 
-    def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
         return True
 
 

@@ -489,3 +489,21 @@ class TestSlidingWindowCacheMask:
         coord = make_coordinator([full_spec(), sw_spec(32)], 40)
         manager = coord.managers[1]
         assert manager.reachable_block_mask(8) is None  # type: ignore[attr-defined]
+
+
+def test_num_common_prefix_blocks_counts_only_blocks_every_running_request_holds() -> None:
+    coord = make_coordinator([full_spec()], 64)
+    shared = list(range(48))
+    a = make_request(coord, "a", [*shared, 1, 2])
+    b = make_request(coord, "b", [*shared, 3, 4, 5])
+    schedule(coord, a)
+    schedule(coord, b)
+    # a and b share their first 3 blocks (b hit a's cached ones); b's 4th block is its own.
+    assert coord.get_num_common_prefix_blocks("a") == [3]
+    assert coord.get_num_common_prefix_blocks("b") == [3]
+    c = make_request(coord, "c", list(range(100, 140)))
+    schedule(coord, c)
+    assert coord.get_num_common_prefix_blocks("a") == [0]  # c shares nothing
+    coord.free(c)
+    coord.free(a)
+    assert coord.get_num_common_prefix_blocks("b") == [4]  # alone: every block it holds is common

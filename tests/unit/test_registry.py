@@ -39,6 +39,7 @@ from kvspec import (
     SlidingWindowManager,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
+    SpecCollection,
     SpecProtocolError,
     TQFullAttentionSpec,
     UniformBaseError,
@@ -271,7 +272,7 @@ class TestRegistrationErrors:
             def merge(cls, specs: Sequence[Self]) -> Self:
                 return specs[0]
 
-            def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
+            def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
                 return True
 
         with pytest.raises(SpecProtocolError, match="missing block_size, page_size_bytes"):

@@ -22,6 +22,7 @@ from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memor
 from kvspec.protocols import SchedulerLimits
 from kvspec.specs.kinds import get_kv_cache_spec_kind_name, get_kv_cache_spec_sliding_window
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
+from kvspec.terminal import print_line, print_table
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -157,28 +158,21 @@ def _human(num: float) -> str:
 
 
 def print_plan(plan: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(highlight=False)
-    console.print(
+    print_line(
         f"[bold]{plan['model']}[/bold] ({plan['model_type']}), max_model_len {plan['max_model_len']:,}, "
         f"TP {plan['tensor_parallel_size']} x PP {plan['pipeline_parallel_size']}, "
         f"{_human(plan['memory_per_worker_bytes'])} of KV cache per worker"
     )
     for note in plan["notes"]:
-        console.print(f"  note: {note}")
+        print_line(f"  note: {note}")
     if not plan["fits"]:
-        console.print(f"[red]Does not fit.[/red] {plan['reason']}")
-        console.print(f"max_model_len that would fit: [bold]{plan['max_model_len_that_fits']:,}[/bold]")
+        print_line(f"[red]Does not fit.[/red] {plan['reason']}")
+        print_line(f"max_model_len that would fit: [bold]{plan['max_model_len_that_fits']:,}[/bold]")
         return
+    columns = ("group", "kind", "layers", "block size", "page size", "window", "per request @ max len")
     for stage in plan["stages"]:
-        title = f"stage {stage['stage']}: {stage['layers']} layers, {stage['num_blocks']:,} blocks"
-        table = Table(title=title, title_justify="left")
-        for col in ("group", "kind", "layers", "block size", "page size", "window", "per request @ max len"):
-            table.add_column(col, justify="right" if col not in ("kind",) else "left")
-        for row in stage["groups"]:
-            table.add_row(
+        rows = [
+            (
                 str(row["group"]),
                 row["kind"],
                 str(row["layers"]),
@@ -187,17 +181,20 @@ def print_plan(plan: dict[str, Any]) -> None:
                 str(row["sliding_window"] or "-"),
                 _human(row["bytes_per_request"]),
             )
-        console.print(table)
-        console.print(
+            for row in stage["groups"]
+        ]
+        title = f"stage {stage['stage']}: {stage['layers']} layers, {stage['num_blocks']:,} blocks"
+        print_table(title, columns, rows, left=("kind",))
+        print_line(
             f"  {len(stage['tensors'])} tensors, {_human(stage['kv_cache_bytes'])} in use; one max-length request "
             f"needs {_human(stage['bytes_per_request'])}"
         )
-    console.print(f"blocks: [bold]{plan['num_blocks']:,}[/bold] (every worker)")
-    console.print(f"KV capacity: [bold]{plan['kv_capacity_tokens']:,}[/bold] tokens")
-    console.print(
+    print_line(f"blocks: [bold]{plan['num_blocks']:,}[/bold] (every worker)")
+    print_line(f"KV capacity: [bold]{plan['kv_capacity_tokens']:,}[/bold] tokens")
+    print_line(
         f"max concurrency at {plan['max_model_len']:,} tokens: [bold]{plan['max_concurrency']:.2f}x[/bold]"
     )
-    console.print(f"bytes per token (all layers, before windows): {plan['bytes_per_token_full_model']:,}")
+    print_line(f"bytes per token (all layers, before windows): {plan['bytes_per_token_full_model']:,}")
 
 
 def plot_plan(plan: dict[str, Any], path: str) -> None:
@@ -287,16 +284,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(
-        title=f"kvspec registry ({len(rows)} spec types; plugins loaded: {', '.join(loaded) or 'none'})"
-    )
-    for col in ("spec", "manager", "uniform base", "identifier", "layout", "devices", "source"):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(
+    columns = ("spec", "manager", "uniform base", "identifier", "layout", "devices", "source")
+    table_rows = [
+        (
             row["spec"].rsplit(".", 1)[-1],
             row["manager"].rsplit(".", 1)[-1],
             row["uniform_base"],
@@ -305,7 +295,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             ",".join(row["devices"] or []) or "-",
             row["source"],
         )
-    Console(highlight=False).print(table)
+        for row in rows
+    ]
+    title = f"kvspec registry ({len(rows)} spec types; plugins loaded: {', '.join(loaded) or 'none'})"
+    print_table(title, columns, table_rows, left=columns)
     return 0
 
 

@@ -27,6 +27,7 @@ from kvspec.errors import (
     PageSizeUnificationError,
     PlanningError,
     SpecMergeError,
+    SpecValidationError,
 )
 from kvspec.protocols import KVCacheSpec, SchedulerLimits
 from kvspec.registry import AnyRegistry, default_registry
@@ -157,10 +158,29 @@ def _merged_group(layer_names: Sequence[str], specs: Sequence[KVCacheSpec]) -> K
     return KVCacheGroupSpec(layer_names=tuple(layer_names), kv_cache_spec=specs[0].merge(specs))
 
 
-def _group_by_uniform_page_size(layer_specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
+def _bucket_layers(layer_specs: Mapping[str, KVCacheSpec]) -> dict[KVCacheSpec, list[str]]:
+    """Layers by equal spec, buckets in order of first appearance, layers in order within a bucket."""
     buckets: dict[KVCacheSpec, list[str]] = {}
     for name, spec in layer_specs.items():
         buckets.setdefault(spec, []).append(name)
+    return buckets
+
+
+def _unify_buckets(
+    buckets: dict[KVCacheSpec, list[str]], order: Mapping[str, int]
+) -> dict[KVCacheSpec, list[str]]:
+    """Page-size unification done once per distinct spec (not per layer); buckets that become equal merge,
+    their layers back in model order."""
+    unified = unify_kv_cache_spec_page_size({names[0]: spec for spec, names in buckets.items()})
+    if all(unified[names[0]] is spec for spec, names in buckets.items()):
+        return buckets
+    out: dict[KVCacheSpec, list[str]] = {}
+    for names in buckets.values():
+        out.setdefault(unified[names[0]], []).extend(names)
+    return {spec: sorted(names, key=order.__getitem__) for spec, names in out.items()}
+
+
+def _split_buckets(buckets: dict[KVCacheSpec, list[str]], num_layers: int) -> list[KVCacheGroupSpec]:
     sizes = [len(layers) for layers in buckets.values()]
     group_size = min(sizes)
     if max(sizes) < 1.5 * min(sizes):
@@ -177,7 +197,7 @@ def _group_by_uniform_page_size(layer_specs: Mapping[str, KVCacheSpec]) -> list[
         logger.warning(
             "Add %d padding layers, may waste at most %.2f%% KV cache memory",
             padding,
-            100 * padding / (len(layer_specs) + padding),
+            100 * padding / (num_layers + padding),
         )
     return groups
 
@@ -206,12 +226,16 @@ def get_kv_cache_groups(
     uniform = make_uniform_type_specs(specs_by_layer, registry)
     if uniform is not None:
         return [KVCacheGroupSpec(layer_names=tuple(names), kv_cache_spec=uniform)]
-    own = {n: s for n, s in specs_by_layer.items() if traits_of(s).own_group}
-    rest = {n: s for n, s in specs_by_layer.items() if n not in own}
-    groups = _group_by_uniform_page_size(unify_kv_cache_spec_page_size(rest)) if rest else []
+    # Work per distinct spec, not per layer: a model has a handful of distinct specs over many layers.
+    buckets = _bucket_layers(specs_by_layer)
+    own = {spec: layers for spec, layers in buckets.items() if traits_of(spec).own_group}
+    rest = {spec: layers for spec, layers in buckets.items() if spec not in own}
+    order = {name: i for i, name in enumerate(specs_by_layer)}
+    groups = _split_buckets(_unify_buckets(rest, order), sum(map(len, rest.values()))) if rest else []
     if own:
         common_page = groups[0].kv_cache_spec.page_size_bytes if groups else None
-        for name, spec in own.items():
+        for name in sorted((n for layers in own.values() for n in layers), key=order.__getitem__):
+            spec = specs_by_layer[name]
             page = spec.page_size_bytes if common_page is None else common_page
             groups.append(KVCacheGroupSpec(layer_names=(name,), kv_cache_spec=resized_to_page(spec, page)))
     return groups
@@ -359,6 +383,22 @@ def project_groups_to_worker(
     return out
 
 
+def check_layer_values(layer_specs: Mapping[str, KVCacheSpec]) -> None:
+    """Every layer's ``block_size`` and ``page_size_bytes`` are positive ints (a plugin returning a float
+    would otherwise plan a fractional number of blocks); SpecValidationError names the layer."""
+    for name, spec in layer_specs.items():
+        block_size, page = spec.block_size, spec.page_size_bytes
+        if type(block_size) is int and type(page) is int and block_size > 0 and page > 0:
+            continue
+        for member in ("block_size", "page_size_bytes"):
+            value = getattr(spec, member)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise SpecValidationError(
+                    f"Layer {name}: {type(spec).__name__}.{member} is {value!r} ({type(value).__name__}); it must "
+                    "be a positive int. Fix the spec (kvspec.testing.check_plugin checks every such value)."
+                )
+
+
 def merge_worker_specs(per_worker_specs: Sequence[Mapping[str, KVCacheSpec]]) -> dict[str, KVCacheSpec]:
     """All workers' layers in one dict; a layer reported by several workers must have one spec."""
     merged: dict[str, KVCacheSpec] = {}
@@ -397,6 +437,7 @@ def get_kv_cache_configs(
     registry = default_registry if registry is None else registry
     merged = merge_worker_specs(per_worker_specs)
     registry.check(merged)
+    check_layer_values(merged)
     global_groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry)
     worker_groups = [project_groups_to_worker(global_groups, specs) for specs in per_worker_specs]
     memory = list(per_worker_available_bytes)

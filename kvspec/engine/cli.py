@@ -16,6 +16,7 @@ from kvspec.engine.workloads import WORKLOADS, make_workload
 from kvspec.errors import KVSpecError, ModelConfigError
 from kvspec.models import build_model_layout
 from kvspec.protocols import SchedulerLimits
+from kvspec.terminal import has_rich
 from kvspec.traits import traits_of
 
 TINY_MODELS: dict[str, TinyModelConfig] = {"tiny-full": TINY_FULL, "tiny-hybrid": TINY_HYBRID}
@@ -159,7 +160,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         engine.add_request(item.prompt, item.max_tokens)
     start = time.perf_counter()
     try:
-        if args.json:
+        if args.json or not has_rich():
             engine.run()
         else:
             from rich.progress import Progress

@@ -107,6 +107,8 @@ class AttentionSpec:
     page_size_padded: int | None = None
     #: page_size_bytes, computed on first use (specs are immutable); not part of equality or repr.
     _page_size: int = field(default=0, init=False, repr=False, compare=False)
+    #: kv_cache_traits(), computed on first use like the page size.
+    _traits: SpecTraits | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         require_positive(self, "block_size", self.block_size)
@@ -175,6 +177,14 @@ class AttentionSpec:
         )
 
     def kv_cache_traits(self) -> SpecTraits:
+        """The traits this spec declares (see kvspec.traits); subclasses override ``_declare_traits``."""
+        traits = self._traits
+        if traits is None:
+            traits = self._declare_traits()
+            object.__setattr__(self, "_traits", traits)
+        return traits
+
+    def _declare_traits(self) -> SpecTraits:
         return SpecTraits(device_views=self.page_views())
 
     def copy_with_new_block_size(self, block_size: int) -> Self:
@@ -212,7 +222,7 @@ class FullAttentionSpec(AttentionSpec):
     #: vLLM reports new block ids (for zeroing) for exactly Full, TQFull and MLA specs.
     _zero_new_blocks: ClassVar[bool] = True
 
-    def kv_cache_traits(self) -> SpecTraits:
+    def _declare_traits(self) -> SpecTraits:
         return SpecTraits(
             prefix_hits_left_closed=True,
             full_attention_family=self._family,
@@ -327,7 +337,7 @@ class SlidingWindowSpec(AttentionSpec):
     _hybrid_off_families: ClassVar[tuple[str, ...]] = ("kv",)
     _kind: ClassVar[str] = "sliding_window"
 
-    def kv_cache_traits(self) -> SpecTraits:
+    def _declare_traits(self) -> SpecTraits:
         return SpecTraits(
             admission_lookback_tokens=self.sliding_window - 1,
             admission_extra_blocks=1,
@@ -388,7 +398,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         blocks = self.max_admission_blocks_per_request(limits.batched_tokens, limits.max_model_len)
         return blocks * self.page_size_bytes
 
-    def kv_cache_traits(self) -> SpecTraits:
+    def _declare_traits(self) -> SpecTraits:
         return SpecTraits(
             admission_lookback_tokens=self.attention_chunk_size,
             attention_chunk_size=self.attention_chunk_size,
@@ -425,7 +435,7 @@ class EncoderOnlyAttentionSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         return 0
 
-    def kv_cache_traits(self) -> SpecTraits:
+    def _declare_traits(self) -> SpecTraits:
         return SpecTraits(kind="encoder_only_attention", device_views=self.page_views())
 
 
@@ -437,7 +447,7 @@ class CrossAttentionSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         return cdiv(limits.max_num_encoder_input_tokens, self.block_size) * self.page_size_bytes
 
-    def kv_cache_traits(self) -> SpecTraits:
+    def _declare_traits(self) -> SpecTraits:
         return SpecTraits(
             allocate_per_encoder_input=True,
             supports_prefix_caching=False,

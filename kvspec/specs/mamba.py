@@ -46,6 +46,7 @@ class MambaSpec:
     mamba_cache_mode: MambaCacheMode = "none"
     num_speculative_blocks: int = 0
     _page_size: int = field(default=0, init=False, repr=False, compare=False)
+    _traits: SpecTraits | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         require_positive(self, "block_size", self.block_size)
@@ -99,6 +100,14 @@ class MambaSpec:
         return (blocks + self.num_speculative_blocks) * self.page_size_bytes
 
     def kv_cache_traits(self) -> SpecTraits:
+        """The traits this spec declares (computed once; specs are immutable)."""
+        traits = self._traits
+        if traits is None:
+            traits = self._declare_traits()
+            object.__setattr__(self, "_traits", traits)
+        return traits
+
+    def _declare_traits(self) -> SpecTraits:
         """Hits at its own block boundaries only; state is read before it is written (zeroed buffers)."""
         views: list[PageView] = []
         offset = 0

@@ -99,8 +99,8 @@ class HiddenStateCacheSpec(MLAAttentionSpec):
 
     _zero_new_blocks: ClassVar[bool] = False
 
-    def kv_cache_traits(self) -> SpecTraits:
-        return dataclasses.replace(MLAAttentionSpec.kv_cache_traits(self), own_group=True)
+    def _declare_traits(self) -> SpecTraits:
+        return dataclasses.replace(MLAAttentionSpec._declare_traits(self), own_group=True)
 
     def with_page_size(self, page_size_bytes: int) -> Self:
         """As many tokens per block as fit ``page_size_bytes`` (at least 1), padded to exactly that page."""

@@ -162,3 +162,41 @@ def test_readme_engine_snippet_runs() -> None:
     namespace: dict[str, object] = {}
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["new_blocks"] is not None
+
+
+NO_EXTRAS = """
+import sys
+sys.modules["rich"] = None  # what `pip install kvspec` without the cli extra looks like
+sys.modules["matplotlib"] = None
+from kvspec.cli import main
+code = main(sys.argv[1:])
+raise SystemExit(code)
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["plan"], "KV capacity:"),
+        (["inspect"], "kvspec.full_attention"),
+        (["simulate", "tiny-full", "--requests", "4"], "prefix cache hit rate"),
+    ],
+)
+def test_commands_run_without_the_cli_extra(args: list[str], expect: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_EXTRAS, *args], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert expect in proc.stdout
+    assert "[bold]" not in proc.stdout  # markup dropped, not printed
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_EXTRAS, "plan", "--plot", str(tmp_path / "p.png")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "pip install 'kvspec[cli]'" in proc.stderr

@@ -603,3 +603,16 @@ class RequiredKeyword(FullAttentionManager):
 def test_required_keyword_only_parameter_is_refused() -> None:
     with pytest.raises(ManagerSignatureError, match="extra parameter 'now' has no default"):
         fresh().register(GoodSpec, RequiredKeyword)
+
+
+def test_planning_refuses_a_float_page_size_naming_the_layer() -> None:
+    from kvspec import SpecValidationError
+    from kvspec.planning import get_kv_cache_config
+
+    reg = fresh()
+    cls = variant("FloatPage", page_size_bytes=property(lambda self: 65536 / 3))
+    reg.register(cls, FullAttentionManager)
+    with pytest.raises(
+        SpecValidationError, match=r"Layer l0: FloatPage\.page_size_bytes is 21845\.33.* \(float\)"
+    ):
+        get_kv_cache_config({"l0": cls()}, 1 << 20, SchedulerLimits(max_model_len=64), registry=reg)

@@ -19,7 +19,7 @@ from kvspec.hashing import BlockHasher
 from kvspec.hit_search import PrefixHitSearch, split_spec_groups
 from kvspec.manager_api import KVCacheManager, ManagerContext
 from kvspec.managers.base import SingleTypeKVCacheManager
-from kvspec.pool import BlockPool, KVCacheBlock, KVCacheEvent
+from kvspec.pool import BlockId, BlockPool, KVCacheBlock, KVCacheEvent
 from kvspec.protocols import KVCacheSpec, SchedulerLimits
 from kvspec.registry import AnyRegistry, default_registry
 from kvspec.request import Request
@@ -38,16 +38,16 @@ class KVCacheBlocks:
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
 
-    def get_block_ids(self) -> tuple[list[int], ...]:
+    def get_block_ids(self) -> tuple[list[BlockId], ...]:
         return tuple([b.block_id for b in group] for group in self.blocks)
 
-    def get_unhashed_block_ids(self) -> list[int]:
+    def get_unhashed_block_ids(self) -> list[BlockId]:
         """Ids of blocks without a hash; only for single-group configs."""
         if len(self.blocks) != 1:
             raise SchedulingError("get_unhashed_block_ids() needs exactly one KV cache group.")
         return [b.block_id for b in self.blocks[0] if b.block_hash is None]
 
-    def get_unhashed_block_ids_all_groups(self) -> list[int]:
+    def get_unhashed_block_ids_all_groups(self) -> list[BlockId]:
         return [b.block_id for g in self.blocks for b in g if b.block_hash is None and not b.is_null]
 
     def is_empty(self) -> bool:
@@ -437,7 +437,7 @@ class KVCacheCoordinator:
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(m.get_blocks(request_id) for m in self.managers))
 
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+    def get_block_ids(self, request_id: str) -> tuple[list[BlockId], ...]:
         return tuple([b.block_id for b in m.get_blocks(request_id)] for m in self.managers)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvspec.coordinator import KVCacheCoordinator
@@ -18,7 +19,7 @@ class ScheduledRequest:
     request: Request
     num_computed: int
     num_new_tokens: int
-    new_block_ids: tuple[list[int], ...]
+    new_block_ids: tuple[Sequence[int], ...]
     resumed: bool
 
 

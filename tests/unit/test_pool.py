@@ -216,3 +216,19 @@ class TestBlockPool:
         r = req(list(range(4)))
         pool.cache_full_blocks(r, pool.get_new_blocks(1), 0, 1, 4, 0)
         assert pool.take_events() == []
+
+
+def test_capacity_errors_are_apart_from_invariant_breaks() -> None:
+    """Running out of blocks is a caller's normal condition (CapacityError); a corrupt pool is a bug
+    (InvariantError); a caller can handle the first without swallowing the second."""
+    from kvspec import CapacityError, InvariantError, InvariantViolationError, NotEnoughFreeBlocksError
+
+    pool = BlockPool(4)
+    with pytest.raises(NotEnoughFreeBlocksError) as info:
+        pool.get_new_blocks(4)
+    assert isinstance(info.value, CapacityError) and not isinstance(info.value, InvariantError)
+    (block,) = pool.get_new_blocks(1)
+    block.ref_cnt = 0  # corrupt: held by nobody, yet not in the free queue
+    with pytest.raises(InvariantViolationError) as broken:
+        pool.check_invariants()
+    assert isinstance(broken.value, InvariantError) and not isinstance(broken.value, CapacityError)

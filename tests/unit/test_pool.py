@@ -226,9 +226,13 @@ def test_capacity_errors_are_apart_from_invariant_breaks() -> None:
     pool = BlockPool(4)
     with pytest.raises(NotEnoughFreeBlocksError) as info:
         pool.get_new_blocks(4)
-    assert isinstance(info.value, CapacityError) and not isinstance(info.value, InvariantError)
+    error: Exception = info.value
+    assert isinstance(error, CapacityError)
+    assert not isinstance(error, InvariantError)
     (block,) = pool.get_new_blocks(1)
     block.ref_cnt = 0  # corrupt: held by nobody, yet not in the free queue
     with pytest.raises(InvariantViolationError) as broken:
         pool.check_invariants()
-    assert isinstance(broken.value, InvariantError) and not isinstance(broken.value, CapacityError)
+    bug: Exception = broken.value
+    assert isinstance(bug, InvariantError)
+    assert not isinstance(bug, CapacityError)

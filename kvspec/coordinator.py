@@ -226,7 +226,7 @@ class KVCacheCoordinator:
         """
         if not self.enable_caching or request.skip_reading_prefix_cache or not self.specs:
             return self._empty, 0
-        blocks, num_hit_tokens = self.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        blocks, num_hit_tokens = self.hit_search.find(request.block_hashes, request.num_tokens - 1)
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
         return KVCacheBlocks(blocks), num_hit_tokens

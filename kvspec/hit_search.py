@@ -30,6 +30,9 @@ class SpecGroup:
     group_ids: tuple[int, ...]
     manager_cls: type[KVCacheManager]
     use_eagle: bool
+    #: Copied from the traits and the spec: the hybrid search reads them in its inner loop.
+    left_closed: bool = False
+    block_size: int = 0
 
 
 def split_spec_groups(
@@ -49,10 +52,12 @@ def split_spec_groups(
             group_ids=tuple(gids),
             manager_cls=type(managers[gids[0]]),
             use_eagle=any(g in eagle_group_ids for g in gids),
+            left_closed=traits[gids[0]].prefix_hits_left_closed,
+            block_size=spec.block_size,
         )
         for spec, gids in by_spec.items()
     ]
-    out.sort(key=lambda g: not g.traits.prefix_hits_left_closed)
+    out.sort(key=lambda g: not g.left_closed)
     return tuple(out)
 
 
@@ -81,6 +86,12 @@ class PrefixHitSearch:
         self.scheduler_block_size = scheduler_block_size
         self.dcp_world_size = dcp_world_size
         self.pcp_world_size = pcp_world_size
+        if len(spec_groups) == 1:
+            group = spec_groups[0]
+            # Single-group search, precomputed: block size with CP, and the alignment of a hit.
+            self._single_bs = group.spec.block_size * dcp_world_size * pcp_world_size
+            self._single_alignment = scheduler_block_size if num_groups > 1 else self._single_bs
+            self._single_hashes_direct = group.spec.block_size == hash_block_size
 
     def _hash_view(self, hashes: Sequence[bytes], block_size: int) -> Sequence[bytes]:
         if block_size == self.hash_block_size:
@@ -95,53 +106,56 @@ class PrefixHitSearch:
 
     def _single(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
         group = self.spec_groups[0]
-        cp = self.dcp_world_size * self.pcp_world_size
-        bs = group.spec.block_size * cp
         hit = group.manager_cls.find_longest_cache_hit(
             HitQuery(
-                block_hashes=self._hash_view(block_hashes, group.spec.block_size),
+                block_hashes=block_hashes
+                if self._single_hashes_direct
+                else BlockHashListWithBlockSize(block_hashes, self.hash_block_size, group.spec.block_size),
                 max_length=max_length,
                 kv_cache_group_ids=group.group_ids,
                 block_pool=self.block_pool,
                 kv_cache_spec=group.spec,
                 traits=group.traits,
                 use_eagle=group.use_eagle,
-                alignment_tokens=self.scheduler_block_size if self.num_groups > 1 else bs,
+                alignment_tokens=self._single_alignment,
                 dcp_world_size=self.dcp_world_size,
                 pcp_world_size=self.pcp_world_size,
             )
         ).blocks
+        if self.num_groups == 1:
+            return hit, len(hit[0]) * self._single_bs
         per_group: list[list[KVCacheBlock]] = [[] for _ in range(self.num_groups)]
         for gid, blocks in zip(group.group_ids, hit):
             per_group[gid] = blocks
-        return tuple(per_group), len(hit[0]) * bs
+        return tuple(per_group), len(hit[0]) * self._single_bs
 
     def _hybrid(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
         """Fixed point: each group's hit can only shorten the common hit; repeat until it is stable."""
         hit_length = max_length
         results: dict[int, GroupBlocks] = {}
         first_pass = True
+        pool, alignment = self.block_pool, self.scheduler_block_size
         while True:
             current = hit_length
             for idx, group in enumerate(self.spec_groups):
-                bs = group.spec.block_size
-                if group.traits.prefix_hits_left_closed and not first_pass and not group.use_eagle:
+                bs = group.block_size
+                if group.left_closed and not first_pass and not group.use_eagle:
                     for blocks in results[idx]:
                         del blocks[current // bs :]
                     continue
                 lookup = min(current + bs, max_length) if group.use_eagle else current
-                hit = group.manager_cls.find_longest_cache_hit(
-                    HitQuery(
-                        block_hashes=self._hash_view(block_hashes, bs),
-                        max_length=lookup,
-                        kv_cache_group_ids=group.group_ids,
-                        block_pool=self.block_pool,
-                        kv_cache_spec=group.spec,
-                        traits=group.traits,
-                        use_eagle=group.use_eagle,
-                        alignment_tokens=self.scheduler_block_size,
-                    )
-                ).blocks
+                # Positional construction (in HitQuery's field order): this runs per request admission.
+                query = HitQuery(
+                    self._hash_view(block_hashes, bs),
+                    lookup,
+                    group.group_ids,
+                    pool,
+                    group.spec,
+                    group.traits,
+                    group.use_eagle,
+                    alignment,
+                )
+                hit = group.manager_cls.find_longest_cache_hit(query).blocks
                 results[idx] = hit
                 current = min(current, len(hit[0]) * bs)
             if current == hit_length and not first_pass:
@@ -153,7 +167,7 @@ class PrefixHitSearch:
                 break
         per_group: list[list[KVCacheBlock]] = [[] for _ in range(self.num_groups)]
         for idx, group in enumerate(self.spec_groups):
-            keep = hit_length // group.spec.block_size
+            keep = hit_length // group.block_size
             for gid, blocks in zip(group.group_ids, results[idx]):
                 del blocks[keep:]
                 per_group[gid] = blocks

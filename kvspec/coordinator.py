@@ -266,10 +266,22 @@ class KVCacheCoordinator:
             and new_computed_blocks is None
             and not (num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens)
             and not full_sequence_must_fit
+            and num_lookahead_tokens >= 0
+            and reserved_blocks >= 0
         ):
             return self._allocate_running(
                 request, num_new_tokens, num_lookahead_tokens, delay_cache_blocks, reserved_blocks
             )
+        self._check_allocation_args(
+            request,
+            new_computed_blocks,
+            num_new_tokens=num_new_tokens,
+            num_new_computed_tokens=num_new_computed_tokens,
+            num_lookahead_tokens=num_lookahead_tokens,
+            num_external_computed_tokens=num_external_computed_tokens,
+            num_encoder_tokens=num_encoder_tokens,
+            reserved_blocks=reserved_blocks,
+        )
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise SchedulingError("num_new_tokens must be greater than 0 (or tokens must be external).")
         computed = self._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
@@ -320,6 +332,38 @@ class KVCacheCoordinator:
         if not any(new_blocks):
             return self._empty
         return KVCacheBlocks(new_blocks)
+
+    def _check_allocation_args(
+        self, request: Request, new_computed_blocks: KVCacheBlocks | None, **counts: int
+    ) -> None:
+        """Refuse, before anything changes, what would corrupt state: negative counts, a request hashed
+        at another block size (or not at all, with prefix caching on), blocks of another pool."""
+        for name, value in counts.items():
+            count: object = value
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise SchedulingError(f"allocate_slots: {name} must be an int >= 0, got {value!r}.")
+        if self.enable_caching and request.request_id not in self._admitted:
+            hasher = request.block_hasher
+            if hasher is None or hasher.block_size != self.hash_block_size:
+                got = "no block_hasher" if hasher is None else f"a block_hasher of {hasher.block_size} tokens"
+                raise SchedulingError(
+                    f"Request {request.request_id!r} has {got}, but this coordinator hashes blocks of "
+                    f"{self.hash_block_size} tokens; build it with block_hasher=coordinator.make_block_hasher()."
+                )
+        if new_computed_blocks is not None:
+            groups = new_computed_blocks.blocks
+            if len(groups) != len(self.specs):
+                raise SchedulingError(
+                    f"new_computed_blocks has {len(groups)} groups; this coordinator has {len(self.specs)}."
+                )
+            blocks = self.block_pool.blocks
+            for group in groups:
+                for block in group:
+                    if not (0 <= block.block_id < len(blocks)) or blocks[block.block_id] is not block:
+                        raise SchedulingError(
+                            f"new_computed_blocks holds block {block.block_id}, which is not a block of this "
+                            "coordinator's pool; pass what this coordinator's get_computed_blocks returned."
+                        )
 
     def _allocate_running(
         self,

@@ -3,8 +3,9 @@
 A block's hash covers its parent block's hash, its token ids and its extra keys (LoRA name, multimodal
 items overlapping the block, prompt-embeds digest, and the tenant's cache salt on the first block), so a
 hit on block i implies a hit on every block before it. The chain's root is derived from a seed that is
-random per process unless given (or unless ``PYTHONHASHSEED`` is set), so hashes cannot be predicted across
-processes. sha256 (default) is collision-resistant: one tenant cannot forge another's cache entry.
+random per process (``os.urandom``; ``PYTHONHASHSEED`` plays no part), so another tenant cannot predict a
+hash (vLLM's fix for CVE-2025-25183). Reproducible hashes across processes are an explicit choice: pass
+``seed=`` to BlockHasher, or set ``KVSPEC_HASH_SEED`` to a secret shared by the processes that must agree. sha256 (default) is collision-resistant: one tenant cannot forge another's cache entry.
 xxhash (xxh3-128) is a fast non-cryptographic option for single-tenant deployments.
 """
 
@@ -51,14 +52,18 @@ def get_hash_fn_by_name(name: str) -> Callable[[bytes], bytes]:
     raise UnknownHashFunctionError(f"Unsupported hash function: {name!r}; choose one of {HASH_ALGORITHMS}.")
 
 
+#: The explicit switch for reproducible hashes across processes (a secret; unset: random per process).
+HASH_SEED_ENV = "KVSPEC_HASH_SEED"
+
+
 def _process_seed() -> bytes:
-    env = os.environ.get("PYTHONHASHSEED")
+    env = os.environ.get(HASH_SEED_ENV)
     if env:
-        return b"PYTHONHASHSEED=" + env.encode()
+        return b"KVSPEC_HASH_SEED=" + env.encode()
     return os.urandom(32)
 
 
-#: Random per process (or derived from PYTHONHASHSEED); fixed for the process's lifetime.
+#: Random per process unless KVSPEC_HASH_SEED is set; fixed for the process's lifetime.
 PROCESS_SEED = _process_seed()
 
 

@@ -15,10 +15,21 @@ from typing import Literal, Protocol, TypeVar, runtime_checkable
 import typing_extensions
 from typing_extensions import Self
 
-from kvspec.errors import SpecValidationError
+from kvspec.errors import KVSpecTypeError, SpecValidationError
 
 MambaCacheMode = Literal["none", "align", "all"]
 MAMBA_CACHE_MODES: tuple[MambaCacheMode, ...] = ("none", "align", "all")
+
+
+def _require_int(name: str, value: object, minimum: int) -> None:
+    """SchedulerLimits fields are ints (not bools, floats or strings) of at least ``minimum`` tokens."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise KVSpecTypeError(
+            f"SchedulerLimits.{name} must be an int, got {type(value).__name__} {value!r}; "
+            f"write e.g. {name}=8192."
+        )
+    if value < minimum:
+        raise SpecValidationError(f"SchedulerLimits.{name} must be >= {minimum}, got {value!r}.")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,26 +47,17 @@ class SchedulerLimits:
     mamba_cache_mode: MambaCacheMode = "none"
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_model_len",
-            "decode_context_parallel_size",
-            "prefill_context_parallel_size",
+        for name, minimum in (
+            ("max_model_len", 1),
+            ("decode_context_parallel_size", 1),
+            ("prefill_context_parallel_size", 1),
+            ("max_num_encoder_input_tokens", 0),
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise SpecValidationError(f"SchedulerLimits.{name} must be a positive int, got {value!r}.")
+            _require_int(name, getattr(self, name), minimum)
         if self.max_num_batched_tokens is None:
             object.__setattr__(self, "max_num_batched_tokens", self.max_model_len)
-        elif self.max_num_batched_tokens <= 0:
-            raise SpecValidationError(
-                "SchedulerLimits.max_num_batched_tokens must be positive, "
-                f"got {self.max_num_batched_tokens!r}."
-            )
-        if self.max_num_encoder_input_tokens < 0:
-            raise SpecValidationError(
-                "SchedulerLimits.max_num_encoder_input_tokens must be >= 0, "
-                f"got {self.max_num_encoder_input_tokens!r}."
-            )
+        else:
+            _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
             raise SpecValidationError(
                 f"SchedulerLimits.mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, "

@@ -69,6 +69,11 @@ class Request:
             block_hasher.hash_new_blocks(self)
 
     @property
+    def block_hasher(self) -> BlockHasher | None:
+        """The hasher that extends ``block_hashes`` as tokens are appended (None: never hashed)."""
+        return self._hasher
+
+    @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
 

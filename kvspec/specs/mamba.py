@@ -28,6 +28,10 @@ from kvspec.specs.attention import merge_equal_specs
 from kvspec.traits import PageView, SpecTraits
 
 
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 @check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MambaSpec:
@@ -55,10 +59,12 @@ class MambaSpec:
                 f"MambaSpec needs one dtype per state shape; got {len(self.shapes)} shapes and "
                 f"{len(self.dtypes)} dtypes."
             )
-        for shape in self.shapes:
-            if not shape or any(isinstance(n, bool) or n <= 0 for n in shape):
+        shapes: tuple[object, ...] = self.shapes
+        for shape in shapes:
+            # Every element, not a sample (beartype checks one element of a container per call).
+            if not isinstance(shape, tuple) or not shape or not all(_positive_int(n) for n in shape):
                 raise SpecValidationError(
-                    f"MambaSpec.shapes must hold non-empty shapes of positive sizes, got {shape!r}."
+                    f"MambaSpec.shapes must hold non-empty tuples of positive ints, got {shape!r}."
                 )
         for dtype in self.dtypes:
             require_dtype(self, "dtypes", dtype)

@@ -117,27 +117,32 @@ class TestChains:
         assert a.block_hashes[0] != c.block_hashes[0]
         assert a.block_extra_keys[0] != a.block_extra_keys[1]
 
-    def test_root_is_random_per_process_unless_seeded(self) -> None:
+    def test_root_is_random_per_process_unless_explicitly_seeded(self) -> None:
         code = "from kvspec import BlockHasher; print(BlockHasher(4).root_hash.hex())"
-        env_free = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONHASHSEED"}
-        runs = {
-            subprocess.run(
-                [sys.executable, "-c", code], capture_output=True, text=True, env=env_free, check=True
-            ).stdout
-            for _ in range(2)
+        env = {
+            k: v
+            for k, v in __import__("os").environ.items()
+            if k not in ("PYTHONHASHSEED", "KVSPEC_HASH_SEED")
         }
-        assert len(runs) == 2
-        seeded = {
-            subprocess.run(
-                [sys.executable, "-c", code],
-                capture_output=True,
-                text=True,
-                env={**env_free, "PYTHONHASHSEED": "7"},
-                check=True,
-            ).stdout
-            for _ in range(2)
-        }
-        assert len(seeded) == 1
+
+        def roots(extra: dict[str, str]) -> set[str]:
+            return {
+                subprocess.run(
+                    [sys.executable, "-c", code],
+                    capture_output=True,
+                    text=True,
+                    env={**env, **extra},
+                    check=True,
+                ).stdout
+                for _ in range(2)
+            }
+
+        assert len(roots({})) == 2
+        # PYTHONHASHSEED (even "random" or a fixed value) does not make the root predictable any more.
+        assert len(roots({"PYTHONHASHSEED": "7"})) == 2
+        assert len(roots({"PYTHONHASHSEED": "random"})) == 2
+        # The explicit, documented switch does.
+        assert len(roots({"KVSPEC_HASH_SEED": "shared-secret"})) == 1
         assert BlockHasher(4, seed="x").root_hash == BlockHasher(4, seed=b"x").root_hash
 
     def test_xxhash_option(self) -> None:

@@ -241,7 +241,7 @@ class TestValidation:
     def test_mamba_validation(self) -> None:
         with pytest.raises(SpecValidationError, match="one dtype per state shape"):
             MambaSpec(block_size=16, shapes=((4,),), dtypes=())
-        with pytest.raises(SpecValidationError, match="positive sizes"):
+        with pytest.raises(SpecValidationError, match="non-empty tuples of positive ints"):
             MambaSpec(block_size=16, shapes=((4, 0),), dtypes=(BF16,))
         with pytest.raises((SpecValidationError, KVSpecTypeError), match="mamba_cache_mode"):
             MambaSpec(block_size=16, shapes=((4,),), dtypes=(BF16,), mamba_cache_mode="sometimes")  # type: ignore[arg-type]

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from kvspec.cli_args import parse_bytes
+from kvspec.cli_args import check_plot_path, parse_bytes
 from kvspec.cli_args import positive_int as _positive
 from kvspec.config import KVCacheConfig
-from kvspec.errors import InsufficientKVCacheMemoryError, KVSpecError, ModelConfigError
+from kvspec.errors import InsufficientKVCacheMemoryError, KVSpecError, ModelConfigError, PlotPathError
 from kvspec.models import DEFAULT_MODEL, KV_CACHE_DTYPES, build_model_layout, preset_names
 from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memory_usage_bytes_from_groups
 from kvspec.protocols import SchedulerLimits
@@ -240,8 +240,9 @@ def plot_plan(plan: dict[str, Any], path: str) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     try:
+        check_plot_path(args.plot)
         plan = build_plan(args)
-    except ModelConfigError as exc:
+    except (ModelConfigError, PlotPathError) as exc:
         _fail(str(exc), 2)
     except KVSpecError as exc:
         _fail(str(exc), 1)
@@ -253,6 +254,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plot_plan(plan, args.plot)
         if not args.json:
             print(f"layout plot written to {args.plot}")
+    elif args.plot:
+        print(f"kvspec: no plot written to {args.plot}: the model does not fit.", file=sys.stderr)
     return 0 if plan["fits"] else 1
 
 
@@ -368,7 +371,15 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="kvspec: %(message)s")
     args = make_parser().parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except BrokenPipeError:
+        # `kvspec plan --json | head`: the reader left; that is not an error of ours.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     return code
 
 

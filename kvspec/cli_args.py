@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 
 _UNITS = {
     "": 1,
@@ -21,7 +22,9 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_SIZE = re.compile(r"^\s*(-?[0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE = re.compile(r"^\s*(-?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+#: The largest size accepted (1 EiB): anything larger is a typo, and floats past it lose whole bytes.
+MAX_BYTES = 1 << 60
 
 
 def parse_bytes(text: str) -> int:
@@ -30,9 +33,23 @@ def parse_bytes(text: str) -> int:
     if not match or match[2].lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"invalid size {text!r}; use e.g. 80GiB, 512MiB or 1e9")
     value = float(match[1]) * _UNITS[match[2].lower()]
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    if not value < MAX_BYTES:  # also catches inf (1e400) and nan
+        raise argparse.ArgumentTypeError(f"size {text!r} is larger than 1 EiB; use e.g. 80GiB")
+    if int(value) < 1:
+        raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
     return int(value)
+
+
+def bounded_int(limit: int, what: str) -> Callable[[str], int]:
+    """argparse type: an int in [1, limit]; past the limit the message says why (bounded work)."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"{what} must be at most {limit:,}, got {value:,}")
+        return value
+
+    return parse
 
 
 def positive_int(text: str) -> int:
@@ -44,3 +61,33 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+#: File types --plot can write (matplotlib's raster and vector formats kvspec documents).
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_plot_path(path: str | None) -> None:
+    """Refuse a --plot path before any work: a known suffix, an existing, writable folder, and matplotlib
+    installed (raises ModelConfigError-like bad input as PlotPathError)."""
+    if path is None:
+        return
+    import os
+    from pathlib import Path
+
+    from kvspec.errors import PlotPathError
+
+    target = Path(path)
+    if target.suffix.lower() not in PLOT_SUFFIXES:
+        raise PlotPathError(f"--plot {path!r}: use a file ending in {', '.join(PLOT_SUFFIXES)}.")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise PlotPathError(f"--plot {path!r}: folder {str(folder)!r} does not exist.")
+    if not os.access(folder, os.W_OK):
+        raise PlotPathError(f"--plot {path!r}: folder {str(folder)!r} is not writable.")
+    if target.is_dir():
+        raise PlotPathError(f"--plot {path!r} is a folder; name a file.")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PlotPathError("--plot needs matplotlib: pip install 'kvspec[cli]'") from None

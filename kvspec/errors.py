@@ -147,5 +147,9 @@ class SchedulingError(KVSpecError, ValueError):
     """A scheduler-facing call got arguments that contradict the request's state."""
 
 
+class PlotPathError(KVSpecError, ValueError):
+    """A --plot path the CLI cannot write (unknown suffix, missing folder) or matplotlib is missing."""
+
+
 class DeviceError(KVSpecError, RuntimeError):
     """A device backend is unknown or its hardware/runtime is unavailable."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from kvspec.errors import ModelConfigError
+from kvspec.errors import KVSpecError, ModelConfigError
 from kvspec.layout_file import is_layout_file, layer_specs_from_layout
 from kvspec.protocols import KVCacheSpec, MambaCacheMode
 from kvspec.specs._common import KVQuantMode, cdiv, dtype_size, get_kv_quant_mode
@@ -53,6 +53,17 @@ KV_CACHE_DTYPES = (
     "nvfp4",
     "fp8_ds_mla",
 )
+#: A config file larger than this is not a model config (the biggest real ones are a few KiB).
+MAX_CONFIG_BYTES = 1 << 24
+#: Upper bounds on config values that drive work: a typo must not make planning run for minutes.
+MAX_CONFIG_VALUES = {
+    "num_hidden_layers": 10_000,
+    "decoder_layers": 10_000,
+    "max_position_embeddings": 1 << 26,
+    "max_target_positions": 1 << 26,
+    "max_source_positions": 1 << 26,
+}
+
 #: Attention block sizes are kept a multiple of this when padded up to hold a Mamba state.
 KERNEL_BLOCK_ALIGNMENT = 16
 
@@ -106,8 +117,22 @@ def load_model_config(model: str) -> tuple[str, dict[str, Any]]:
             f"Unknown model {model!r}: not a preset and not a config.json path. "
             f"Presets: {', '.join(preset_names())}."
         )
+    if not path.is_file():
+        # A FIFO would block forever on read, a folder named config.json cannot be read at all.
+        raise ModelConfigError(
+            f"{path} is not a regular file; point at a config.json file or a model folder."
+        )
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ModelConfigError(
+            f"{path} is {size:,} bytes; a model config is at most {MAX_CONFIG_BYTES:,} (is this the right file?)."
+        )
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ModelConfigError(f"{path} is not UTF-8 text (byte {exc.start}); is it a config.json?") from None
+    except RecursionError:
+        raise ModelConfigError(f"{path} nests JSON too deeply to be a model config.") from None
     except json.JSONDecodeError as exc:
         raise ModelConfigError(
             f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})."
@@ -128,17 +153,30 @@ def _require(cfg: Mapping[str, Any], key: str, model_type: str) -> Any:
     return value
 
 
-def _positive_int(cfg: Mapping[str, Any], key: str, model_type: str, default: int | None = None) -> int:
+def _positive_int(
+    cfg: Mapping[str, Any], key: str, model_type: str, default: int | None = None, *, minimum: int = 1
+) -> int:
     value = cfg.get(key, default) if default is not None else _require(cfg, key, model_type)
     if value is None:
         value = default
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelConfigError(f"{model_type} config key {key!r} must be a positive integer, got {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ModelConfigError(f"{model_type} config key {key!r} must be {what}, got {value!r}.")
+    limit = MAX_CONFIG_VALUES.get(key)
+    if limit is not None and value > limit:
+        raise ModelConfigError(
+            f"{model_type} config key {key!r} is {value:,}; kvspec plans at most {limit:,} (is the config right?)."
+        )
     return value
 
 
 def resolve_model_dtype(dtype: str | None, cfg: Mapping[str, Any]) -> torch.dtype:
-    name = (dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower()
+    raw: object = dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    if not isinstance(raw, str):
+        raise ModelConfigError(
+            f"config key 'torch_dtype' must be a dtype name such as 'bfloat16', got {raw!r}."
+        )
+    name = raw.lower()
     if name not in MODEL_DTYPES:
         raise ModelConfigError(f"Unknown dtype {name!r}; choose one of {sorted(MODEL_DTYPES)}.")
     return MODEL_DTYPES[name]
@@ -181,33 +219,37 @@ def _layer_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> li
             "mamba": "mamba",
             "linear_attention": "mamba",
         }
-        try:
-            return [mapping[t] for t in layer_types]
-        except KeyError as exc:
+        unknown = [t for t in layer_types if not isinstance(t, str) or t not in mapping]
+        if unknown:
             raise ModelConfigError(
-                f"{model_type} config has an unknown layer type {exc.args[0]!r}."
-            ) from None
+                f"{model_type} config has an unknown layer type {unknown[0]!r}; known: {sorted(mapping)}."
+            )
+        return [mapping[t] for t in layer_types]
     if model_type == "gemma2":
         return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)]
     if model_type in ("gemma3", "gemma3_text"):
         pattern = _positive_int(cfg, "sliding_window_pattern", model_type, 6)
         return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
     if model_type in ("llama4", "llama4_text"):
-        nope = cfg.get("no_rope_layers") or [
-            0 if (i + 1) % cfg.get("no_rope_layer_interval", 4) == 0 else 1 for i in range(num_layers)
-        ]
+        interval = _positive_int(cfg, "no_rope_layer_interval", model_type, 4)
+        nope = cfg.get("no_rope_layers") or [0 if (i + 1) % interval == 0 else 1 for i in range(num_layers)]
+        if not isinstance(nope, list) or any(v not in (0, 1) or isinstance(v, float) for v in nope):
+            raise ModelConfigError(
+                f"llama4 config key 'no_rope_layers' must be a list of 0 and 1, got {nope!r}."
+            )
         if len(nope) != num_layers:
             raise ModelConfigError(f"llama4 config has {len(nope)} no_rope_layers for {num_layers} layers.")
         chunked = cfg.get("attention_chunk_size") is not None
         return ["chunked" if (use_rope and chunked) else "full" for use_rope in nope]
     if model_type == "jamba":
         period = _positive_int(cfg, "attn_layer_period", model_type)
-        offset = int(_require(cfg, "attn_layer_offset", model_type))
+        _require(cfg, "attn_layer_offset", model_type)
+        offset = _positive_int(cfg, "attn_layer_offset", model_type, minimum=0)
         return ["full" if i % period == offset else "mamba" for i in range(num_layers)]
     if model_type == "mistral" and cfg.get("sliding_window") is not None:
         return ["sliding"] * num_layers
     if model_type in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
-        start = cfg.get("max_window_layers", num_layers)
+        start = _positive_int(cfg, "max_window_layers", model_type, num_layers, minimum=0)
         return ["sliding" if i >= start else "full" for i in range(num_layers)]
     return ["full"] * num_layers
 
@@ -293,14 +335,64 @@ def layout_from_config(
     max_model_len: int | None = None,
     mamba_cache_mode: MambaCacheMode = "none",
 ) -> ModelLayout:
+    """Per-layer specs from a config dict; see :func:`build_model_layout`.
+
+    Every problem with the config is a ModelConfigError naming the key; a value of a shape no check
+    foresaw (a list where a number belongs, say) still ends as a ModelConfigError, never a traceback.
+    """
+    try:
+        return _layout_from_config(
+            cfg,
+            name=name,
+            block_size=block_size,
+            dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size,
+            max_model_len=max_model_len,
+            mamba_cache_mode=mamba_cache_mode,
+        )
+    except KVSpecError:
+        raise
+    except (
+        TypeError,
+        ValueError,
+        KeyError,
+        AttributeError,
+        IndexError,
+        OverflowError,
+        ZeroDivisionError,
+    ) as exc:
+        raise ModelConfigError(
+            f"{name}: a config value has an unexpected type or size ({type(exc).__name__}: {exc}); "
+            "check the config against the model family's Hugging Face config."
+        ) from exc
+
+
+def _layout_from_config(
+    cfg: Mapping[str, Any],
+    *,
+    name: str = "config",
+    block_size: int = 16,
+    dtype: str | None = None,
+    kv_cache_dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    max_model_len: int | None = None,
+    mamba_cache_mode: MambaCacheMode = "none",
+) -> ModelLayout:
     """Per-layer specs from a config dict; see :func:`build_model_layout`."""
     if tensor_parallel_size <= 0 or pipeline_parallel_size <= 0 or block_size <= 0:
         raise ModelConfigError(
             "block_size, tensor_parallel_size and pipeline_parallel_size must be positive."
         )
-    model_type = str(cfg.get("model_type") or "")
-    if not model_type:
-        raise ModelConfigError("config is missing 'model_type'; is this a Hugging Face config.json?")
+    raw_type = cfg.get("model_type")
+    if not isinstance(raw_type, str) or not raw_type:
+        raise ModelConfigError(
+            f"config key 'model_type' must be a non-empty string (e.g. 'llama'), got {raw_type!r}; "
+            "is this a Hugging Face config.json?"
+        )
+    model_type = raw_type
     model_dtype = resolve_model_dtype(dtype, cfg)
     kv_dtype, quant = _kv_dtype(kv_cache_dtype, model_dtype)
     tp = tensor_parallel_size
@@ -336,17 +428,33 @@ def layout_from_config(
     )
 
 
+def check_tensor_parallel(heads: int, kv_heads: int, tp: int, model_type: str) -> int:
+    """KV heads per rank under the rule engines use: attention heads divide by TP, and KV heads divide by
+    TP (split) or TP by KV heads (each rank holds one replicated KV head)."""
+    if heads % tp:
+        raise ModelConfigError(
+            f"tensor_parallel_size={tp} does not divide the {model_type} model's {heads} attention heads; "
+            f"use a divisor of {heads}."
+        )
+    if kv_heads % tp and tp % kv_heads:
+        raise ModelConfigError(
+            f"tensor_parallel_size={tp} must divide the {kv_heads} KV heads (or be a multiple of them, so each "
+            f"rank replicates one); use e.g. {', '.join(str(d) for d in range(1, kv_heads + 1) if kv_heads % d == 0)}."
+        )
+    return max(1, kv_heads // tp)
+
+
 def _attention_dims(cfg: Mapping[str, Any], model_type: str, tp: int) -> tuple[int, int]:
     heads = _positive_int(cfg, "num_attention_heads", model_type)
     kv_heads = _positive_int(cfg, "num_key_value_heads", model_type, heads)
     head_dim = cfg.get("head_dim")
     if head_dim is None:
         head_dim = _positive_int(cfg, "hidden_size", model_type) // heads
-    if not isinstance(head_dim, int) or head_dim <= 0:
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
         raise ModelConfigError(
             f"{model_type} config key 'head_dim' must be a positive integer, got {head_dim!r}."
         )
-    return max(1, kv_heads // tp), head_dim
+    return check_tensor_parallel(heads, kv_heads, tp, model_type), head_dim
 
 
 def _decoder(
@@ -457,7 +565,7 @@ def _whisper(
     head_dim = d_model // heads
     common: dict[str, Any] = dict(
         block_size=block_size,
-        num_kv_heads=max(1, heads // tp),
+        num_kv_heads=check_tensor_parallel(heads, heads, tp, "whisper"),
         head_size=head_dim,
         dtype=kv_dtype,
         kv_quant_mode=quant,

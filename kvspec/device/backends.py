@@ -50,7 +50,10 @@ def _torch_npu() -> Any:
 
 def get_backend(device: str | torch.device = "cpu") -> DeviceBackend:
     """The backend for a torch device string ("cpu", "cuda", "cuda:1", "npu:0")."""
-    dev = torch.device(device) if isinstance(device, str) and not device.startswith("npu") else device
+    try:
+        dev = torch.device(device) if isinstance(device, str) and not device.startswith("npu") else device
+    except RuntimeError:
+        raise DeviceError(f"Unknown device {device!r}; use cpu, cuda (cuda:N) or npu (npu:N).") from None
     if isinstance(dev, str):  # "npu..." strings parse only once torch_npu is imported
         npu = _torch_npu()
         if not npu.npu.is_available():

@@ -8,18 +8,21 @@ import sys
 import time
 from typing import Any
 
-from kvspec.cli_args import parse_bytes
+from kvspec.cli_args import bounded_int, check_plot_path, parse_bytes
 from kvspec.cli_args import positive_int as _positive
+from kvspec.device.backends import get_backend
 from kvspec.engine.engine import Engine, EngineStats
 from kvspec.engine.model import TINY_FULL, TINY_HYBRID, TinyModelConfig
 from kvspec.engine.workloads import WORKLOADS, make_workload
-from kvspec.errors import KVSpecError, ModelConfigError
+from kvspec.errors import DeviceError, KVSpecError, ModelConfigError, PlotPathError
 from kvspec.models import build_model_layout
 from kvspec.protocols import SchedulerLimits
 from kvspec.terminal import has_rich
 from kvspec.traits import traits_of
 
 TINY_MODELS: dict[str, TinyModelConfig] = {"tiny-full": TINY_FULL, "tiny-hybrid": TINY_HYBRID}
+#: Simulations are bounded: past this many requests a run takes minutes and says nothing new.
+MAX_REQUESTS = 100_000
 
 
 def add_simulate_parser(sub: Any) -> None:
@@ -33,15 +36,31 @@ def add_simulate_parser(sub: Any) -> None:
         default="tiny-hybrid",
         help="tiny-full or tiny-hybrid (a real paged-attention model), or a preset/config.json (bookkeeping only)",
     )
-    p.add_argument("--requests", type=_positive, default=32, help="number of requests (default 32)")
+    p.add_argument(
+        "--requests",
+        type=bounded_int(MAX_REQUESTS, "--requests"),
+        default=32,
+        help=f"number of requests (default 32, at most {MAX_REQUESTS:,})",
+    )
     p.add_argument("--workload", choices=WORKLOADS, default="shared-prefix")
     p.add_argument("--device", default="cpu", help="cpu, cuda or npu (tiny models only)")
     p.add_argument(
-        "--prompt-len", type=_positive, default=None, help="prompt tokens (default 96 tiny, 2048 preset)"
+        "--prompt-len",
+        type=bounded_int(1 << 20, "--prompt-len"),
+        default=None,
+        help="prompt tokens (default 96 tiny, 2048 preset)",
     )
-    p.add_argument("--max-tokens", type=_positive, default=16, help="tokens to generate per request")
     p.add_argument(
-        "--num-blocks", type=_positive, default=None, help="KV cache blocks (tiny models; default 64)"
+        "--max-tokens",
+        type=bounded_int(1 << 20, "--max-tokens"),
+        default=16,
+        help="tokens to generate per request",
+    )
+    p.add_argument(
+        "--num-blocks",
+        type=bounded_int(1 << 20, "--num-blocks"),
+        default=None,
+        help="KV cache blocks (tiny models; default 64)",
     )
     p.add_argument(
         "--memory", type=parse_bytes, default=parse_bytes("8GiB"), help="KV cache memory (presets)"
@@ -131,8 +150,11 @@ def plot_run(stats: EngineStats, path: str, title: str) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     try:
+        check_plot_path(args.plot)
+        if args.model in TINY_MODELS:
+            get_backend(args.device)  # an unknown or absent device is bad input: say so before any work
         engine, vocab, notes = _build_engine(args)
-    except ModelConfigError as exc:
+    except (ModelConfigError, DeviceError, PlotPathError) as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 2
     except KVSpecError as exc:

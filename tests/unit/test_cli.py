@@ -86,7 +86,7 @@ def test_unknown_model_exits_2() -> None:
 
 def test_negative_memory_exits_2() -> None:
     proc = kvspec("plan", "--memory=-80GiB")
-    assert proc.returncode == 2 and "size must be positive" in proc.stderr
+    assert proc.returncode == 2 and "size must be at least 1 byte" in proc.stderr
 
 
 def test_console_script() -> None:
@@ -100,8 +100,8 @@ def test_console_script() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["plan", "--memory=-5GiB"], "size must be positive"),
-        (["plan", "--memory", "0"], "size must be positive"),
+        (["plan", "--memory=-5GiB"], "size must be at least 1 byte"),
+        (["plan", "--memory", "0"], "size must be at least 1 byte"),
         (["plan", "--memory", "lots"], "invalid size 'lots'"),
         (["plan", "--tp", "0"], "expected a positive integer"),
         (["plan", "--kv-cache-dtype", "fp3"], "invalid choice"),

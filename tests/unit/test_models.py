@@ -174,7 +174,7 @@ class TestBadConfigs:
     def test_missing_key_is_named(self) -> None:
         with pytest.raises(ModelConfigError, match="llama config is missing 'num_hidden_layers'"):
             layout_from_config({"model_type": "llama", "num_attention_heads": 8})
-        with pytest.raises(ModelConfigError, match="missing 'model_type'"):
+        with pytest.raises(ModelConfigError, match="config key 'model_type' must be a non-empty string"):
             layout_from_config({"num_hidden_layers": 2})
         with pytest.raises(ModelConfigError, match="'kv_lora_rank'"):
             layout_from_config({"model_type": "deepseek_v3", "num_hidden_layers": 2})

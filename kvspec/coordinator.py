@@ -15,7 +15,7 @@ from typing import Final
 from kvspec._checking import check_api, check_hot
 from kvspec.config import KVCacheConfig, scheduler_spec
 from kvspec.errors import InvariantViolationError, SchedulingError, UnsupportedConfigurationError
-from kvspec.hashing import BlockHasher
+from kvspec.hashing import BlockHasher, get_hash_fn_by_name
 from kvspec.hit_search import PrefixHitSearch, split_spec_groups
 from kvspec.manager_api import KVCacheManager, ManagerContext
 from kvspec.managers.base import SingleTypeKVCacheManager
@@ -116,6 +116,12 @@ class KVCacheCoordinator:
         registry: AnyRegistry | None = None,
     ) -> None:
         registry = default_registry if registry is None else registry
+        hbs: object = hash_block_size
+        if hbs is not None and (isinstance(hbs, bool) or not isinstance(hbs, int) or hbs <= 0):
+            raise UnsupportedConfigurationError(
+                f"hash_block_size must be a positive int (tokens) or None, got {hash_block_size!r}."
+            )
+        get_hash_fn_by_name(hash_algorithm)  # an unknown algorithm is refused here, not at the first request
         self.kv_cache_config = kv_cache_config
         self.limits = limits
         self.max_model_len = limits.max_model_len

@@ -152,6 +152,8 @@ class Registry(Generic[SpecT, MgrT]):
         self.name = name
         self._strict = strict
         self._entries: dict[type, Registration[SpecT, MgrT]] = {}
+        #: Per thread, the undo journals of the isolated() blocks it is inside: (spec class, previous entry).
+        self._journals: dict[int, list[list[tuple[type, Registration[SpecT, MgrT] | None]]]] = {}
         self._lookup_cache: _LookupCache[SpecT, MgrT] = _LookupCache(self)
         self._lock = threading.RLock()
 
@@ -177,6 +179,7 @@ class Registry(Generic[SpecT, MgrT]):
         entry = self._validate(spec_cls, manager_cls, uniform_type_base_spec, capabilities, source)
         with self._lock:
             self._check_conflict(entry, self._entries)
+            self._journal(spec_cls, self._entries.get(spec_cls))
             self._entries[spec_cls] = entry
             self._lookup_cache = _LookupCache(self)
         check_plugin_constructor(spec_cls)
@@ -236,6 +239,8 @@ class Registry(Generic[SpecT, MgrT]):
             entries.append(self._validate(item[0], item[1], item[2], None, "user"))
         with self._lock:
             staged = dict(self._entries)
+            for entry in entries:
+                self._journal(entry.spec_cls, self._entries.get(entry.spec_cls))
             for entry in entries:
                 self._check_conflict(entry, staged)
                 staged[entry.spec_cls] = entry
@@ -360,18 +365,54 @@ class Registry(Generic[SpecT, MgrT]):
                 entry.source,
             )
         with self._lock:
+            for key in set(self._entries) | set(snapshot.entries):
+                if self._entries.get(key) is not snapshot.entries.get(key):
+                    self._journal(key, self._entries.get(key))
             self._entries = dict(snapshot.entries)
             self._strict = snapshot.strict
             self._lookup_cache = _LookupCache(self)
 
+    def _journal(self, spec_cls: type, previous: Registration[SpecT, MgrT] | None) -> None:
+        """Record a change for the isolated() blocks the calling thread is inside (called under the lock)."""
+        stack = self._journals.get(threading.get_ident())
+        if stack:
+            for journal in stack:
+                journal.append((spec_cls, previous))
+
     @contextmanager
-    def isolated(self) -> Iterator[Registry[SpecT, MgrT]]:
-        """Undo every registration made inside the ``with`` block (for tests and trial plugins)."""
-        saved = self.snapshot()
+    def isolated(self, *, all_threads: bool = False) -> Iterator[Registry[SpecT, MgrT]]:
+        """Undo the registrations this thread makes inside the ``with`` block (tests, trial plugins).
+
+        Registrations other threads make meanwhile stay. ``all_threads=True`` restores the registry as it
+        was on entry, whoever changed it (a test fixture that owns the whole process).
+        """
+        if all_threads:
+            saved = self.snapshot()
+            try:
+                yield self
+            finally:
+                self.restore(saved)
+            return
+        tid = threading.get_ident()
+        journal: list[tuple[type, Registration[SpecT, MgrT] | None]] = []
+        with self._lock:
+            self._journals.setdefault(tid, []).append(journal)
         try:
             yield self
         finally:
-            self.restore(saved)
+            with self._lock:
+                stack = self._journals[tid]
+                stack.remove(journal)
+                if not stack:
+                    del self._journals[tid]
+                for spec_cls, previous in reversed(journal):
+                    if previous is None:
+                        self._entries.pop(spec_cls, None)
+                    else:
+                        self._entries[spec_cls] = previous
+                # Outer blocks of this thread recorded the same changes with the same previous entries,
+                # so undoing them again on their exit is consistent.
+                self._lookup_cache = _LookupCache(self)
 
     @contextmanager
     def transaction(self) -> Iterator[Registry[SpecT, MgrT]]:
@@ -458,6 +499,35 @@ def _allowed_plugins(allow: Sequence[str] | None) -> set[str] | None:
     return {name.strip() for name in env.split(",") if name.strip()}
 
 
+def _dist_name(ep: Any) -> str:
+    dist = getattr(ep, "dist", None)
+    return str(getattr(dist, "name", "") or "")
+
+
+def _select_allowed(points: list[Any], allowed: set[str], group: str) -> list[Any]:
+    """The entry points the allow-list names. ``name`` matches an entry point of that name if exactly one
+    distribution declares it; ``distribution:name`` picks one distribution's. Anything else is an error:
+    a typo (matches nothing) or an ambiguous name (a second distribution must not be imported silently)."""
+    chosen: list[Any] = []
+    for want in sorted(allowed):
+        dist, sep, name = want.rpartition(":")
+        matches = [ep for ep in points if ep.name == name and (not sep or _dist_name(ep) == dist)]
+        if not matches:
+            available = ", ".join(sorted({f"{_dist_name(ep)}:{ep.name}" for ep in points})) or "none"
+            raise PluginError(
+                f"kvspec plugin {want!r} named in the allow-list matches no installed entry point in group "
+                f"{group!r} (installed: {available}). Check the spelling or install it."
+            )
+        if len(matches) > 1:
+            dists = ", ".join(f"{_dist_name(ep) or '?'}:{ep.name}" for ep in matches)
+            raise PluginError(
+                f"kvspec plugin name {want!r} is declared by several distributions ({dists}); name the one to "
+                "load as 'distribution:name' in KVSPEC_PLUGINS."
+            )
+        chosen.extend(matches)
+    return sorted(chosen, key=lambda e: (e.name, _dist_name(e)))
+
+
 def load_plugins(
     registry: AnyRegistry | None = None,
     *,
@@ -468,25 +538,18 @@ def load_plugins(
 
     Each entry point names a callable taking the registry. Which run: ``allow`` if given, else the
     comma-separated ``KVSPEC_PLUGINS`` variable if set (empty: none), else all installed ones.
-    A name in the allow-list that matches no entry point is a PluginError (a typo would load nothing).
+    A name in the allow-list that matches no entry point is a PluginError (a typo would load nothing), and
+    so is a name two distributions declare (write ``distribution:name`` to choose one).
     Each plugin registers atomically; a failing plugin raises PluginError naming the plugins already
     registered (they stay) and leaves none of its own registrations behind.
     """
     target = default_registry if registry is None else registry
     allowed = _allowed_plugins(allow)
-    points = sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name)
+    points = sorted(importlib.metadata.entry_points(group=group), key=lambda e: (e.name, _dist_name(e)))
     if allowed is not None:
-        unknown = sorted(allowed - {ep.name for ep in points})
-        if unknown:
-            available = ", ".join(sorted({ep.name for ep in points})) or "none"
-            raise PluginError(
-                f"kvspec plugin(s) {', '.join(map(repr, unknown))} named in the allow-list match no installed "
-                f"entry point in group {group!r} (installed: {available}). Check the spelling or install them."
-            )
+        points = _select_allowed(points, allowed, group)
     loaded: list[str] = []
     for ep in points:
-        if allowed is not None and ep.name not in allowed:
-            continue
         done = f" Plugins registered before it: {', '.join(loaded) or 'none'}."
         try:
             hook = ep.load()

@@ -15,6 +15,6 @@ from kvspec.registry import default_registry
 
 @pytest.fixture(autouse=True)
 def _restore_default_registry() -> Iterator[None]:
-    """Registrations a test makes never leak into the next test."""
-    with default_registry.isolated():
+    """Registrations a test makes (from any thread) never leak into the next test."""
+    with default_registry.isolated(all_threads=True):
         yield

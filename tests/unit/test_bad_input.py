@@ -154,3 +154,16 @@ def test_mamba_shapes_are_checked_element_by_element() -> None:
         env={**__import__("os").environ, "KVSPEC_TYPECHECK": "off"},
     ).stdout
     assert out.startswith("SpecValidationError MambaSpec.shapes must hold non-empty tuples of positive ints")
+
+
+def test_coordinator_refuses_bad_hash_settings_at_construction() -> None:
+    from kvspec import KVCacheCoordinator, UnsupportedConfigurationError
+    from kvspec.hashing import UnknownHashFunctionError
+    from tests.helpers import make_config
+
+    config = make_config([full_spec()], 16)
+    limits = SchedulerLimits(max_model_len=256)
+    with pytest.raises(UnsupportedConfigurationError, match="hash_block_size must be a positive int"):
+        KVCacheCoordinator(config, limits, hash_block_size=0)
+    with pytest.raises(UnknownHashFunctionError, match="Unsupported hash function: 'md5'"):
+        KVCacheCoordinator(config, limits, hash_algorithm="md5")

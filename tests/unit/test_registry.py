@@ -358,6 +358,28 @@ class TestSnapshotsAndAtomicity:
         default_registry.register(Sub, FullAttentionManager, SlidingWindowSpec)
         assert default_registry.get_manager_class(spec) is FullAttentionManager
 
+    def test_isolated_in_one_thread_keeps_what_another_thread_registers(self) -> None:
+        mine: type = dataclass(frozen=True, kw_only=True, slots=True)(type("Mine", (FullAttentionSpec,), {}))
+        theirs: type = dataclass(frozen=True, kw_only=True, slots=True)(
+            type("Theirs", (FullAttentionSpec,), {})
+        )
+        inner: type = dataclass(frozen=True, kw_only=True, slots=True)(
+            type("Inner", (FullAttentionSpec,), {})
+        )
+        with default_registry.isolated():
+            default_registry.register(mine, FullAttentionManager, FullAttentionSpec)
+            worker = threading.Thread(
+                target=lambda: default_registry.register(theirs, FullAttentionManager, FullAttentionSpec)
+            )
+            worker.start()
+            worker.join()
+            with default_registry.isolated():  # nested blocks of one thread undo in order
+                default_registry.register(inner, FullAttentionManager, FullAttentionSpec)
+            assert inner not in default_registry and mine in default_registry
+        assert mine not in default_registry  # this thread's registration is undone
+        assert theirs in default_registry  # the other thread's stays
+        assert default_registry.get_manager_class(FullAttentionSpec(**ATTN)) is FullAttentionManager
+
     def test_concurrent_registration_is_consistent(self) -> None:
         classes: list[type] = [
             dataclass(frozen=True, kw_only=True, slots=True)(type(f"T{i}", (FullAttentionSpec,), {}))
@@ -389,9 +411,15 @@ class TestSnapshotsAndAtomicity:
         assert all(r.capabilities is not None for r in default_registry.registrations())
 
 
+class _FakeDist:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 class _FakeEntryPoint:
-    def __init__(self, name: str, hook: object) -> None:
+    def __init__(self, name: str, hook: object, dist: str = "acme-kv") -> None:
         self.name, self.value, self._hook = name, f"fake:{name}", hook
+        self.dist = _FakeDist(dist)
 
     def load(self) -> object:
         if isinstance(self._hook, BaseException):
@@ -451,13 +479,35 @@ class TestPlugins:
         assert a not in default_registry
         assert good in default_registry  # an earlier plugin's registrations stay, and the message says so
 
+    def test_an_allowed_name_two_distributions_declare_is_refused(
+        self, plugins: list[_FakeEntryPoint], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        good, evil = self._spec_class("Good"), self._spec_class("Evil")
+        plugins.append(
+            _FakeEntryPoint("npu", lambda reg: reg.register(good, FullAttentionManager), "vendor-npu")
+        )
+        plugins.append(
+            _FakeEntryPoint("npu", lambda reg: reg.register(evil, FullAttentionManager), "typosquat")
+        )
+        monkeypatch.setenv("KVSPEC_PLUGINS", "npu")
+        with pytest.raises(
+            PluginError, match=r"declared by several distributions \(typosquat:npu, vendor-npu:npu\)"
+        ):
+            load_plugins()
+        assert good not in default_registry and evil not in default_registry
+        monkeypatch.setenv("KVSPEC_PLUGINS", "vendor-npu:npu")
+        assert load_plugins() == ["npu"]
+        assert good in default_registry and evil not in default_registry
+
     def test_allow_list_names_must_match_an_entry_point(
         self, plugins: list[_FakeEntryPoint], monkeypatch: pytest.MonkeyPatch
     ) -> None:
         a = self._spec_class("PluginA")
         plugins.append(_FakeEntryPoint("acme", lambda reg: reg.register(a, FullAttentionManager)))
         monkeypatch.setenv("KVSPEC_PLUGINS", "acme,acne")
-        with pytest.raises(PluginError, match=r"'acne' named in the allow-list match no installed .*acme"):
+        with pytest.raises(
+            PluginError, match=r"'acne' named in the allow-list matches no installed .*acme-kv:acme"
+        ):
             load_plugins()
         assert a not in default_registry  # nothing loaded: the list is checked before any plugin runs
         with pytest.raises(KVSpecTypeError, match="letter by letter"):

@@ -130,23 +130,37 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         )
         for s in range(args.pp)
     )
+    # Per TP rank: each rank's specs already hold its share of KV heads.
     bytes_per_token = sum(
         spec.page_size_bytes // spec.block_size
         for stage_specs in layout.stage_specs
         for spec in stage_specs.values()
     )
+    # Token slots: blocks are shared by every group of a stage, and a token takes a slot in each group,
+    # so a stage holds num_blocks // groups blocks' worth of tokens (more where windows free blocks).
+    token_slots = min(
+        (configs[s * args.tp].num_blocks // max(1, n_groups)) * block
+        for s in range(args.pp)
+        for n_groups, block in [_groups_and_block(configs[s * args.tp])]
+    )
     plan.update(
         fits=True,
         num_blocks=configs[0].num_blocks,
-        block_size=min(g.kv_cache_spec.block_size for g in configs[0].kv_cache_groups)
-        if configs[0].kv_cache_groups
-        else 0,
+        block_size=_groups_and_block(configs[0])[1],
+        token_slots=token_slots,
         max_concurrency=concurrency,
-        kv_capacity_tokens=int(concurrency * limits.max_model_len),
-        bytes_per_token_full_model=bytes_per_token,
+        tokens_at_max_concurrency=int(concurrency * limits.max_model_len),
+        bytes_per_token_per_rank=bytes_per_token,
+        bytes_per_token_all_ranks=bytes_per_token * args.tp,
         stages=stages,
     )
     return plan
+
+
+def _groups_and_block(config: KVCacheConfig) -> tuple[int, int]:
+    """(live groups, smallest block size in tokens) of one worker's layout."""
+    live = [g for g in config.kv_cache_groups if g.layer_names]
+    return len(live), min((g.kv_cache_spec.block_size for g in live), default=0)
 
 
 def _human(num: float) -> str:
@@ -190,11 +204,17 @@ def print_plan(plan: dict[str, Any]) -> None:
             f"needs {_human(stage['bytes_per_request'])}"
         )
     print_line(f"blocks: [bold]{plan['num_blocks']:,}[/bold] (every worker)")
-    print_line(f"KV capacity: [bold]{plan['kv_capacity_tokens']:,}[/bold] tokens")
     print_line(
-        f"max concurrency at {plan['max_model_len']:,} tokens: [bold]{plan['max_concurrency']:.2f}x[/bold]"
+        f"token slots: [bold]{plan['token_slots']:,}[/bold] (tokens whose KV the blocks hold when every group "
+        "keeps every token; windows and Mamba states keep fewer, so more fit)"
     )
-    print_line(f"bytes per token (all layers, before windows): {plan['bytes_per_token_full_model']:,}")
+    print_line(
+        f"max concurrency: [bold]{plan['max_concurrency']:.2f}[/bold] requests of {plan['max_model_len']:,} tokens"
+    )
+    print_line(
+        f"bytes per token: {plan['bytes_per_token_per_rank']:,} on each TP rank, "
+        f"{plan['bytes_per_token_all_ranks']:,} over all {plan['tensor_parallel_size']} (all layers, before windows)"
+    )
 
 
 def plot_plan(plan: dict[str, Any], path: str) -> None:

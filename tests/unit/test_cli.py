@@ -28,8 +28,8 @@ def test_bare_plan_runs_on_the_default_model() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "meta-llama/Llama-3.1-8B" in proc.stdout
     assert "blocks: 20,480" in proc.stdout  # 40 GiB / (32 layers x 64 KiB)
-    assert "KV capacity: 327,680 tokens" in proc.stdout
-    assert "2.50x" in proc.stdout
+    assert "token slots: 327,680" in proc.stdout  # 20,480 blocks x 16 tokens, one group
+    assert "max concurrency: 2.50 requests of 131,072 tokens" in proc.stdout
 
 
 def test_plan_json_hybrid(tmp_path: Path) -> None:
@@ -41,7 +41,8 @@ def test_plan_json_hybrid(tmp_path: Path) -> None:
     groups = plan["stages"][0]["groups"]
     assert [g["layers"] for g in groups] == [9, 9, 9, 9, 8, 8, 10]
     assert {g["page_size_bytes"] for g in groups} == {131_072}
-    assert plan["bytes_per_token_full_model"] == 507_904
+    assert plan["bytes_per_token_per_rank"] == plan["bytes_per_token_all_ranks"] == 507_904
+    assert plan["token_slots"] == 16_384 // 7 * 16  # 7 groups share the blocks; each token takes one in each
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -177,7 +178,7 @@ raise SystemExit(code)
 @pytest.mark.parametrize(
     ("args", "expect"),
     [
-        (["plan"], "KV capacity:"),
+        (["plan"], "token slots:"),
         (["inspect"], "kvspec.full_attention"),
         (["simulate", "tiny-full", "--requests", "4"], "prefix cache hit rate"),
     ],
@@ -200,3 +201,11 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "pip install 'kvspec[cli]'" in proc.stderr
+
+
+def test_token_slots_do_not_depend_on_max_model_len_and_ranks_are_named() -> None:
+    """Token slots are what the blocks hold (not concurrency x max_model_len); bytes per token are per rank."""
+    short = json.loads(kvspec("plan", "--max-model-len", "17", "--json").stdout)
+    assert short["token_slots"] == 327_680 and short["tokens_at_max_concurrency"] == 10_240 * 17
+    tp2 = json.loads(kvspec("plan", "--tp", "2", "--json").stdout)
+    assert tp2["bytes_per_token_per_rank"] == 65_536 and tp2["bytes_per_token_all_ranks"] == 131_072

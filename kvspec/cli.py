@@ -241,18 +241,24 @@ def plot_plan(plan: dict[str, Any], path: str) -> None:
             gid = name_to_group.get(name, 0)
             ax_t.bar(i, part, bottom=bottom, color=cmap(gid % 10), edgecolor="white", linewidth=0.3)
             bottom += part
+    ax_t.set_xticks(range(len(stage["tensors"])))
     ax_t.set_xlabel("KV cache tensor (one per layer slot; layers of different groups alias it)")
     ax_t.set_ylabel("GiB")
     ax_t.set_title(f"{plan['model']}: {len(stage['tensors'])} tensors, {stage['num_blocks']:,} blocks each")
     labels = [f"g{r['group']} {r['kind']} x{r['layers']}" for r in groups]
-    ax_g.barh(
-        range(len(groups)),
-        [r["bytes_per_request"] / 2**30 for r in groups],
-        color=[cmap(r["group"] % 10) for r in groups],
-    )
+    needs = [max(r["bytes_per_request"], 1) for r in groups]
+    ax_g.barh(range(len(groups)), needs, color=[cmap(r["group"] % 10) for r in groups])
+    # Log scale: a Mamba state (KiB) beside full attention (GiB) would otherwise be an invisible sliver.
+    ax_g.set_xscale("log")
+    for y, need in enumerate(needs):
+        ax_g.annotate(
+            _human(need), (need, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8
+        )
     ax_g.set_yticks(range(len(groups)), labels)
-    ax_g.set_xlabel("GiB per request at max_model_len")
+    ax_g.set_xlabel("bytes per request at max_model_len (log scale)")
     ax_g.set_title("what each group needs for one request")
+    if len(plan["stages"]) > 1:
+        fig.suptitle(f"pipeline stage 0 of {len(plan['stages'])} (the other stages have the same shape)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -273,7 +279,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.plot and plan["fits"]:
         plot_plan(plan, args.plot)
         if not args.json:
-            print(f"layout plot written to {args.plot}")
+            stages = len(plan["stages"])
+            which = f" (stage 0 of {stages})" if stages > 1 else ""
+            print(f"layout plot written to {args.plot}{which}")
     elif args.plot:
         print(f"kvspec: no plot written to {args.plot}: the model does not fit.", file=sys.stderr)
     return 0 if plan["fits"] else 1

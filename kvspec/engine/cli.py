@@ -60,7 +60,7 @@ def add_simulate_parser(sub: Any) -> None:
         "--num-blocks",
         type=bounded_int(1 << 20, "--num-blocks"),
         default=None,
-        help="KV cache blocks (tiny models; default 64)",
+        help="KV cache blocks (tiny models; default 256)",
     )
     p.add_argument(
         "--memory", type=parse_bytes, default=parse_bytes("8GiB"), help="KV cache memory (presets)"
@@ -85,7 +85,7 @@ def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
         cfg = TINY_MODELS[args.model]
         engine = Engine.tiny(
             cfg,
-            num_blocks=args.num_blocks or 64,
+            num_blocks=args.num_blocks or 256,
             block_size=args.block_size,
             enable_caching=caching,
             max_num_batched_tokens=args.max_num_batched_tokens or 128,
@@ -140,9 +140,11 @@ def plot_run(stats: EngineStats, path: str, title: str) -> None:
     ax.plot(steps, stats.usage_timeline, label="block usage")
     ax.plot(steps, stats.hit_rate_timeline, label="prefix-cache hit rate (cumulative)")
     ax.set_xlabel("scheduler step")
+    ax.set_ylabel("fraction (0 to 1)")
     ax.set_ylim(0, 1.05)
     ax.set_title(title)
-    ax.legend(loc="lower right")
+    # Below the axes, so the legend never covers the curves.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -193,6 +195,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except KVSpecError as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 1
+    stats = engine.stats
+    if stats.peak_usage >= 1.0 and (stats.preemptions or stats.hit_rate < 0.1):
+        more = "--num-blocks" if args.model in TINY_MODELS else "--memory"
+        notes.append(
+            f"the block pool ran full (peak usage 100%, {stats.preemptions} preemptions): cached prefixes were "
+            f"evicted before they could be reused, which is why the hit rate is low; give it more {more}"
+        )
     report: dict[str, Any] = {
         "model": args.model,
         "workload": args.workload,

@@ -209,3 +209,15 @@ def test_token_slots_do_not_depend_on_max_model_len_and_ranks_are_named() -> Non
     assert short["token_slots"] == 327_680 and short["tokens_at_max_concurrency"] == 10_240 * 17
     tp2 = json.loads(kvspec("plan", "--tp", "2", "--json").stdout)
     assert tp2["bytes_per_token_per_rank"] == 65_536 and tp2["bytes_per_token_all_ranks"] == 131_072
+
+
+def test_simulate_default_demo_shows_prefix_caching_and_a_starved_pool_says_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["prefix_cache_hit_rate"] > 0.5 and report["preemptions"] == 0 and not report["notes"]
+    assert main(["simulate", "--json", "--num-blocks", "64"]) == 0
+    starved = json.loads(capsys.readouterr().out)
+    assert starved["prefix_cache_hit_rate"] < 0.1
+    assert any("ran full" in note and "--num-blocks" in note for note in starved["notes"])

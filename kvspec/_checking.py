@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import typing
 from typing import TypeVar
 
 from beartype import BeartypeConf, BeartypeStrategy, FrozenDict, beartype
@@ -68,9 +70,13 @@ def check_plugin_constructor(spec_cls: type) -> None:
     init = vars(spec_cls).get("__init__")
     if init is None or getattr(init, "__kvspec_checked__", False):
         return
+    module = sys.modules.get(spec_cls.__module__)
     try:
+        # beartype resolves string annotations at call time; one it cannot resolve (a name imported only
+        # under TYPE_CHECKING) would fail every construction, so such a constructor is left unchecked.
+        typing.get_type_hints(init, globalns=vars(module) if module else None)
         checked = check_api(init)
     except Exception:
-        return  # annotations beartype cannot resolve: leave the constructor as it is
+        return
     checked.__kvspec_checked__ = True
     setattr(spec_cls, "__init__", checked)  # noqa: B010

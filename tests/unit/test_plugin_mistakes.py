@@ -616,3 +616,34 @@ def test_planning_refuses_a_float_page_size_naming_the_layer() -> None:
         SpecValidationError, match=r"Layer l0: FloatPage\.page_size_bytes is 21845\.33.* \(float\)"
     ):
         get_kv_cache_config({"l0": cls()}, 1 << 20, SchedulerLimits(max_model_len=64), registry=reg)
+
+
+def test_a_plugin_with_type_checking_only_annotations_still_constructs() -> None:
+    """A constructor whose annotations name TYPE_CHECKING-only imports is left unchecked instead of
+    failing every construction with beartype's unresolvable-forward-reference error."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        from __future__ import annotations
+        from dataclasses import dataclass
+        from typing import TYPE_CHECKING
+        import torch
+        from kvspec import FullAttentionManager, FullAttentionSpec, default_registry
+        if TYPE_CHECKING:
+            from decimal import Decimal
+
+        @dataclass(frozen=True, kw_only=True, slots=True)
+        class FwdSpec(FullAttentionSpec):
+            extra: Decimal | None = None
+
+        default_registry.register(FwdSpec, FullAttentionManager, FullAttentionSpec)
+        from decimal import Decimal as D
+        print(FwdSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float16, extra=D(1)).extra)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1"

@@ -1,7 +1,8 @@
 """The built-in registrations (vLLM's register_all_kvcache_specs): ten spec classes and their managers.
 
-This module sits above both the registry and the managers (neither imports the other); importing kvspec
-registers the built-ins into the default registry once.
+This module sits above both the registry and the managers (neither imports the other). Importing it
+registers the built-ins into the default registry once; modules that use the default registry import it
+from here (``from kvspec.builtins import default_registry``) so it is never seen empty.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from kvspec.managers import (
     SlidingWindowManager,
 )
 from kvspec.protocols import KVCacheSpec
-from kvspec.registry import AnyRegistry, Capabilities, default_registry
+from kvspec.registry import AnyRegistry, Capabilities
+from kvspec.registry import default_registry as default_registry  # re-exported, registered
 from kvspec.specs import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,

@@ -11,18 +11,19 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
+# Only light modules at import time: `kvspec --help` must not load torch. The commands import the
+# library when they run.
 from kvspec.cli_args import check_plot_path, parse_bytes
 from kvspec.cli_args import positive_int as _positive
-from kvspec.config import KVCacheConfig
 from kvspec.errors import InsufficientKVCacheMemoryError, KVSpecError, ModelConfigError, PlotPathError
-from kvspec.models import DEFAULT_MODEL, KV_CACHE_DTYPES, build_model_layout, preset_names
-from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memory_usage_bytes_from_groups
-from kvspec.protocols import SchedulerLimits
-from kvspec.specs.kinds import get_kv_cache_spec_kind_name, get_kv_cache_spec_sliding_window
-from kvspec.specs.uniform import UniformTypeKVCacheSpecs
+from kvspec.model_names import DEFAULT_MODEL, KV_CACHE_DTYPES, preset_names
 from kvspec.terminal import print_line, print_table
+
+if TYPE_CHECKING:
+    from kvspec.config import KVCacheConfig
+    from kvspec.protocols import SchedulerLimits
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -34,6 +35,9 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 def _group_rows(config: KVCacheConfig, limits: SchedulerLimits) -> list[dict[str, Any]]:
+    from kvspec.specs.kinds import get_kv_cache_spec_kind_name, get_kv_cache_spec_sliding_window
+    from kvspec.specs.uniform import UniformTypeKVCacheSpecs
+
     rows = []
     for gid, group in enumerate(config.kv_cache_groups):
         spec = group.kv_cache_spec
@@ -62,6 +66,11 @@ def _group_rows(config: KVCacheConfig, limits: SchedulerLimits) -> list[dict[str
 
 
 def build_plan(args: argparse.Namespace) -> dict[str, Any]:
+    from kvspec.config import KVCacheConfig
+    from kvspec.models import build_model_layout
+    from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memory_usage_bytes_from_groups
+    from kvspec.protocols import SchedulerLimits
+
     layout = build_model_layout(
         args.model,
         block_size=args.block_size,
@@ -291,7 +300,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from kvspec.registry import default_registry, load_plugins
+    from kvspec.builtins import default_registry
+    from kvspec.registry import load_plugins
 
     loaded = load_plugins() if args.plugins else []
     rows: list[dict[str, Any]] = []

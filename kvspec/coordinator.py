@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from kvspec._checking import check_api, check_hot
+from kvspec.builtins import default_registry
 from kvspec.config import KVCacheConfig, scheduler_spec
 from kvspec.errors import InvariantViolationError, SchedulingError, UnsupportedConfigurationError
 from kvspec.hashing import BlockHasher, get_hash_fn_by_name
@@ -21,7 +22,7 @@ from kvspec.manager_api import KVCacheManager, ManagerContext
 from kvspec.managers.base import SingleTypeKVCacheManager
 from kvspec.pool import BlockId, BlockPool, KVCacheBlock, KVCacheEvent
 from kvspec.protocols import KVCacheSpec, SchedulerLimits
-from kvspec.registry import AnyRegistry, default_registry
+from kvspec.registry import AnyRegistry
 from kvspec.request import Request
 from kvspec.stats_events import PrefixCacheStats, annotate_events, group_event_metadata
 from kvspec.traits import SpecTraits, traits_of

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,10 @@ import torch
 
 from kvspec.errors import KVSpecError, ModelConfigError
 from kvspec.layout_file import is_layout_file, layer_specs_from_layout
+from kvspec.model_names import DEFAULT_MODEL as DEFAULT_MODEL
+from kvspec.model_names import KV_CACHE_DTYPES as KV_CACHE_DTYPES
+from kvspec.model_names import _preset_files
+from kvspec.model_names import preset_names as preset_names
 from kvspec.protocols import KVCacheSpec, MambaCacheMode
 from kvspec.specs._common import KVQuantMode, cdiv, dtype_size, get_kv_quant_mode
 from kvspec.specs.attention import (
@@ -31,8 +34,6 @@ from kvspec.specs.attention import (
 from kvspec.specs.mamba import MambaSpec
 from kvspec.specs.mla import FP8_DS_MLA, MLAAttentionSpec
 
-DEFAULT_MODEL = "meta-llama/Llama-3.1-8B"
-
 MODEL_DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
@@ -43,16 +44,6 @@ MODEL_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float": torch.float32,
 }
-KV_CACHE_DTYPES = (
-    "auto",
-    "fp8",
-    "fp8_e4m3",
-    "fp8_e5m2",
-    "int8_per_token_head",
-    "fp8_per_token_head",
-    "nvfp4",
-    "fp8_ds_mla",
-)
 #: A config file larger than this is not a model config (the biggest real ones are a few KiB).
 MAX_CONFIG_BYTES = 1 << 24
 #: Upper bounds on config values that drive work: a typo must not make planning run for minutes.
@@ -86,21 +77,6 @@ class ModelLayout:
     def per_worker_specs(self, tensor_parallel_size: int) -> list[dict[str, KVCacheSpec]]:
         """One dict per worker: every TP rank of a stage holds that stage's layers."""
         return [stage for stage in self.stage_specs for _ in range(tensor_parallel_size)]
-
-
-def _preset_files() -> dict[str, Mapping[str, Any]]:
-    out: dict[str, Mapping[str, Any]] = {}
-    for entry in resources.files("kvspec.presets").iterdir():
-        if entry.name.endswith(".json"):
-            data = json.loads(entry.read_text())
-            for key in [data["_name"], *data.get("_aliases", [])]:
-                out[key.lower()] = data
-    return out
-
-
-def preset_names() -> list[str]:
-    """The canonical names of the embedded presets."""
-    return sorted({data["_name"] for data in _preset_files().values()})
 
 
 def load_model_config(model: str) -> tuple[str, dict[str, Any]]:

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from kvspec._checking import check_api
+from kvspec.builtins import default_registry
 from kvspec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor, scheduler_spec
 from kvspec.errors import (
     ConflictingLayerSpecError,
@@ -30,7 +31,7 @@ from kvspec.errors import (
     SpecValidationError,
 )
 from kvspec.protocols import KVCacheSpec, SchedulerLimits
-from kvspec.registry import AnyRegistry, default_registry
+from kvspec.registry import AnyRegistry
 from kvspec.specs._common import cdiv
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
 from kvspec.traits import full_attention_form, resized_to_page, traits_of

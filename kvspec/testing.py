@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kvspec.builtins import register_builtins
+from kvspec.builtins import default_registry, register_builtins
 from kvspec.config import KVCacheConfig, scheduler_spec
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.device.kv_cache import allocate_kv_caches, page_views_of
@@ -39,7 +39,7 @@ from kvspec.manager_api import KVCacheManager
 from kvspec.planning import get_kv_cache_config
 from kvspec.pool import BlockStored, KVCacheBlock
 from kvspec.protocols import KVCacheSpec, SchedulerLimits
-from kvspec.registry import AnyRegistry, Registry, default_registry
+from kvspec.registry import AnyRegistry, Registry
 from kvspec.request import Request
 from kvspec.specs.attention import FullAttentionSpec
 from kvspec.traits import SpecTraits, event_kind, traits_of

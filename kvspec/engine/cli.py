@@ -6,21 +6,22 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvspec.cli_args import bounded_int, check_plot_path, parse_bytes
 from kvspec.cli_args import positive_int as _positive
-from kvspec.device.backends import get_backend
-from kvspec.engine.engine import Engine, EngineStats
-from kvspec.engine.model import TINY_FULL, TINY_HYBRID, TinyModelConfig
+
+# Only light modules at import time (the parser is built for `kvspec --help`); the command imports
+# the engine, torch and the library when it runs.
 from kvspec.engine.workloads import WORKLOADS, make_workload
 from kvspec.errors import DeviceError, KVSpecError, ModelConfigError, PlotPathError
-from kvspec.models import build_model_layout
-from kvspec.protocols import SchedulerLimits
 from kvspec.terminal import has_rich
-from kvspec.traits import traits_of
 
-TINY_MODELS: dict[str, TinyModelConfig] = {"tiny-full": TINY_FULL, "tiny-hybrid": TINY_HYBRID}
+if TYPE_CHECKING:
+    from kvspec.engine.engine import Engine, EngineStats
+
+#: The tiny paged-attention models `simulate` runs for real (kvspec.engine.model).
+TINY_MODEL_NAMES = ("tiny-full", "tiny-hybrid")
 #: Simulations are bounded: past this many requests a run takes minutes and says nothing new.
 MAX_REQUESTS = 100_000
 
@@ -79,10 +80,17 @@ def add_simulate_parser(sub: Any) -> None:
 
 
 def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
+    from kvspec.engine.engine import Engine
+    from kvspec.engine.model import TINY_FULL, TINY_HYBRID
+    from kvspec.models import build_model_layout
+    from kvspec.protocols import SchedulerLimits
+    from kvspec.traits import traits_of
+
+    tiny_models = {"tiny-full": TINY_FULL, "tiny-hybrid": TINY_HYBRID}
     caching = not args.no_prefix_caching
     notes: list[str] = []
-    if args.model in TINY_MODELS:
-        cfg = TINY_MODELS[args.model]
+    if args.model in tiny_models:
+        cfg = tiny_models[args.model]
         engine = Engine.tiny(
             cfg,
             num_blocks=args.num_blocks or 256,
@@ -153,7 +161,9 @@ def plot_run(stats: EngineStats, path: str, title: str) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         check_plot_path(args.plot)
-        if args.model in TINY_MODELS:
+        if args.model in TINY_MODEL_NAMES:
+            from kvspec.device.backends import get_backend
+
             get_backend(args.device)  # an unknown or absent device is bad input: say so before any work
         engine, vocab, notes = _build_engine(args)
     except (ModelConfigError, DeviceError, PlotPathError) as exc:
@@ -162,7 +172,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except KVSpecError as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 1
-    prompt_len = args.prompt_len or (96 if args.model in TINY_MODELS else 2048)
+    prompt_len = args.prompt_len or (96 if args.model in TINY_MODEL_NAMES else 2048)
     max_len = engine.limits.max_model_len
     if prompt_len + args.max_tokens > max_len:
         print(
@@ -197,7 +207,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 1
     stats = engine.stats
     if stats.peak_usage >= 1.0 and (stats.preemptions or stats.hit_rate < 0.1):
-        more = "--num-blocks" if args.model in TINY_MODELS else "--memory"
+        more = "--num-blocks" if args.model in TINY_MODEL_NAMES else "--memory"
         notes.append(
             f"the block pool ran full (peak usage 100%, {stats.preemptions} preemptions): cached prefixes were "
             f"evicted before they could be reused, which is why the hit rate is low; give it more {more}"

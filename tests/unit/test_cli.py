@@ -221,3 +221,30 @@ def test_simulate_default_demo_shows_prefix_caching_and_a_starved_pool_says_why(
     starved = json.loads(capsys.readouterr().out)
     assert starved["prefix_cache_hit_rate"] < 0.1
     assert any("ran full" in note and "--num-blocks" in note for note in starved["notes"])
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["plan", "--help"], ["simulate", "--help"], ["inspect", "--help"]]
+)
+def test_help_does_not_load_torch_or_the_library(argv: list[str]) -> None:
+    """Help is answered from the parser alone (benchmarks/cli_startup.py times it)."""
+    code = (
+        "import sys\n"
+        "from kvspec.cli import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'kvspec.coordinator', 'kvspec.builtins') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_importing_kvspec_registers_the_builtins_on_first_use() -> None:
+    code = (
+        "import sys, kvspec\n"
+        "print('torch' in sys.modules)\n"
+        "print(len(kvspec.default_registry), 'torch' in sys.modules)\n"
+        "from kvspec.planning import get_kv_cache_config\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["False", "10", "True"], proc.stderr

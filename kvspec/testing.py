@@ -473,6 +473,48 @@ class _Scenario:
         report.checks.append(f"[{label}] KV events carry kinds {kinds}")
 
 
+def _scratch_registry(
+    spec: KVCacheSpec,
+    manager_cls: type[KVCacheManager],
+    base: type[KVCacheSpec] | None,
+    source: AnyRegistry | None,
+    name: str,
+) -> Registry[Any, Any]:
+    """The built-ins, the source registry's other registrations, and the pair under test: the caller's
+    registry is never changed. A conflicting registration of the same class is a failure."""
+    scratch: Registry[Any, Any] = Registry(name=name)
+    register_builtins(scratch)
+    for entry in (default_registry if source is None else source).registrations():
+        if entry.source != "builtin":
+            scratch.register(
+                entry.spec_cls,
+                entry.manager_cls,
+                entry.uniform_type_base_spec,
+                capabilities=entry.capabilities,
+            )
+    existing = scratch.lookup(type(spec))
+    if existing is not None and existing.spec_cls is type(spec):
+        if existing.manager_cls is not manager_cls:
+            raise _fail(
+                f"{type(spec).__name__} is registered with {existing.manager_cls.__name__}, not "
+                f"{manager_cls.__name__}; check the pair the registry will run."
+            )
+        return scratch
+    scratch.register(type(spec), manager_cls, base)
+    return scratch
+
+
+def _kit_limits(spec: KVCacheSpec, *, blocks_per_request: int) -> SchedulerLimits:
+    """Limits sized in the spec's own blocks: a request of ``blocks_per_request`` blocks, half per step."""
+    bs = spec.block_size
+    return SchedulerLimits(
+        max_model_len=blocks_per_request * bs,
+        max_num_batched_tokens=blocks_per_request // 2 * bs,
+        max_num_encoder_input_tokens=2 * bs,
+        mamba_cache_mode=getattr(spec, "mamba_cache_mode", "none"),
+    )
+
+
 def check_plugin(
     spec: KVCacheSpec,
     manager_cls: type[KVCacheManager],
@@ -486,36 +528,12 @@ def check_plugin(
     The pair is registered in a scratch registry that starts from ``registry`` (default: the default
     registry), so the caller's registry is never changed. Returns what was checked.
     """
-    source = default_registry if registry is None else registry
-    scratch: Registry[Any, Any] = Registry(name="conformance")
-    register_builtins(scratch)
-    for entry in source.registrations():
-        if entry.source != "builtin":
-            scratch.register(
-                entry.spec_cls,
-                entry.manager_cls,
-                entry.uniform_type_base_spec,
-                capabilities=entry.capabilities,
-            )
-    existing = scratch.lookup(type(spec))
-    if existing is None or existing.spec_cls is not type(spec) or existing.manager_cls is not manager_cls:
-        if existing is not None and existing.spec_cls is type(spec):
-            raise _fail(
-                f"{type(spec).__name__} is registered with {existing.manager_cls.__name__}, not "
-                f"{manager_cls.__name__}; check the pair the registry will run."
-            )
-        scratch.register(type(spec), manager_cls, uniform_type_base_spec)
+    scratch = _scratch_registry(spec, manager_cls, uniform_type_base_spec, registry, "conformance")
     report = ConformanceReport(spec_class=type(spec).__qualname__, manager_class=manager_cls.__qualname__)
     report.checks.append("registration: class members, signatures, frozen and hashable")
     report.checks += check_spec_values(spec)
     traits = traits_of(spec)
-    bs = spec.block_size
-    limits = SchedulerLimits(
-        max_model_len=16 * bs,
-        max_num_batched_tokens=8 * bs,
-        max_num_encoder_input_tokens=2 * bs,
-        mamba_cache_mode=getattr(spec, "mamba_cache_mode", "none"),
-    )
+    limits = _kit_limits(spec, blocks_per_request=16)
     layouts: dict[str, dict[str, KVCacheSpec]] = {"alone": {"plugin.0": spec, "plugin.1": spec}}
     companion = _companion_full_attention(spec)
     if companion is None:
@@ -581,20 +599,9 @@ def plugin_state_machine(
     from hypothesis import strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-    registry: Registry[Any, Any] = Registry(name="conformance-machine")
-    register_builtins(registry)
-    for entry in default_registry.registrations():
-        if entry.source != "builtin":
-            registry.register(entry.spec_cls, entry.manager_cls, entry.uniform_type_base_spec)
-    if registry.lookup(type(spec)) is None or registry.lookup(type(spec)).manager_cls is not manager_cls:  # type: ignore[union-attr]
-        registry.register(type(spec), manager_cls, uniform_type_base_spec)
+    registry = _scratch_registry(spec, manager_cls, uniform_type_base_spec, None, "conformance-machine")
     bs = spec.block_size
-    limits = SchedulerLimits(
-        max_model_len=8 * bs,
-        max_num_batched_tokens=4 * bs,
-        max_num_encoder_input_tokens=2 * bs,
-        mamba_cache_mode=getattr(spec, "mamba_cache_mode", "none"),
-    )
+    limits = _kit_limits(spec, blocks_per_request=8)
     layers: dict[str, KVCacheSpec] = {"plugin.0": spec}
     companion = _companion_full_attention(spec) if beside_full_attention else None
     if companion is not None:

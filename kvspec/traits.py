@@ -15,7 +15,7 @@ layers such as hidden-state caches).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -180,6 +180,17 @@ class SpecHooks(Protocol):
     """
 
     def kv_cache_traits(self) -> SpecTraits: ...
+
+
+def cached_traits(spec: Any, declare: Callable[[], SpecTraits]) -> SpecTraits:
+    """``declare()`` once per spec instance, kept in its ``_traits`` slot (specs are immutable, like the
+    page size they cache the same way)."""
+    cached: SpecTraits | None = spec._traits
+    if cached is not None:
+        return cached
+    traits = declare()
+    object.__setattr__(spec, "_traits", traits)
+    return traits
 
 
 def traits_of(spec: object) -> SpecTraits:

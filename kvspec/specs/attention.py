@@ -31,7 +31,7 @@ from kvspec.specs._common import (
     require_optional_positive,
     require_positive,
 )
-from kvspec.traits import PageView, SpecTraits, attention_page_views
+from kvspec.traits import PageView, SpecTraits, attention_page_views, cached_traits
 
 #: Fields that FullAttentionSpec.merge combines instead of requiring equality.
 _WINDOW_FIELDS = frozenset({"sliding_window", "attention_chunk_size"})
@@ -178,11 +178,7 @@ class AttentionSpec:
 
     def kv_cache_traits(self) -> SpecTraits:
         """The traits this spec declares (see kvspec.traits); subclasses override ``_declare_traits``."""
-        traits = self._traits
-        if traits is None:
-            traits = self._declare_traits()
-            object.__setattr__(self, "_traits", traits)
-        return traits
+        return cached_traits(self, self._declare_traits)
 
     def _declare_traits(self) -> SpecTraits:
         return SpecTraits(device_views=self.page_views())

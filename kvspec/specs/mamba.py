@@ -25,7 +25,7 @@ from kvspec.specs._common import (
     require_positive,
 )
 from kvspec.specs.attention import merge_equal_specs
-from kvspec.traits import PageView, SpecTraits
+from kvspec.traits import PageView, SpecTraits, cached_traits
 
 
 def _positive_int(value: object) -> bool:
@@ -107,11 +107,7 @@ class MambaSpec:
 
     def kv_cache_traits(self) -> SpecTraits:
         """The traits this spec declares (computed once; specs are immutable)."""
-        traits = self._traits
-        if traits is None:
-            traits = self._declare_traits()
-            object.__setattr__(self, "_traits", traits)
-        return traits
+        return cached_traits(self, self._declare_traits)
 
     def _declare_traits(self) -> SpecTraits:
         """Hits at its own block boundaries only; state is read before it is written (zeroed buffers)."""

@@ -99,6 +99,17 @@ def resolve_block_sizes(
     return scheduler, chosen
 
 
+#: allocate_slots' count arguments, in the order its fast check gathers them.
+_COUNT_NAMES = (
+    "num_new_tokens",
+    "num_new_computed_tokens",
+    "num_lookahead_tokens",
+    "num_external_computed_tokens",
+    "num_encoder_tokens",
+    "reserved_blocks",
+)
+
+
 class KVCacheCoordinator:
     """Scheduler API over all KV cache groups of one model (vLLM's KVCacheManager + coordinator)."""
 
@@ -279,16 +290,23 @@ class KVCacheCoordinator:
             return self._allocate_running(
                 request, num_new_tokens, num_lookahead_tokens, delay_cache_blocks, reserved_blocks
             )
-        self._check_allocation_args(
-            request,
-            new_computed_blocks,
-            num_new_tokens=num_new_tokens,
-            num_new_computed_tokens=num_new_computed_tokens,
-            num_lookahead_tokens=num_lookahead_tokens,
-            num_external_computed_tokens=num_external_computed_tokens,
-            num_encoder_tokens=num_encoder_tokens,
-            reserved_blocks=reserved_blocks,
+        counts = (
+            num_new_tokens,
+            num_new_computed_tokens,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            num_encoder_tokens,
+            reserved_blocks,
         )
+        # Cheap tests first (this runs once per admission); the named check only when one fails.
+        if min(counts) < 0 or type(num_new_tokens) is not int:
+            self._check_allocation_args(request, None, **dict(zip(_COUNT_NAMES, counts, strict=True)))
+        if self.enable_caching and request_id not in self._admitted:
+            hasher = request.block_hasher
+            if hasher is None or hasher.block_size != self.hash_block_size:
+                self._check_allocation_args(request, None)
+        if new_computed_blocks is not None:
+            self._check_blocks_are_ours(new_computed_blocks)
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise SchedulingError("num_new_tokens must be greater than 0 (or tokens must be external).")
         computed = self._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
@@ -358,19 +376,25 @@ class KVCacheCoordinator:
                     f"{self.hash_block_size} tokens; build it with block_hasher=coordinator.make_block_hasher()."
                 )
         if new_computed_blocks is not None:
-            groups = new_computed_blocks.blocks
-            if len(groups) != len(self.specs):
-                raise SchedulingError(
-                    f"new_computed_blocks has {len(groups)} groups; this coordinator has {len(self.specs)}."
-                )
-            blocks = self.block_pool.blocks
-            for group in groups:
-                for block in group:
-                    if not (0 <= block.block_id < len(blocks)) or blocks[block.block_id] is not block:
-                        raise SchedulingError(
-                            f"new_computed_blocks holds block {block.block_id}, which is not a block of this "
-                            "coordinator's pool; pass what this coordinator's get_computed_blocks returned."
-                        )
+            self._check_blocks_are_ours(new_computed_blocks)
+
+    def _check_blocks_are_ours(self, new_computed_blocks: KVCacheBlocks) -> None:
+        """Blocks handed back to allocate_slots come from this pool. One block per group is tested: a hit
+        list is one coordinator's or another's, and any block of another pool fails the identity test."""
+        groups = new_computed_blocks.blocks
+        if len(groups) != len(self.specs):
+            raise SchedulingError(
+                f"new_computed_blocks has {len(groups)} groups; this coordinator has {len(self.specs)}."
+            )
+        blocks = self.block_pool.blocks
+        for group in groups:
+            if group:
+                block = group[-1]
+                if not (0 <= block.block_id < len(blocks)) or blocks[block.block_id] is not block:
+                    raise SchedulingError(
+                        f"new_computed_blocks holds block {block.block_id}, which is not a block of this "
+                        "coordinator's pool; pass what this coordinator's get_computed_blocks returned."
+                    )
 
     def _allocate_running(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -120,7 +121,20 @@ def test_parse_bytes() -> None:
     assert parse_bytes("80GiB") == 80 * 2**30
     assert parse_bytes("1.5 GB") == 1_500_000_000
     assert parse_bytes("512mib") == 512 * 2**20
-    assert parse_bytes("1e9") == 10**9
+    assert parse_bytes("1e9") == parse_bytes("1E9") == parse_bytes("1e+9") == 10**9
+    for bad, message in (("0.5", "at least 1 byte"), ("1e400", "larger than 1 EiB"), ("nan", "invalid size")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            parse_bytes(bad)
+
+
+def test_plot_under_pipeline_parallelism_says_which_stage(tmp_path: Path) -> None:
+    png = tmp_path / "pp.png"
+    proc = kvspec(
+        "plan", "ai21labs/AI21-Jamba-1.5-Mini", "--pp", "2", "--memory", "40GiB", "--plot", str(png)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"layout plot written to {png} (stage 0 of 2)" in proc.stdout
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_malformed_config_file(tmp_path: Path) -> None:

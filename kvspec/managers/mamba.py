@@ -129,6 +129,7 @@ class MambaManager(SingleTypeKVCacheManager):
         if required <= len(blocks):
             return []
         null = self._null_block
+        prev_len = len(blocks)
         first = request_id not in self._allocated_block_reqs
         moved: list[KVCacheBlock] = []
         if not first:
@@ -143,7 +144,9 @@ class MambaManager(SingleTypeKVCacheManager):
         blocks.append(new_blocks[0])
         blocks.extend(moved if not first else new_blocks[1:])
         self._allocated_block_reqs.add(request_id)
-        return new_blocks
+        # Like vLLM 0.23: everything appended, null placeholders included, so a runner that appends
+        # the returned ids to the block-table row keeps the row aligned to token positions.
+        return blocks[prev_len:]
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         num_before = self.num_cached_block.get(request.request_id, 0)

@@ -507,3 +507,33 @@ def test_num_common_prefix_blocks_counts_only_blocks_every_running_request_holds
     coord.free(c)
     coord.free(a)
     assert coord.get_num_common_prefix_blocks("b") == [4]  # alone: every block it holds is common
+
+
+def test_mamba_align_allocation_returns_position_aligned_blocks() -> None:
+    """vLLM 0.23 returns what it appended, null placeholders included ([0, 0, 0, 1] after a 64-token
+    prefill of 16-token blocks), so a runner appending returned ids keeps the Mamba row aligned to
+    positions; returning the compact [1] made such a runner read the wrong block."""
+    mamba = MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    coord = KVCacheCoordinator(
+        make_config([full_spec(), mamba], 64), SchedulerLimits(max_model_len=1024, mamba_cache_mode="align")
+    )
+    request = make_request(coord, "a", list(range(64)))
+    rows: list[list[int]] = [[], []]
+    computed, n = coord.get_computed_blocks(request)
+    new = coord.allocate_slots(request, 64, n, computed)
+    assert new is not None
+    assert new.get_block_ids()[1] == [0, 0, 0, 5]
+    request.num_computed_tokens = 64
+    for gid, block_ids in enumerate(new.get_block_ids()):
+        rows[gid].extend(block_ids)
+    for _ in range(20):
+        request.append_output_token_ids(1)
+        coord.new_step_starts()
+        step = coord.allocate_slots(request, 1)
+        assert step is not None
+        for gid, block_ids in enumerate(step.get_block_ids()):
+            rows[gid].extend(block_ids)
+        request.num_computed_tokens += 1
+        state = coord.get_block_ids("a")[1]
+        # The running state sits where the appended row says: the last block of both.
+        assert rows[1][len(state) - 1] == state[-1] and len(rows[1]) == len(state)

@@ -40,12 +40,30 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session(python="3.11", default=False)
-def bench(session: nox.Session) -> None:
-    """kvspec against vllm==0.23.0 (installed with --no-deps next to CPU torch 2.13.0); not part of `nox`."""
+def _install_vllm(session: nox.Session) -> None:
+    """vllm==0.23.0 without its dependencies, the pure-Python ones its imports need, CPU torch, kvspec."""
     session.install("-c", "constraints.txt", "torch==2.13.0")
     session.install("--no-deps", "vllm==0.23.0")
     session.install("--no-deps", "-r", "benchmarks/vllm-requirements.txt")
     session.install("--no-deps", "-e", ".")
+
+
+@nox.session(python="3.11", default=False)
+def vllm(session: nox.Session) -> None:
+    """kvspec against vLLM 0.23.0 itself: spec conversion both ways (tests/vllm); not part of `nox`."""
+    _install_vllm(session)
+    session.install("beartype>=0.19", "pytest>=8", "hypothesis>=6.100")
+    session.run(
+        "pytest",
+        "tests/vllm",
+        *session.posargs,
+        env={"KVSPEC_TYPECHECK": "full", "VLLM_LOGGING_LEVEL": "ERROR"},
+    )
+
+
+@nox.session(python="3.11", default=False)
+def bench(session: nox.Session) -> None:
+    """kvspec against vllm==0.23.0 (installed with --no-deps next to CPU torch 2.13.0); not part of `nox`."""
+    _install_vllm(session)
     session.install("beartype>=0.19")
     session.run("python", "-m", "benchmarks.vs_vllm", *session.posargs, env={"VLLM_LOGGING_LEVEL": "ERROR"})

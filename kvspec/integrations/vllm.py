@@ -1,0 +1,199 @@
+"""kvspec inside vLLM, first part: spec conversion both ways and a registry facade with vLLM's names.
+
+Importable without vLLM; the conversions *to* vLLM import it when called. Every decision stays
+kvspec's: the facade only translates names and exception bases (vLLM asserts where kvspec raises
+``RegistrationError``, and raises ``ValueError`` where kvspec raises ``UnregisteredSpecError``).
+
+Not here yet (issue 11): the ``KVCacheManager`` adapter over ``KVCacheCoordinator`` for vLLM's Scheduler,
+the request protocol, KV event conversion, vLLM-style managers (9-parameter constructors), and the nox
+session that runs vLLM's own test files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from kvspec import specs as kvspec_specs
+from kvspec.builtins import default_registry
+from kvspec.errors import KVSpecError, RegistrationError, UnregisteredSpecError
+from kvspec.manager_api import KVCacheManager
+from kvspec.protocols import KVCacheSpec
+from kvspec.registry import AnyRegistry, Registration
+from kvspec.specs._common import KVQuantMode
+from kvspec.specs.uniform import UniformTypeKVCacheSpecs
+
+VLLM_SPECS_MODULE = "vllm.v1.kv_cache_interface"
+#: The built-in spec classes both libraries define, by their shared name.
+SPEC_CLASS_NAMES = (
+    "FullAttentionSpec",
+    "TQFullAttentionSpec",
+    "MLAAttentionSpec",
+    "HiddenStateCacheSpec",
+    "SinkFullAttentionSpec",
+    "SlidingWindowSpec",
+    "SlidingWindowMLASpec",
+    "ChunkedLocalAttentionSpec",
+    "MambaSpec",
+    "EncoderOnlyAttentionSpec",
+    "CrossAttentionSpec",
+)
+
+_C = TypeVar("_C", bound=type)
+
+
+class VllmRegistrationError(RegistrationError, AssertionError):
+    """A registration vLLM refuses with an assertion (kvspec's message, vLLM's exception base)."""
+
+
+class VllmSpecLookupError(KVSpecError, ValueError):
+    """``check_kv_cache_spec_registry`` found a layer whose spec type has no registration."""
+
+
+class SpecConversionError(KVSpecError, TypeError):
+    """A spec of a class the other library does not define (or not as a dataclass) cannot be converted."""
+
+
+# -- specs, both ways -------------------------------------------------------------------------------
+
+
+def _vllm_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise SpecConversionError(
+            f"Converting to vLLM's specs needs vLLM installed ({name} did not import: {exc})."
+        ) from exc
+
+
+def _convert_value(name: str, value: Any, target_field: dataclasses.Field[Any], to_vllm: bool) -> Any:
+    if name == "kv_quant_mode":
+        if to_vllm:
+            mode_cls = _vllm_module(VLLM_SPECS_MODULE).KVQuantMode
+            return mode_cls(int(value))
+        return KVQuantMode(int(value))
+    if name == "mamba_type":
+        if to_vllm:
+            backend = _vllm_module("vllm.v1.attention.backends.registry").MambaAttentionBackendEnum
+            return backend[str(value).upper()]
+        return value.name.lower() if isinstance(value, enum.Enum) else str(value)
+    return value
+
+
+def _convert(spec: Any, target_cls: type, to_vllm: bool) -> Any:
+    if not dataclasses.is_dataclass(target_cls) or not dataclasses.is_dataclass(spec):
+        raise SpecConversionError(f"{type(spec).__name__} is not a dataclass spec; it cannot be converted.")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(target_cls):
+        if not f.init or not hasattr(spec, f.name):
+            continue
+        kwargs[f.name] = _convert_value(f.name, getattr(spec, f.name), f, to_vllm)
+    return target_cls(**kwargs)
+
+
+def to_kvspec(spec: Any) -> KVCacheSpec:
+    """The kvspec spec with the same class name and fields as vLLM's ``spec`` (uniform groups too)."""
+    name = type(spec).__name__
+    if name == "UniformTypeKVCacheSpecs":
+        inner = {layer: to_kvspec(s) for layer, s in spec.kv_cache_specs.items()}
+        return UniformTypeKVCacheSpecs(block_size=spec.block_size, kv_cache_specs=inner)
+    if name not in SPEC_CLASS_NAMES:
+        raise SpecConversionError(
+            f"No kvspec counterpart for vLLM spec {name}; convert a plugin's spec with its own function."
+        )
+    converted: KVCacheSpec = _convert(spec, getattr(kvspec_specs, name), to_vllm=False)
+    return converted
+
+
+def to_vllm(spec: KVCacheSpec) -> Any:
+    """vLLM's spec of the same class name and fields as kvspec's ``spec`` (imports vLLM)."""
+    module = _vllm_module(VLLM_SPECS_MODULE)
+    name = type(spec).__name__
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        inner = {layer: to_vllm(s) for layer, s in spec.kv_cache_specs.items()}
+        return module.UniformTypeKVCacheSpecs(block_size=spec.block_size, kv_cache_specs=inner)
+    if name not in SPEC_CLASS_NAMES:
+        raise SpecConversionError(f"vLLM defines no {name}; it cannot be converted.")
+    return _convert(spec, getattr(module, name), to_vllm=True)
+
+
+def to_kvspec_layers(layer_specs: Mapping[str, Any]) -> dict[str, KVCacheSpec]:
+    """A vLLM ``{layer: spec}`` dict as kvspec specs."""
+    return {layer: to_kvspec(spec) for layer, spec in layer_specs.items()}
+
+
+# -- the registry facade ----------------------------------------------------------------------------
+
+
+class KVCacheSpecRegistry:
+    """vLLM 0.23's ``KVCacheSpecRegistry`` (PR #37505) over a kvspec ``Registry`` (the default one).
+
+    Same names, signatures and exception bases; kvspec's checks and messages. ``use(registry)`` points
+    the facade at another kvspec registry (tests, isolated engines).
+    """
+
+    _registry: AnyRegistry = default_registry
+
+    @classmethod
+    def use(cls, registry: AnyRegistry) -> None:
+        cls._registry = registry
+
+    @classmethod
+    def register(
+        cls,
+        kvcache_spec_cls: type[Any],
+        manager_class: type[Any] | None = None,
+        uniform_type_base_spec: type[Any] | None = None,
+    ) -> None:
+        try:
+            cls._registry.register(kvcache_spec_cls, manager_class, uniform_type_base_spec)
+        except RegistrationError as exc:
+            raise VllmRegistrationError(str(exc)) from exc
+
+    @classmethod
+    def get_manager_class(cls, spec: Any) -> type[KVCacheManager] | None:
+        manager: type[KVCacheManager] | None = cls._registry.get_manager_class(spec)
+        return manager
+
+    @classmethod
+    def get_uniform_type_base_spec(cls, spec: Any) -> type[KVCacheSpec] | None:
+        return cls._registry.get_uniform_type_base_spec(spec)
+
+    @classmethod
+    def lookup(cls, spec_cls: type[Any]) -> Registration[Any, Any] | None:
+        return cls._registry.lookup(spec_cls)
+
+
+def check_kv_cache_spec_registry(kv_cache_specs: Mapping[str, Any]) -> None:
+    """vLLM's check: every layer's spec type is registered; ValueError (kvspec's message) otherwise."""
+    try:
+        KVCacheSpecRegistry._registry.check(dict(kv_cache_specs))
+    except UnregisteredSpecError as exc:
+        raise VllmSpecLookupError(str(exc)) from exc
+
+
+def register_kv_cache_spec(
+    manager_class: type[Any] | None = None, uniform_type_base_spec: type[Any] | None = None
+) -> Callable[[_C], _C]:
+    """vLLM's decorator form (positional ``manager_class`` allowed, as in vLLM)."""
+
+    def decorate(spec_cls: _C) -> _C:
+        KVCacheSpecRegistry.register(spec_cls, manager_class, uniform_type_base_spec)
+        return spec_cls
+
+    return decorate
+
+
+def apply_vllm_platform_hook(platform: Any, vllm_config: Any = None) -> None:
+    """Run a vLLM platform's ``register_custom_kv_cache_specs(vllm_config)`` against the facade, atomically
+    (a hook that raises leaves none of its registrations)."""
+    hook = getattr(platform, "register_custom_kv_cache_specs", None)
+    if not callable(hook):
+        raise VllmRegistrationError(
+            f"{type(platform).__name__} has no register_custom_kv_cache_specs(vllm_config) method."
+        )
+    with KVCacheSpecRegistry._registry.transaction():
+        hook(vllm_config)

@@ -1,0 +1,71 @@
+"""kvspec <-> vLLM 0.23.0 specs, against vLLM itself (run by `nox -s vllm`; skipped where vLLM is absent)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import kvspec
+from kvspec.integrations.vllm import to_kvspec, to_vllm
+
+vllm_specs = pytest.importorskip("vllm.v1.kv_cache_interface")
+
+A: dict[str, Any] = dict(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+SPECS: list[kvspec.KVCacheSpec] = [
+    kvspec.FullAttentionSpec(**A),
+    kvspec.FullAttentionSpec(**A, head_size_v=32),
+    kvspec.FullAttentionSpec(**A, kv_quant_mode=kvspec.KVQuantMode.INT8_PER_TOKEN_HEAD),
+    kvspec.TQFullAttentionSpec(**A, tq_slot_size=80),
+    kvspec.MLAAttentionSpec(**A, cache_dtype_str="fp8_ds_mla"),
+    kvspec.MLAAttentionSpec(**A, alignment=1000),
+    kvspec.HiddenStateCacheSpec(**A),
+    kvspec.SinkFullAttentionSpec(**A, sink_len=32),
+    kvspec.SlidingWindowSpec(**A, sliding_window=100),
+    kvspec.SlidingWindowMLASpec(**A, sliding_window=100),
+    kvspec.ChunkedLocalAttentionSpec(**A, attention_chunk_size=256),
+    kvspec.MambaSpec(
+        block_size=16,
+        shapes=((4, 8), (3,)),
+        dtypes=(torch.float32, torch.float16),
+        mamba_cache_mode="align",
+        num_speculative_blocks=1,
+        mamba_type="mamba1",
+    ),
+    kvspec.CrossAttentionSpec(**A),
+    kvspec.EncoderOnlyAttentionSpec(**A),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=[f"{type(s).__name__}-{i}" for i, s in enumerate(SPECS)])
+def test_round_trip_keeps_class_fields_and_page_size(spec: kvspec.KVCacheSpec) -> None:
+    theirs = to_vllm(spec)
+    assert type(theirs) is getattr(vllm_specs, type(spec).__name__)
+    assert theirs.page_size_bytes == spec.page_size_bytes
+    assert theirs.block_size == spec.block_size
+    assert to_kvspec(theirs) == spec
+
+
+def test_uniform_groups_convert_layer_by_layer() -> None:
+    uniform = kvspec.UniformTypeKVCacheSpecs(
+        block_size=16,
+        kv_cache_specs={
+            "a": kvspec.FullAttentionSpec(**A),
+            "b": kvspec.FullAttentionSpec(**{**A, "head_size": 32}),
+        },
+    )
+    theirs = to_vllm(uniform)
+    assert theirs.page_size_bytes == uniform.page_size_bytes
+    assert to_kvspec(theirs) == uniform
+
+
+def test_vllm_enums_become_kvspec_values() -> None:
+    theirs = vllm_specs.MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,))
+    ours = to_kvspec(theirs)
+    assert isinstance(ours, kvspec.MambaSpec) and ours.mamba_type == "mamba2"
+    quant = to_kvspec(vllm_specs.FullAttentionSpec(**A, kv_quant_mode=vllm_specs.KVQuantMode.FP8_PER_TENSOR))
+    assert (
+        isinstance(quant, kvspec.FullAttentionSpec)
+        and quant.kv_quant_mode is kvspec.KVQuantMode.FP8_PER_TENSOR
+    )

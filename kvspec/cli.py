@@ -147,15 +147,11 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     )
     # Token slots: blocks are shared by every group of a stage, and a token takes a slot in each group,
     # so a stage holds num_blocks // groups blocks' worth of tokens (more where windows free blocks).
-    token_slots = min(
-        (configs[s * args.tp].num_blocks // max(1, n_groups)) * block
-        for s in range(args.pp)
-        for n_groups, block in [_groups_and_block(configs[s * args.tp])]
-    )
+    token_slots = min(_token_slots(configs[s * args.tp]) for s in range(args.pp))
     plan.update(
         fits=True,
         num_blocks=configs[0].num_blocks,
-        block_size=_groups_and_block(configs[0])[1],
+        block_size=_smallest_block(configs[0]),
         token_slots=token_slots,
         max_concurrency=concurrency,
         tokens_at_max_concurrency=int(concurrency * limits.max_model_len),
@@ -166,10 +162,15 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     return plan
 
 
-def _groups_and_block(config: KVCacheConfig) -> tuple[int, int]:
-    """(live groups, smallest block size in tokens) of one worker's layout."""
-    live = [g for g in config.kv_cache_groups if g.layer_names]
-    return len(live), min((g.kv_cache_spec.block_size for g in live), default=0)
+def _smallest_block(config: KVCacheConfig) -> int:
+    """The smallest block size (tokens) among one worker's live groups (0 with none)."""
+    return min((g.kv_cache_spec.block_size for g in config.kv_cache_groups if g.layer_names), default=0)
+
+
+def _token_slots(config: KVCacheConfig) -> int:
+    """Tokens one worker's blocks hold when every live group keeps every token (each takes a slot in each)."""
+    groups = sum(1 for g in config.kv_cache_groups if g.layer_names)
+    return config.num_blocks // max(1, groups) * _smallest_block(config)
 
 
 def _human(num: float) -> str:

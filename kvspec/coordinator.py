@@ -110,6 +110,14 @@ _COUNT_NAMES = (
 )
 
 
+def _refuse_bad_counts(counts: dict[str, int]) -> None:
+    """SchedulingError naming the first count of allocate_slots that is not an int >= 0."""
+    for name, value in counts.items():
+        count: object = value
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise SchedulingError(f"allocate_slots: {name} must be an int >= 0, got {value!r}.")
+
+
 class KVCacheCoordinator:
     """Scheduler API over all KV cache groups of one model (vLLM's KVCacheManager + coordinator)."""
 
@@ -298,13 +306,11 @@ class KVCacheCoordinator:
             num_encoder_tokens,
             reserved_blocks,
         )
-        # Cheap tests first (this runs once per admission); the named check only when one fails.
+        # Refuse before anything changes (this runs once per admission; the cheap test comes first).
         if min(counts) < 0 or type(num_new_tokens) is not int:
-            self._check_allocation_args(request, None, **dict(zip(_COUNT_NAMES, counts, strict=True)))
+            _refuse_bad_counts(dict(zip(_COUNT_NAMES, counts, strict=True)))
         if self.enable_caching and request_id not in self._admitted:
-            hasher = request.block_hasher
-            if hasher is None or hasher.block_size != self.hash_block_size:
-                self._check_allocation_args(request, None)
+            self._check_hasher(request)
         if new_computed_blocks is not None:
             self._check_blocks_are_ours(new_computed_blocks)
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
@@ -358,25 +364,15 @@ class KVCacheCoordinator:
             return self._empty
         return KVCacheBlocks(new_blocks)
 
-    def _check_allocation_args(
-        self, request: Request, new_computed_blocks: KVCacheBlocks | None, **counts: int
-    ) -> None:
-        """Refuse, before anything changes, what would corrupt state: negative counts, a request hashed
-        at another block size (or not at all, with prefix caching on), blocks of another pool."""
-        for name, value in counts.items():
-            count: object = value
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise SchedulingError(f"allocate_slots: {name} must be an int >= 0, got {value!r}.")
-        if self.enable_caching and request.request_id not in self._admitted:
-            hasher = request.block_hasher
-            if hasher is None or hasher.block_size != self.hash_block_size:
-                got = "no block_hasher" if hasher is None else f"a block_hasher of {hasher.block_size} tokens"
-                raise SchedulingError(
-                    f"Request {request.request_id!r} has {got}, but this coordinator hashes blocks of "
-                    f"{self.hash_block_size} tokens; build it with block_hasher=coordinator.make_block_hasher()."
-                )
-        if new_computed_blocks is not None:
-            self._check_blocks_are_ours(new_computed_blocks)
+    def _check_hasher(self, request: Request) -> None:
+        """A request is hashed with this coordinator's block size (with prefix caching, hashes are read)."""
+        hasher = request.block_hasher
+        if hasher is None or hasher.block_size != self.hash_block_size:
+            got = "no block_hasher" if hasher is None else f"a block_hasher of {hasher.block_size} tokens"
+            raise SchedulingError(
+                f"Request {request.request_id!r} has {got}, but this coordinator hashes blocks of "
+                f"{self.hash_block_size} tokens; build it with block_hasher=coordinator.make_block_hasher()."
+            )
 
     def _check_blocks_are_ours(self, new_computed_blocks: KVCacheBlocks) -> None:
         """Blocks handed back to allocate_slots come from this pool. One block per group is tested: a hit

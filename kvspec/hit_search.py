@@ -91,7 +91,6 @@ class PrefixHitSearch:
             # Single-group search, precomputed: block size with CP, and the alignment of a hit.
             self._single_bs = group.spec.block_size * dcp_world_size * pcp_world_size
             self._single_alignment = scheduler_block_size if num_groups > 1 else self._single_bs
-            self._single_hashes_direct = group.spec.block_size == hash_block_size
 
     def _hash_view(self, hashes: Sequence[bytes], block_size: int) -> Sequence[bytes]:
         if block_size == self.hash_block_size:
@@ -108,9 +107,7 @@ class PrefixHitSearch:
         group = self.spec_groups[0]
         hit = group.manager_cls.find_longest_cache_hit(
             HitQuery(
-                block_hashes=block_hashes
-                if self._single_hashes_direct
-                else BlockHashListWithBlockSize(block_hashes, self.hash_block_size, group.spec.block_size),
+                block_hashes=self._hash_view(block_hashes, group.spec.block_size),
                 max_length=max_length,
                 kv_cache_group_ids=group.group_ids,
                 block_pool=self.block_pool,

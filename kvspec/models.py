@@ -9,11 +9,12 @@ not split. Pipeline parallelism splits layers into contiguous stages.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
@@ -44,6 +45,9 @@ MODEL_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float": torch.float32,
 }
+P = ParamSpec("P")
+R = TypeVar("R")
+
 #: A config file larger than this is not a model config (the biggest real ones are a few KiB).
 MAX_CONFIG_BYTES = 1 << 24
 #: Upper bounds on config values that drive work: a typo must not make planning run for minutes.
@@ -299,6 +303,35 @@ def _layout_file(
     )
 
 
+def _config_errors_are_model_config_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """A config value of a shape no check foresaw (a list where a number belongs, say) still ends as a
+    ModelConfigError naming the config, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except KVSpecError:
+            raise
+        except (
+            TypeError,
+            ValueError,
+            KeyError,
+            AttributeError,
+            IndexError,
+            OverflowError,
+            ZeroDivisionError,
+        ) as exc:
+            name = kwargs.get("name", "config")
+            raise ModelConfigError(
+                f"{name}: a config value has an unexpected type or size ({type(exc).__name__}: {exc}); "
+                "check the config against the model family's Hugging Face config."
+            ) from exc
+
+    return wrapper
+
+
+@_config_errors_are_model_config_errors
 def layout_from_config(
     cfg: Mapping[str, Any],
     *,
@@ -313,51 +346,9 @@ def layout_from_config(
 ) -> ModelLayout:
     """Per-layer specs from a config dict; see :func:`build_model_layout`.
 
-    Every problem with the config is a ModelConfigError naming the key; a value of a shape no check
-    foresaw (a list where a number belongs, say) still ends as a ModelConfigError, never a traceback.
+    Every problem with the config is a ModelConfigError naming the key (or, for shapes no check
+    foresaw, the config).
     """
-    try:
-        return _layout_from_config(
-            cfg,
-            name=name,
-            block_size=block_size,
-            dtype=dtype,
-            kv_cache_dtype=kv_cache_dtype,
-            tensor_parallel_size=tensor_parallel_size,
-            pipeline_parallel_size=pipeline_parallel_size,
-            max_model_len=max_model_len,
-            mamba_cache_mode=mamba_cache_mode,
-        )
-    except KVSpecError:
-        raise
-    except (
-        TypeError,
-        ValueError,
-        KeyError,
-        AttributeError,
-        IndexError,
-        OverflowError,
-        ZeroDivisionError,
-    ) as exc:
-        raise ModelConfigError(
-            f"{name}: a config value has an unexpected type or size ({type(exc).__name__}: {exc}); "
-            "check the config against the model family's Hugging Face config."
-        ) from exc
-
-
-def _layout_from_config(
-    cfg: Mapping[str, Any],
-    *,
-    name: str = "config",
-    block_size: int = 16,
-    dtype: str | None = None,
-    kv_cache_dtype: str = "auto",
-    tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
-    max_model_len: int | None = None,
-    mamba_cache_mode: MambaCacheMode = "none",
-) -> ModelLayout:
-    """Per-layer specs from a config dict; see :func:`build_model_layout`."""
     if tensor_parallel_size <= 0 or pipeline_parallel_size <= 0 or block_size <= 0:
         raise ModelConfigError(
             "block_size, tensor_parallel_size and pipeline_parallel_size must be positive."

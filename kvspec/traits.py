@@ -15,7 +15,7 @@ layers such as hidden-state caches).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -29,7 +29,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(a // -b)
 
 
-def _is_count(value: object, minimum: int) -> bool:
+def is_count(value: object, minimum: int) -> bool:
     """An int (not a bool) >= minimum; takes ``object`` because plugins hand in anything at run time."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
@@ -51,9 +51,9 @@ class PageView:
         if not isinstance(dtype, torch.dtype):
             raise SpecValidationError(f"PageView.dtype must be a torch.dtype, got {self.dtype!r}.")
         shape: object = self.shape
-        if not isinstance(shape, tuple) or not shape or not all(_is_count(n, 1) for n in shape):
+        if not isinstance(shape, tuple) or not shape or not all(is_count(n, 1) for n in shape):
             raise SpecValidationError(f"PageView.shape must be a tuple of positive ints, got {self.shape!r}.")
-        if not _is_count(self.offset_bytes, 0):
+        if not is_count(self.offset_bytes, 0):
             raise SpecValidationError(
                 f"PageView.offset_bytes must be an int >= 0, got {self.offset_bytes!r}."
             )
@@ -137,10 +137,10 @@ class SpecTraits:
             "event_sliding_window",
         ):
             value = getattr(self, name)
-            if value is not None and not _is_count(value, 0):
+            if value is not None and not is_count(value, 0):
                 raise TraitsError(f"SpecTraits.{name} must be None or an int >= 0, got {value!r}.")
         extra = self.admission_extra_blocks
-        if not _is_count(extra, 0):
+        if not is_count(extra, 0):
             raise TraitsError(f"SpecTraits.admission_extra_blocks must be an int >= 0, got {extra!r}.")
         kind: object = self.kind
         if kind is not None and (not isinstance(kind, str) or not kind):
@@ -162,8 +162,27 @@ class SpecTraits:
         """The most blocks one request holds at once (None: no cap). Units: tokens in, blocks out."""
         if self.admission_lookback_tokens is None:
             return None
-        tokens = min(self.admission_lookback_tokens + max_num_batched_tokens, max_model_len)
-        return _cdiv(tokens, block_size) + self.admission_extra_blocks
+        return admission_cap(
+            lookback_tokens=self.admission_lookback_tokens,
+            extra_blocks=self.admission_extra_blocks,
+            block_size=block_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+        )
+
+
+def admission_cap(
+    *,
+    lookback_tokens: int,
+    extra_blocks: int,
+    block_size: int,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+) -> int:
+    """Blocks a request holds at most when it reads ``lookback_tokens`` back (tokens in, blocks out):
+    ``cdiv(min(lookback + max_num_batched_tokens, max_model_len), block_size) + extra_blocks``."""
+    tokens = min(lookback_tokens + max_num_batched_tokens, max_model_len)
+    return _cdiv(tokens, block_size) + extra_blocks
 
 
 DEFAULT_TRAITS = SpecTraits()
@@ -260,8 +279,3 @@ def attention_page_views(
     if math.prod(shape) * dtype.itemsize == real_page_bytes:
         return (PageView(name="kv", dtype=dtype, shape=shape),)
     return (PageView(name="raw", dtype=torch.uint8, shape=(real_page_bytes,)),)
-
-
-def traits_table(specs: Mapping[str, object]) -> dict[str, SpecTraits]:
-    """Traits of every layer (for planners and tools)."""
-    return {name: traits_of(spec) for name, spec in specs.items()}

@@ -31,7 +31,7 @@ from kvspec.specs._common import (
     require_optional_positive,
     require_positive,
 )
-from kvspec.traits import PageView, SpecTraits, attention_page_views, cached_traits
+from kvspec.traits import PageView, SpecTraits, admission_cap, attention_page_views, cached_traits
 
 #: Fields that FullAttentionSpec.merge combines instead of requiring equality.
 _WINDOW_FIELDS = frozenset({"sliding_window", "attention_chunk_size"})
@@ -326,8 +326,13 @@ class SlidingWindowSpec(AttentionSpec):
     def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
         """Blocks one request can hold at once: the window plus one step's tokens, +1 because the
         window may start in the middle of a block."""
-        tokens = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
-        return cdiv(tokens, self.block_size) + 1
+        return admission_cap(
+            lookback_tokens=self.sliding_window - 1,
+            extra_blocks=1,
+            block_size=self.block_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+        )
 
     #: Families whose full-attention layer a hybrid-off conversion follows (traits).
     _hybrid_off_families: ClassVar[tuple[str, ...]] = ("kv",)
@@ -387,8 +392,13 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
         """Blocks one request can hold at once: one chunk plus one step's tokens."""
-        tokens = min(self.attention_chunk_size + max_num_batched_tokens, max_model_len)
-        return cdiv(tokens, self.block_size)
+        return admission_cap(
+            lookback_tokens=self.attention_chunk_size,
+            extra_blocks=0,
+            block_size=self.block_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+        )
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         blocks = self.max_admission_blocks_per_request(limits.batched_tokens, limits.max_model_len)

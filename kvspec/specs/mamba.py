@@ -25,11 +25,7 @@ from kvspec.specs._common import (
     require_positive,
 )
 from kvspec.specs.attention import merge_equal_specs
-from kvspec.traits import PageView, SpecTraits, cached_traits
-
-
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+from kvspec.traits import PageView, SpecTraits, cached_traits, is_count
 
 
 @check_construction
@@ -62,7 +58,7 @@ class MambaSpec:
         shapes: tuple[object, ...] = self.shapes
         for shape in shapes:
             # Every element, not a sample (beartype checks one element of a container per call).
-            if not isinstance(shape, tuple) or not shape or not all(_positive_int(n) for n in shape):
+            if not isinstance(shape, tuple) or not shape or not all(is_count(n, 1) for n in shape):
                 raise SpecValidationError(
                     f"MambaSpec.shapes must hold non-empty tuples of positive ints, got {shape!r}."
                 )

@@ -19,6 +19,7 @@ from kvspec import (
     SchedulingError,
     SpecValidationError,
 )
+from kvspec.coordinator import _refuse_bad_counts
 from tests.helpers import full_spec, make_coordinator, make_request, schedule, sw_spec
 
 
@@ -65,7 +66,7 @@ def test_non_int_count_is_a_kvspec_error_with_or_without_beartype() -> None:
     bad: Any = 16.0
     _unchanged(
         coord,
-        lambda: coord._check_allocation_args(b, None, num_new_tokens=bad),
+        lambda: _refuse_bad_counts({"num_new_tokens": bad}),
         SchedulingError,
         "num_new_tokens",
     )

@@ -322,7 +322,7 @@ class KVCacheCoordinator:
         managers = self.managers
         free = self.block_pool.get_num_free_blocks()
         if full_sequence_must_fit:
-            need_all = self._blocks_needed(
+            need_all = self.get_num_blocks_to_allocate(
                 request_id,
                 min(request.num_tokens, mml),
                 computed,
@@ -338,7 +338,9 @@ class KVCacheCoordinator:
         for manager in managers:
             manager.remove_skipped_blocks(request_id, total)
         free = self.block_pool.get_num_free_blocks()
-        num_blocks = self._blocks_needed(request_id, need_tokens, computed, total, main, num_encoder_tokens)
+        num_blocks = self.get_num_blocks_to_allocate(
+            request_id, need_tokens, computed, total, main, num_encoder_tokens
+        )
         if num_blocks > free - reserved_blocks:
             return None
         cross = self._is_cross
@@ -434,7 +436,7 @@ class KVCacheCoordinator:
                 self.cache_blocks(request, num_tokens)
         return result
 
-    def _blocks_needed(
+    def get_num_blocks_to_allocate(
         self,
         request_id: str,
         num_tokens: int,
@@ -444,6 +446,9 @@ class KVCacheCoordinator:
         num_encoder_tokens: int,
         apply_admission_cap: bool = False,
     ) -> int:
+        """Blocks the request needs (all groups) to hold ``num_tokens`` tokens, given the hit blocks
+        ``computed`` it is about to attach and ``total_computed`` tokens already computed. With
+        ``apply_admission_cap``, groups that recycle blocks (windows) count at most their admission cap."""
         total = 0
         cross = self._is_cross
         for gid, manager in enumerate(self.managers):

@@ -1,0 +1,359 @@
+"""kvspec's coordinator behind the ``KVCacheManager`` interface vLLM 0.23.0's ``Scheduler`` calls.
+
+``VllmKVCacheManager`` takes the constructor arguments vLLM's scheduler passes (vLLM's ``KVCacheConfig``
+with vLLM spec objects) and answers the calls the scheduler makes (listed from vLLM 0.23.0's
+``v1/core/sched/scheduler.py``): ``get_computed_blocks``, ``allocate_slots``, ``free``,
+``remove_skipped_blocks``, ``evict_blocks``, ``reset_prefix_cache``, ``get_num_common_prefix_blocks``,
+``take_events``, ``get_blocks``, ``get_block_ids``, ``cache_blocks``, ``take_new_block_ids``,
+``new_step_starts``, ``usage``, ``make_prefix_cache_stats``, ``empty_kv_cache_blocks``, ``block_pool`` and
+``coordinator.get_num_blocks_to_allocate``.
+
+What this module does is translation only; every decision (block ids, hits, admission, eviction) is
+kvspec's:
+
+- vLLM's spec objects become kvspec's (``kvspec.integrations.vllm.to_kvspec``) and the config a kvspec
+  ``KVCacheConfig``;
+- a vLLM ``Request`` is read through ``VllmRequestView`` (no copy: ``block_hashes`` and ``all_token_ids``
+  are vLLM's own lists, hashed by vLLM's block hasher at ``hash_block_size`` tokens);
+- results are vLLM's ``KVCacheBlocks`` holding kvspec's blocks (they carry ``block_id``, ``ref_cnt``,
+  ``block_hash``, ``is_null`` as vLLM's do), stats vLLM's ``PrefixCacheStats``, events vLLM's
+  ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``.
+
+``install()`` makes vLLM's scheduler build this class instead of its own (``uninstall()`` undoes it).
+Importing this module does not import vLLM; constructing the adapter does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from kvspec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
+from kvspec.hashing import BlockHash, BlockHasher
+from kvspec.integrations.vllm import to_kvspec
+from kvspec.pool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheBlock
+from kvspec.protocols import SchedulerLimits
+from kvspec.registry import AnyRegistry
+from kvspec.request import Request
+
+__all__ = ["VllmKVCacheManager", "VllmRequestView", "install", "kvcache_config_from_vllm", "uninstall"]
+
+# The modules whose ``KVCacheManager`` name vLLM's scheduler resolves at construction time.
+_PATCHED_MODULES: Final = ("vllm.v1.core.sched.scheduler", "vllm.v1.core.kv_cache_manager")
+_originals: dict[str, Any] = {}
+
+
+def kvcache_config_from_vllm(config: Any) -> KVCacheConfig:
+    """kvspec's ``KVCacheConfig`` for vLLM's (same blocks, tensors, groups; specs converted)."""
+    return KVCacheConfig(
+        num_blocks=config.num_blocks,
+        kv_cache_tensors=tuple(
+            KVCacheTensor(size=t.size, shared_by=tuple(t.shared_by)) for t in config.kv_cache_tensors
+        ),
+        kv_cache_groups=tuple(
+            KVCacheGroupSpec(
+                layer_names=tuple(g.layer_names),
+                kv_cache_spec=to_kvspec(g.kv_cache_spec),
+                is_eagle_group=bool(getattr(g, "is_eagle_group", False)),
+            )
+            for g in config.kv_cache_groups
+        ),
+    )
+
+
+class VllmRequestView(Request):
+    """What kvspec's coordinator reads from a request, read from a vLLM ``Request`` (no copies).
+
+    A subclass of kvspec's ``Request`` so the coordinator's type checks hold; every attribute the
+    coordinator, managers and pool read is a property over the vLLM object. The hasher is a marker
+    with vLLM's hash block size: vLLM's engine hashes the request, kvspec only checks the size.
+    """
+
+    __slots__ = ("_hasher_marker", "vllm_request")
+
+    def __init__(self, vllm_request: Any, hasher: BlockHasher) -> None:
+        # Request.__init__ is not called: the token lists and hashes stay vLLM's own.
+        self.vllm_request = vllm_request
+        self._hasher_marker = hasher
+
+    @property
+    def request_id(self) -> str:  # type: ignore[override]
+        return str(self.vllm_request.request_id)
+
+    @property
+    def all_token_ids(self) -> list[int]:  # type: ignore[override]
+        return self.vllm_request.all_token_ids  # type: ignore[no-any-return]
+
+    @property
+    def block_hashes(self) -> list[BlockHash]:  # type: ignore[override]
+        return self.vllm_request.block_hashes  # type: ignore[no-any-return]
+
+    @property
+    def num_computed_tokens(self) -> int:  # type: ignore[override]
+        return int(self.vllm_request.num_computed_tokens)
+
+    @property
+    def num_preemptions(self) -> int:  # type: ignore[override]
+        return int(self.vllm_request.num_preemptions)
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:  # type: ignore[override]
+        return bool(self.vllm_request.skip_reading_prefix_cache)
+
+    @property
+    def cache_salt(self) -> str | None:  # type: ignore[override]
+        return self.vllm_request.cache_salt  # type: ignore[no-any-return]
+
+    @property
+    def lora_name(self) -> str | None:  # type: ignore[override]
+        lora = self.vllm_request.lora_request
+        return None if lora is None else str(lora.lora_name)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.vllm_request.num_tokens)
+
+    @property
+    def block_hasher(self) -> BlockHasher | None:
+        return self._hasher_marker
+
+    @property
+    def needs_extra_keys(self) -> bool:
+        # vLLM's events carry no per-block extra keys from this adapter (see the module notes).
+        return False
+
+    def __repr__(self) -> str:
+        return f"VllmRequestView({self.request_id!r})"
+
+
+class _CoordinatorFacade:
+    """``kv_cache_manager.coordinator`` as vLLM's scheduler uses it (its remaining-blocks estimate)."""
+
+    __slots__ = ("_coordinator",)
+
+    def __init__(self, coordinator: KVCacheCoordinator) -> None:
+        self._coordinator = coordinator
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        return self._coordinator.get_num_blocks_to_allocate(
+            request_id,
+            num_tokens,
+            new_computed_blocks,
+            total_computed_tokens,
+            num_tokens_main_model,
+            num_encoder_tokens,
+            apply_admission_cap,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._coordinator, name)
+
+
+class VllmKVCacheManager:
+    """vLLM 0.23.0's ``KVCacheManager`` interface over ``kvspec.KVCacheCoordinator`` (see the module)."""
+
+    def __init__(
+        self,
+        kv_cache_config: Any,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_num_batched_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        registry: AnyRegistry | None = None,
+    ) -> None:
+        self._vllm_blocks_cls: Any = importlib.import_module("vllm.v1.core.kv_cache_manager").KVCacheBlocks
+        self._vllm_stats_cls: Any = importlib.import_module("vllm.v1.metrics.stats").PrefixCacheStats
+        self._vllm_events: Any = importlib.import_module("vllm.distributed.kv_events")
+        config = kvcache_config_from_vllm(kv_cache_config)
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        # vLLM's block-residency metrics are not collected by kvspec's pool; the scheduler tolerates None.
+        self.metrics_collector = metrics_collector
+        self.kvspec_coordinator = KVCacheCoordinator(
+            config,
+            SchedulerLimits(
+                max_model_len=max_model_len,
+                max_num_batched_tokens=max_num_batched_tokens,
+                decode_context_parallel_size=dcp_world_size,
+                prefill_context_parallel_size=pcp_world_size,
+            ),
+            enable_caching=enable_caching,
+            use_eagle=use_eagle,
+            enable_kv_cache_events=enable_kv_cache_events,
+            log_stats=log_stats,
+            hash_block_size=hash_block_size if enable_caching else None,
+            registry=registry,
+        )
+        self.coordinator = _CoordinatorFacade(self.kvspec_coordinator)
+        self.block_pool = self.kvspec_coordinator.block_pool
+        self.num_kv_cache_groups = len(config.kv_cache_groups)
+        self.empty_kv_cache_blocks = self._vllm_blocks_cls(tuple(() for _ in range(self.num_kv_cache_groups)))
+        self._hasher = BlockHasher(self.kvspec_coordinator.hash_block_size)
+        self._views: dict[str, VllmRequestView] = {}
+
+    # -- translation helpers ------------------------------------------------------------------
+
+    def _view(self, request: Any) -> VllmRequestView:
+        view = self._views.get(request.request_id)
+        if view is None or view.vllm_request is not request:
+            view = VllmRequestView(request, self._hasher)
+            self._views[request.request_id] = view
+        return view
+
+    def _to_vllm(self, blocks: KVCacheBlocks | None) -> Any:
+        if blocks is None:
+            return None
+        if blocks.is_empty() and all(not g for g in blocks.blocks):
+            return self.empty_kv_cache_blocks
+        return self._vllm_blocks_cls(blocks.blocks)
+
+    def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> Any:
+        return self._vllm_blocks_cls(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    # -- the scheduler's calls ----------------------------------------------------------------
+
+    @property
+    def usage(self) -> float:
+        return self.kvspec_coordinator.usage
+
+    def make_prefix_cache_stats(self) -> Any:
+        stats = self.kvspec_coordinator.make_prefix_cache_stats()
+        if stats is None:
+            return None
+        out = self._vllm_stats_cls()
+        for name in (
+            "requests",
+            "queries",
+            "hits",
+            "preempted_requests",
+            "preempted_queries",
+            "preempted_hits",
+            "reset",
+        ):
+            setattr(out, name, getattr(stats, name))
+        return out
+
+    def get_computed_blocks(self, request: Any) -> tuple[Any, int]:
+        blocks, num_hits = self.kvspec_coordinator.get_computed_blocks(self._view(request))
+        return self._to_vllm(blocks), num_hits
+
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+    ) -> Any:
+        computed = None if new_computed_blocks is None else KVCacheBlocks(tuple(new_computed_blocks.blocks))
+        result = self.kvspec_coordinator.allocate_slots(
+            self._view(request),
+            num_new_tokens,
+            num_new_computed_tokens,
+            computed,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            num_encoder_tokens,
+            full_sequence_must_fit,
+            reserved_blocks,
+        )
+        return self._to_vllm(result)
+
+    def free(self, request: Any) -> None:
+        self._views.pop(request.request_id, None)
+        self.kvspec_coordinator.free_request_id(request.request_id)
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        self.kvspec_coordinator.remove_skipped_blocks(request_id, total_computed_tokens)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        self.kvspec_coordinator.evict_blocks(list(block_ids))
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kvspec_coordinator.reset_prefix_cache()
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return self.kvspec_coordinator.get_num_common_prefix_blocks(running_request_id)
+
+    def take_events(self) -> list[Any]:
+        return [self._event_to_vllm(e) for e in self.kvspec_coordinator.take_events()]
+
+    def _event_to_vllm(self, event: BlockStored | BlockRemoved | AllBlocksCleared) -> Any:
+        ev = self._vllm_events
+        if isinstance(event, BlockStored):
+            return ev.BlockStored(
+                block_hashes=list(event.block_hashes),
+                parent_block_hash=event.parent_block_hash,
+                token_ids=list(event.token_ids),
+                block_size=event.block_size,
+                lora_id=event.lora_id,
+                medium=event.medium,
+                lora_name=event.lora_name,
+                extra_keys=event.extra_keys,
+                group_idx=event.group_idx,
+                kv_cache_spec_kind=event.kv_cache_spec_kind,
+                kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,
+            )
+        if isinstance(event, BlockRemoved):
+            return ev.BlockRemoved(
+                block_hashes=list(event.block_hashes), medium=event.medium, group_idx=event.group_idx
+            )
+        return ev.AllBlocksCleared()
+
+    def get_blocks(self, request_id: str) -> Any:
+        return self._to_vllm(self.kvspec_coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return self.kvspec_coordinator.get_block_ids(request_id)  # type: ignore[return-value]
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        self.kvspec_coordinator.cache_blocks(self._view(request), num_computed_tokens)
+
+    def take_new_block_ids(self) -> list[int]:
+        return self.kvspec_coordinator.take_new_block_ids()
+
+    def new_step_starts(self) -> None:
+        self.kvspec_coordinator.new_step_starts()
+
+
+def install() -> None:
+    """Make vLLM's scheduler (and ``vllm.v1.core.kv_cache_manager.KVCacheManager``) kvspec's adapter."""
+    for name in _PATCHED_MODULES:
+        module = importlib.import_module(name)
+        if name not in _originals:
+            _originals[name] = getattr(module, "KVCacheManager")  # noqa: B009
+        setattr(module, "KVCacheManager", VllmKVCacheManager)  # noqa: B010
+
+
+def uninstall() -> None:
+    """Undo ``install()``."""
+    for name, original in list(_originals.items()):
+        setattr(importlib.import_module(name), "KVCacheManager", original)  # noqa: B010
+        del _originals[name]

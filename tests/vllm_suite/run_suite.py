@@ -1,0 +1,159 @@
+"""Run vLLM 0.23.0's own KV-cache and scheduler tests twice: on stock vLLM, and on kvspec through the shim.
+
+Called by ``nox -s vllm`` in a virtualenv holding vllm==0.23.0 (no deps), CPU torch and kvspec. Steps:
+
+1. obtain vLLM 0.23.0's source distribution from the package index (the simple API's JSON form; the
+   archive's sha256 is checked against the index) and cache it under ``.nox/vllm-sdist/``;
+2. unpack only the test files below (and the helpers they import) into ``.nox/vllm-suite/``;
+3. write a local Hugging Face cache holding the ``config.json`` of the models the tests name (the hub is
+   unreachable here; the configs in ``hf_configs/`` are the models' public architecture fields);
+4. run pytest on stock vLLM, then with ``shim_conftest.py`` (kvspec's adapter routed in), and print per
+   file: passed, failed, skipped, the expected differences and the out-of-scope tests with reasons.
+
+vLLM's code is never copied into this repository: the files are fetched at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+VERSION = "0.23.0"
+SDIST = f"vllm-{VERSION}.tar.gz"
+INDEX = os.environ.get("KVSPEC_VLLM_INDEX", "https://pypi.org/simple/vllm/")
+
+TEST_FILES = (
+    "tests/v1/core/test_prefix_caching.py",
+    "tests/v1/core/test_kv_cache_utils.py",
+    "tests/v1/core/test_single_type_kv_cache_manager.py",
+    "tests/v1/test_kv_cache_spec_registry.py",
+    "tests/v1/core/test_kv_sharing.py",
+    "tests/v1/core/test_kv_cache_metrics.py",
+    "tests/v1/core/test_scheduler.py",
+)
+HELPER_FILES = ("tests/v1/core/utils.py", "tests/v1/kv_connector/unit/utils.py")
+PACKAGES = ("tests", "tests/v1", "tests/v1/core", "tests/v1/kv_connector", "tests/v1/kv_connector/unit")
+
+
+def fetch_sdist(cache: Path) -> Path:
+    """The sdist archive, downloaded once and verified against the index's sha256."""
+    cache.mkdir(parents=True, exist_ok=True)
+    target = cache / SDIST
+    digest_file = cache / (SDIST + ".sha256")
+    if target.exists() and digest_file.exists():
+        if hashlib.sha256(target.read_bytes()).hexdigest() == digest_file.read_text().strip():
+            return target
+    req = urllib.request.Request(INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        files = json.load(resp)["files"]
+    entry = next((f for f in files if f["filename"] == SDIST), None)
+    if entry is None:
+        sys.exit(f"{SDIST} is not on {INDEX}")
+    tmp = target.with_suffix(".part")
+    with urllib.request.urlopen(entry["url"], timeout=600) as resp, tmp.open("wb") as out:
+        shutil.copyfileobj(resp, out)
+    got = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    if got != entry["hashes"]["sha256"]:
+        tmp.unlink()
+        sys.exit(f"{SDIST}: sha256 {got} differs from the index's {entry['hashes']['sha256']}")
+    tmp.replace(target)
+    digest_file.write_text(got)
+    return target
+
+
+def unpack(archive: Path, work: Path) -> None:
+    if work.exists():
+        shutil.rmtree(work)
+    wanted = {f"vllm-{VERSION}/{name}" for name in TEST_FILES + HELPER_FILES}
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            if member.name in wanted:
+                member.name = member.name.split("/", 1)[1]
+                tar.extract(member, work, filter="data")
+    for package in PACKAGES:
+        (work / package / "__init__.py").touch()
+
+
+def write_hf_cache(hub: Path) -> None:
+    """A Hugging Face hub cache with one snapshot per model: its config.json only."""
+    revision = "0" * 40
+    for config in sorted((HERE / "hf_configs").glob("*.json")):
+        repo = hub / f"models--{config.stem}"
+        snapshot = repo / "snapshots" / revision
+        snapshot.mkdir(parents=True, exist_ok=True)
+        shutil.copy(config, snapshot / "config.json")
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(revision)
+
+
+def run_pytest(work: Path, mode: str, extra: list[str]) -> dict[str, Counter[str]]:
+    conftest = work / "conftest.py"
+    shutil.copy(HERE / ("shim_conftest.py" if mode == "kvspec" else "stock_conftest.py"), conftest)
+    report = work / f"report-{mode}.xml"
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_HUB_CACHE=str(work / "hub"),
+        HF_HOME=str(work / "hf-home"),
+        VLLM_LOGGING_LEVEL="ERROR",
+        KVSPEC_SUITE_ROOT=str(ROOT),
+    )
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rN", f"--junitxml={report}"]
+    subprocess.run([*cmd, *TEST_FILES, *extra], cwd=work, env=env, check=False)
+    return parse_report(report)
+
+
+def parse_report(report: Path) -> dict[str, Counter[str]]:
+    counts: dict[str, Counter[str]] = {name: Counter() for name in TEST_FILES}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        path = case.get("classname", "").split(".")
+        # classname is the dotted module path, plus the class for tests in classes
+        file = next((f for f in TEST_FILES if f[:-3].replace("/", ".") in ".".join(path)), None)
+        if file is None:
+            continue
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed"
+            elif child.tag == "skipped":
+                outcome = "skipped"
+        counts[file][outcome] += 1
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("both", "stock", "kvspec"), default="both")
+    args, extra = parser.parse_known_args()
+    cache = ROOT / ".nox" / "vllm-sdist"
+    work = ROOT / ".nox" / "vllm-suite"
+    unpack(fetch_sdist(cache), work)
+    write_hf_cache(work / "hub")
+    modes = ("stock", "kvspec") if args.mode == "both" else (args.mode,)
+    results = {mode: run_pytest(work, mode, extra) for mode in modes}
+    print(f"\nvLLM {VERSION}'s tests: passed / failed / skipped per file")
+    print(f"{'file':<55}" + "".join(f"{m:>22}" for m in modes))
+    for file in TEST_FILES:
+        cells = "".join(
+            f"{results[m][file]['passed']:>10} /{results[m][file]['failed']:>4} /{results[m][file]['skipped']:>4}"
+            for m in modes
+        )
+        print(f"{file:<55}{cells}")
+    print("(skipped on kvspec = expected differences and out-of-scope tests; reasons: -rs output above)")
+
+
+if __name__ == "__main__":
+    main()

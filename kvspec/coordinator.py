@@ -8,6 +8,7 @@ are released first, which is what the request would do next step anyway).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Final
@@ -549,9 +550,10 @@ class KVCacheCoordinator:
         self.prefix_cache_stats = PrefixCacheStats()
         return stats
 
-    def take_events(self) -> list[KVCacheEvent]:
-        """KV events since the last call, BlockStored annotated with its group's declared kind and window."""
-        return annotate_events(self.block_pool.take_events(), self._event_metadata)
+    def take_events(self, log: logging.Logger | None = None) -> list[KVCacheEvent]:
+        """KV events since the last call, BlockStored annotated with its group's declared kind and window
+        (an event naming no group of this coordinator is warned about on ``log``, kvspec's by default)."""
+        return annotate_events(self.block_pool.take_events(), self._event_metadata, log)
 
     def check_invariants(self) -> None:
         """Raise if any block's ref count differs from the number of holders (requests + reservations),

@@ -380,7 +380,7 @@ class BlockPool:
                         num_cached_blocks * block_size : num_full_blocks * block_size
                     ],
                     block_size=block_size,
-                    lora_id=None,
+                    lora_id=request.lora_id,
                     medium=self.medium,
                     lora_name=request.lora_name,
                     cache_salt=request.cache_salt,

@@ -28,6 +28,7 @@ class Request:
         "block_extra_keys",
         "block_hashes",
         "cache_salt",
+        "lora_id",
         "lora_name",
         "mm_features",
         "num_computed_tokens",
@@ -45,6 +46,7 @@ class Request:
         *,
         block_hasher: BlockHasher | None = None,
         lora_name: str | None = None,
+        lora_id: int | None = None,
         mm_features: Sequence[MultiModalFeature] = (),
         cache_salt: str | None = None,
         prompt_embeds: torch.Tensor | None = None,
@@ -56,6 +58,7 @@ class Request:
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.lora_name = lora_name
+        self.lora_id = lora_id
         self.mm_features = tuple(sorted(mm_features, key=lambda f: f.offset))
         self.cache_salt = cache_salt
         self.prompt_embeds = prompt_embeds

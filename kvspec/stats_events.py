@@ -58,9 +58,12 @@ def group_event_metadata(
 
 
 def annotate_events(
-    events: Sequence[KVCacheEvent], metadata: Sequence[GroupEventMetadata]
+    events: Sequence[KVCacheEvent],
+    metadata: Sequence[GroupEventMetadata],
+    log: logging.Logger | None = None,
 ) -> list[KVCacheEvent]:
-    """``events`` with every BlockStored carrying its group's kind and window."""
+    """``events`` with every BlockStored carrying its group's kind and window; a group index outside
+    ``metadata`` is warned about on ``log`` (kvspec's logger by default) and the event left as it is."""
     out: list[KVCacheEvent] = []
     for event in events:
         if isinstance(event, BlockStored) and event.group_idx is not None:
@@ -81,6 +84,6 @@ def annotate_events(
                     kv_cache_spec_sliding_window=meta.sliding_window,
                 )
             else:
-                logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
+                (log or logger).warning("Group index `%s` not in KV cache metadata", event.group_idx)
         out.append(event)
     return out

@@ -91,7 +91,17 @@ def _convert(spec: Any, target_cls: type, to_vllm: bool) -> Any:
         if not f.init or not hasattr(spec, f.name):
             continue
         kwargs[f.name] = _convert_value(f.name, getattr(spec, f.name), f, to_vllm)
+    if not to_vllm and "shapes" in kwargs and "dtypes" in kwargs:
+        kwargs["shapes"] = _vllm_state_shapes(kwargs["shapes"], kwargs["dtypes"])
     return target_cls(**kwargs)
+
+
+def _vllm_state_shapes(shapes: Any, dtypes: Any) -> Any:
+    """vLLM's MambaSpec reads its states as ``zip(shapes, dtypes)`` and checks neither: a state beyond the
+    last dtype does not exist for vLLM, and a bare int n is the 1-d shape (n,)."""
+    if not isinstance(shapes, tuple) or not isinstance(dtypes, tuple):
+        return shapes
+    return tuple((v,) if isinstance(v, int) else tuple(v) for v in shapes[: len(dtypes)])
 
 
 def to_kvspec(spec: Any) -> KVCacheSpec:

@@ -33,10 +33,11 @@ from kvspec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.hashing import BlockHash, BlockHasher
 from kvspec.integrations.vllm import to_kvspec
-from kvspec.pool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheBlock
+from kvspec.pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, KVCacheBlock
 from kvspec.protocols import SchedulerLimits
 from kvspec.registry import AnyRegistry
 from kvspec.request import Request
+from kvspec.stats_events import PrefixCacheStats
 
 __all__ = ["VllmKVCacheManager", "VllmRequestView", "install", "kvcache_config_from_vllm", "uninstall"]
 
@@ -112,6 +113,11 @@ class VllmRequestView(Request):
         return None if lora is None else str(lora.lora_name)
 
     @property
+    def lora_id(self) -> int | None:  # type: ignore[override]
+        lora = self.vllm_request.lora_request
+        return None if lora is None else int(lora.adapter_id)
+
+    @property
     def num_tokens(self) -> int:
         return int(self.vllm_request.num_tokens)
 
@@ -156,8 +162,42 @@ class _CoordinatorFacade:
             apply_admission_cap,
         )
 
+    @property
+    def single_type_managers(self) -> list[Any]:
+        """vLLM's name for the per-group managers (kvspec's keep ``req_to_blocks``/``num_cached_block``)."""
+        return self._coordinator.managers  # type: ignore[return-value]
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._coordinator, name)
+
+
+class _BlockPoolFacade:
+    """kvspec's block pool, taking vLLM requests where it takes a request (everything else passes through)."""
+
+    def __init__(self, pool: BlockPool, hasher: BlockHasher) -> None:
+        object.__setattr__(self, "_pool", pool)
+        object.__setattr__(self, "_hasher", hasher)
+
+    def cache_full_blocks(
+        self,
+        request: Any,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        view = request if isinstance(request, Request) else VllmRequestView(request, self._hasher)
+        self._pool.cache_full_blocks(
+            view, blocks, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id, block_mask
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._pool, name, value)
 
 
 class VllmKVCacheManager:
@@ -179,7 +219,10 @@ class VllmKVCacheManager:
         metrics_collector: Any = None,
         registry: AnyRegistry | None = None,
     ) -> None:
-        self._vllm_blocks_cls: Any = importlib.import_module("vllm.v1.core.kv_cache_manager").KVCacheBlocks
+        vllm_manager_module = importlib.import_module("vllm.v1.core.kv_cache_manager")
+        self._vllm_blocks_cls: Any = vllm_manager_module.KVCacheBlocks
+        # Warnings go where vLLM's own manager sends them (operators filter on vLLM's logger).
+        self._vllm_logger: Any = vllm_manager_module.logger
         self._vllm_stats_cls: Any = importlib.import_module("vllm.v1.metrics.stats").PrefixCacheStats
         self._vllm_events: Any = importlib.import_module("vllm.distributed.kv_events")
         config = kvcache_config_from_vllm(kv_cache_config)
@@ -206,10 +249,10 @@ class VllmKVCacheManager:
             registry=registry,
         )
         self.coordinator = _CoordinatorFacade(self.kvspec_coordinator)
-        self.block_pool = self.kvspec_coordinator.block_pool
+        self._hasher = BlockHasher(self.kvspec_coordinator.hash_block_size)
+        self.block_pool = _BlockPoolFacade(self.kvspec_coordinator.block_pool, self._hasher)
         self.num_kv_cache_groups = len(config.kv_cache_groups)
         self.empty_kv_cache_blocks = self._vllm_blocks_cls(tuple(() for _ in range(self.num_kv_cache_groups)))
-        self._hasher = BlockHasher(self.kvspec_coordinator.hash_block_size)
         self._views: dict[str, VllmRequestView] = {}
 
     # -- translation helpers ------------------------------------------------------------------
@@ -237,8 +280,15 @@ class VllmKVCacheManager:
     def usage(self) -> float:
         return self.kvspec_coordinator.usage
 
+    @property
+    def prefix_cache_stats(self) -> Any:
+        """The stats gathered so far, as vLLM's ``PrefixCacheStats`` (a copy; None without log_stats)."""
+        return self._stats_to_vllm(self.kvspec_coordinator.prefix_cache_stats)
+
     def make_prefix_cache_stats(self) -> Any:
-        stats = self.kvspec_coordinator.make_prefix_cache_stats()
+        return self._stats_to_vllm(self.kvspec_coordinator.make_prefix_cache_stats())
+
+    def _stats_to_vllm(self, stats: PrefixCacheStats | None) -> Any:
         if stats is None:
             return None
         out = self._vllm_stats_cls()
@@ -303,7 +353,8 @@ class VllmKVCacheManager:
         return self.kvspec_coordinator.get_num_common_prefix_blocks(running_request_id)
 
     def take_events(self) -> list[Any]:
-        return [self._event_to_vllm(e) for e in self.kvspec_coordinator.take_events()]
+        events = self.kvspec_coordinator.take_events(log=self._vllm_logger)
+        return [self._event_to_vllm(e) for e in events]
 
     def _event_to_vllm(self, event: BlockStored | BlockRemoved | AllBlocksCleared) -> Any:
         ev = self._vllm_events
@@ -325,7 +376,13 @@ class VllmKVCacheManager:
             return ev.BlockRemoved(
                 block_hashes=list(event.block_hashes), medium=event.medium, group_idx=event.group_idx
             )
-        return ev.AllBlocksCleared()
+        if isinstance(event, AllBlocksCleared):
+            return ev.AllBlocksCleared()
+        # Already vLLM's (queued by a caller): passed through, warned about as vLLM's manager does.
+        group_idx = getattr(event, "group_idx", None)
+        if group_idx is not None and not 0 <= group_idx < self.num_kv_cache_groups:
+            self._vllm_logger.warning("Group index `%s` not in KV cache metadata", group_idx)
+        return event
 
     def get_blocks(self, request_id: str) -> Any:
         return self._to_vllm(self.kvspec_coordinator.get_blocks(request_id))

@@ -50,15 +50,14 @@ def _install_vllm(session: nox.Session) -> None:
 
 @nox.session(python="3.11", default=False)
 def vllm(session: nox.Session) -> None:
-    """kvspec against vLLM 0.23.0 itself: spec conversion both ways (tests/vllm); not part of `nox`."""
+    """kvspec against vLLM 0.23.0 itself: spec conversion and vLLM's real Scheduler on kvspec's adapter
+    (tests/vllm), then vLLM's own KV-cache and scheduler tests from its sdist, on stock vLLM and on kvspec
+    (tests/vllm_suite/run_suite.py; fails if a test passing on stock fails on kvspec unlisted)."""
     _install_vllm(session)
     session.install("beartype>=0.19", "pytest>=8", "hypothesis>=6.100")
-    session.run(
-        "pytest",
-        "tests/vllm",
-        *session.posargs,
-        env={"KVSPEC_TYPECHECK": "full", "VLLM_LOGGING_LEVEL": "ERROR"},
-    )
+    env = {"KVSPEC_TYPECHECK": "full", "VLLM_LOGGING_LEVEL": "ERROR"}
+    session.run("pytest", "tests/vllm", *session.posargs, env=env)
+    session.run("python", "tests/vllm_suite/run_suite.py", env=env)
 
 
 @nox.session(python="3.11", default=False)

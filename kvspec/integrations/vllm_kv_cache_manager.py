@@ -165,7 +165,7 @@ class _CoordinatorFacade:
     @property
     def single_type_managers(self) -> list[Any]:
         """vLLM's name for the per-group managers (kvspec's keep ``req_to_blocks``/``num_cached_block``)."""
-        return self._coordinator.managers  # type: ignore[return-value]
+        return list(self._coordinator.managers)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._coordinator, name)
@@ -356,7 +356,8 @@ class VllmKVCacheManager:
         events = self.kvspec_coordinator.take_events(log=self._vllm_logger)
         return [self._event_to_vllm(e) for e in events]
 
-    def _event_to_vllm(self, event: BlockStored | BlockRemoved | AllBlocksCleared) -> Any:
+    def _event_to_vllm(self, event: object) -> Any:
+        """vLLM's event for kvspec's; an event already vLLM's (a caller queued it) passes through."""
         ev = self._vllm_events
         if isinstance(event, BlockStored):
             return ev.BlockStored(

@@ -1,0 +1,53 @@
+"""vLLM 0.23.0's real Scheduler on kvspec's adapter (run by `nox -s vllm`; skipped where vLLM is absent)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm.v1.core.sched.scheduler")
+
+from benchmarks import vllm_scheduler_loop as loop
+from kvspec.integrations import vllm_kv_cache_manager
+
+ARGS = argparse.Namespace(requests=48, blocks=160, block_size=16, budget=512, max_seqs=16, seed=3)
+
+
+def test_same_scheduling_outputs_as_stock_vllm_with_preemptions() -> None:
+    stock, _, stock_preemptions = loop.run(False, ARGS)
+    ours, _, our_preemptions = loop.run(True, ARGS)
+    assert stock_preemptions > 0  # the block budget is small enough to preempt: eviction paths run
+    assert our_preemptions == stock_preemptions
+    assert len(ours) == len(stock)
+    for step, (a, b) in enumerate(zip(stock, ours, strict=True)):
+        assert a == b, f"step {step}"
+    assert any(new for new, *_ in stock)  # block ids were compared, not empty tuples
+
+
+def test_a_wrong_block_id_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison sees block ids: kvspec handing out blocks in another order fails it."""
+    from kvspec.pool import BlockPool
+
+    original = BlockPool.get_new_blocks
+
+    def reversed_blocks(self: BlockPool, num_blocks: int) -> Any:
+        return list(reversed(original(self, num_blocks)))
+
+    stock, _, _ = loop.run(False, ARGS)
+    monkeypatch.setattr(BlockPool, "get_new_blocks", reversed_blocks)
+    ours, _, _ = loop.run(True, ARGS)
+    assert ours != stock
+
+
+def test_install_and_uninstall_route_the_scheduler() -> None:
+    import vllm.v1.core.sched.scheduler as scheduler_module
+
+    original = scheduler_module.KVCacheManager
+    vllm_kv_cache_manager.install()
+    try:
+        assert scheduler_module.KVCacheManager is vllm_kv_cache_manager.VllmKVCacheManager
+    finally:
+        vllm_kv_cache_manager.uninstall()
+    assert scheduler_module.KVCacheManager is original

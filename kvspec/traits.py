@@ -204,7 +204,7 @@ class SpecHooks(Protocol):
 def cached_traits(spec: Any, declare: Callable[[], SpecTraits]) -> SpecTraits:
     """``declare()`` once per spec instance, kept in its ``_traits`` slot (specs are immutable, like the
     page size they cache the same way)."""
-    cached: SpecTraits | None = spec._traits
+    cached: SpecTraits | None = getattr(spec, "_traits", None)  # unset in a subclass without slots
     if cached is not None:
         return cached
     traits = declare()

@@ -86,7 +86,9 @@ class MambaSpec:
 
     @property
     def page_size_bytes(self) -> int:
-        page = self._page_size
+        # A subclass declared without slots=True leaves the slot unset (dataclasses set init=False
+        # defaults of a slotted base only in the base's __init__): unset reads as not computed yet.
+        page = getattr(self, "_page_size", 0)
         if not page:
             page = self.unpadded_page_size_bytes if self.page_size_padded is None else self.page_size_padded
             object.__setattr__(self, "_page_size", page)

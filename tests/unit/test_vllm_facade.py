@@ -109,3 +109,48 @@ def test_conversion_by_class_name_and_without_vllm() -> None:
         except ImportError:
             with pytest.raises(SpecConversionError, match="needs vLLM installed"):
                 to_vllm(FullAttentionSpec(**A))
+
+
+# -- a plugin written as for vLLM: vLLM's registry calls, its platform hook, its vllm_config forms -------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CappedFullAttentionSpec(FullAttentionSpec):
+    """A platform's spec as a vLLM plugin writes it: memory bound in vLLM's ``vllm_config`` form."""
+
+    max_tokens_kept: int = 256
+
+    def max_memory_usage_bytes(self, vllm_config: Any) -> int:  # type: ignore[override]
+        tokens = min(vllm_config.model_config.max_model_len, self.max_tokens_kept)
+        cp = vllm_config.parallel_config.decode_context_parallel_size
+        return -(-tokens // (self.block_size * cp)) * self.page_size_bytes
+
+
+class CappedPlatform:
+    def register_custom_kv_cache_specs(self, vllm_config: Any) -> None:
+        KVCacheSpecRegistry.register(CappedFullAttentionSpec, FullAttentionManager)
+
+
+def test_vllm_style_plugin_registers_and_runs_unchanged(facade: Registry[Any, Any]) -> None:
+    from kvspec import KVCacheCoordinator, Request, SchedulerLimits
+    from kvspec.planning import get_kv_cache_config
+
+    apply_vllm_platform_hook(CappedPlatform(), vllm_config=object())
+    assert KVCacheSpecRegistry.get_manager_class(CappedFullAttentionSpec(**A)) is FullAttentionManager
+    spec = CappedFullAttentionSpec(**A)
+    limits = SchedulerLimits(max_model_len=4096)
+    # kvspec's planner calls kvspec's form; the plugin's vllm_config form answers through the view
+    assert spec.max_memory_usage_bytes(limits) == 16 * spec.page_size_bytes  # 256 tokens / 16 per block
+    assert spec.max_memory_usage_bytes(SchedulerLimits(max_model_len=100)) == 7 * spec.page_size_bytes
+    assert (
+        spec.max_memory_usage_bytes(SchedulerLimits(max_model_len=4096, decode_context_parallel_size=2))
+        == 8 * spec.page_size_bytes
+    )
+    layers = {f"layer.{i}": spec for i in range(4)}
+    config = get_kv_cache_config(layers, 64 * 4 * spec.page_size_bytes, limits, registry=facade)
+    assert config.num_blocks == 64
+    coordinator = KVCacheCoordinator(config, limits, registry=facade)
+    request = Request("r", list(range(40)), block_hasher=coordinator.make_block_hasher())
+    blocks = coordinator.allocate_slots(request, 40)
+    assert blocks is not None and len(blocks.get_block_ids()[0]) == 3
+    coordinator.check_invariants()

@@ -120,7 +120,17 @@ def run_pytest(work: Path, mode: str, extra: list[str]) -> dict[str, str]:
         VLLM_LOGGING_LEVEL="ERROR",
         KVSPEC_SUITE_ROOT=str(ROOT),
     )
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", f"--junitxml={report}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        "--tb=line",
+        f"--junitxml={report}",
+    ]
     print(f"\n=== vLLM {VERSION}'s tests on {mode} ===", flush=True)
     subprocess.run([*cmd, *TEST_FILES, *extra], cwd=work, env=env, check=False)
     return parse_report(report)

@@ -120,10 +120,10 @@ class CappedFullAttentionSpec(FullAttentionSpec):
 
     max_tokens_kept: int = 256
 
-    def max_memory_usage_bytes(self, vllm_config: Any) -> int:  # type: ignore[override]
+    def max_memory_usage_bytes(self, vllm_config: Any) -> int:
         tokens = min(vllm_config.model_config.max_model_len, self.max_tokens_kept)
         cp = vllm_config.parallel_config.decode_context_parallel_size
-        return -(-tokens // (self.block_size * cp)) * self.page_size_bytes
+        return int(-(-tokens // (self.block_size * cp)) * self.page_size_bytes)
 
 
 class CappedPlatform:

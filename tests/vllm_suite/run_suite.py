@@ -48,6 +48,7 @@ TEST_FILES = (
 ROUTED = {
     "tests/v1/core/test_prefix_caching.py": "KVCacheManager (and its block pool, coordinator, managers)",
     "tests/v1/core/test_scheduler.py": "the Scheduler's KVCacheManager",
+    "tests/v1/core/test_single_type_kv_cache_manager.py": "BlockPool, KVCacheBlock, the managers (vLLM-style)",
 }
 HELPER_FILES = ("tests/v1/core/utils.py", "tests/v1/kv_connector/unit/utils.py")
 PACKAGES = ("tests", "tests/v1", "tests/v1/core", "tests/v1/kv_connector", "tests/v1/kv_connector/unit")

@@ -1,0 +1,114 @@
+"""kvspec's single-type managers with vLLM 0.23.0's constructor and hit-search signatures.
+
+vLLM builds a manager as ``SlidingWindowManager(kv_cache_spec, block_pool, enable_caching=...,
+kv_cache_group_id=..., dcp_world_size=..., pcp_world_size=..., scheduler_block_size=...,
+max_admission_blocks_per_request=..., use_eagle=...)`` and searches hits with the 9-parameter classmethod
+``find_longest_cache_hit(block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+drop_eagle_block, alignment_tokens, dcp_world_size, pcp_world_size)``. ``vllm_style(ManagerCls)`` gives a
+class taking those forms and running kvspec's manager underneath (one ``ManagerContext``, one ``HitQuery``):
+code written against vLLM's manager API (a test, a tool) runs on kvspec's managers. Spec arguments may be
+vLLM's or kvspec's objects; vLLM's are converted by class name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from kvspec.integrations.vllm import to_kvspec
+from kvspec.manager_api import HitQuery, ManagerContext
+from kvspec.managers.base import SingleTypeKVCacheManager
+from kvspec.pool import BlockPool, KVCacheBlock
+from kvspec.protocols import KVCacheSpec
+from kvspec.traits import traits_of
+
+__all__ = ["VllmStyleManager", "vllm_style"]
+
+
+def _spec(spec: Any) -> KVCacheSpec:
+    # By module, not isinstance: vLLM's spec classes satisfy kvspec's structural KVCacheSpec protocol.
+    if type(spec).__module__.split(".")[0] == "vllm":
+        return to_kvspec(spec)
+    converted: KVCacheSpec = spec
+    return converted
+
+
+class VllmStyleManager:
+    """A kvspec manager behind vLLM's constructor; every other attribute is the kvspec manager's."""
+
+    kvspec_manager_cls: ClassVar[type[SingleTypeKVCacheManager]]
+
+    def __init__(
+        self,
+        kv_cache_spec: Any,
+        block_pool: BlockPool,
+        enable_caching: bool = True,
+        kv_cache_group_id: int = 0,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        scheduler_block_size: int | None = None,
+        max_admission_blocks_per_request: int | None = None,
+        use_eagle: bool = False,
+        metrics_collector: Any = None,
+    ) -> None:
+        spec = _spec(kv_cache_spec)
+        context = ManagerContext(
+            kv_cache_spec=spec,
+            traits=traits_of(spec),
+            block_pool=block_pool,
+            kv_cache_group_id=kv_cache_group_id,
+            scheduler_block_size=spec.block_size if scheduler_block_size is None else scheduler_block_size,
+            enable_caching=enable_caching,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            max_admission_blocks_per_request=max_admission_blocks_per_request,
+            use_eagle=use_eagle,
+        )
+        object.__setattr__(self, "kvspec_manager", self.kvspec_manager_cls(context))
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: Any,
+        drop_eagle_block: bool = False,
+        alignment_tokens: int | None = None,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        spec = _spec(kv_cache_spec)
+        query = HitQuery(
+            block_hashes=block_hashes,
+            max_length=max_length,
+            kv_cache_group_ids=tuple(kv_cache_group_ids),
+            block_pool=block_pool,
+            kv_cache_spec=spec,
+            traits=traits_of(spec),
+            use_eagle=drop_eagle_block,
+            alignment_tokens=spec.block_size if alignment_tokens is None else alignment_tokens,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+        )
+        return cls.kvspec_manager_cls.find_longest_cache_hit(query).blocks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kvspec_manager, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.kvspec_manager, name, value)
+
+
+_cache: dict[type[SingleTypeKVCacheManager], type[VllmStyleManager]] = {}
+
+
+def vllm_style(manager_cls: type[SingleTypeKVCacheManager]) -> type[VllmStyleManager]:
+    """The ``VllmStyleManager`` class over ``manager_cls`` (one per manager class, named like it)."""
+    adapted = _cache.get(manager_cls)
+    if adapted is None:
+        adapted = type(manager_cls.__name__, (VllmStyleManager,), {"kvspec_manager_cls": manager_cls})
+        adapted.__qualname__ = f"vllm_style({manager_cls.__qualname__})"
+        _cache[manager_cls] = adapted
+    return adapted

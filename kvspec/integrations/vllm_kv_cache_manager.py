@@ -39,7 +39,15 @@ from kvspec.registry import AnyRegistry
 from kvspec.request import Request
 from kvspec.stats_events import PrefixCacheStats
 
-__all__ = ["VllmKVCacheManager", "VllmRequestView", "install", "kvcache_config_from_vllm", "uninstall"]
+__all__ = [
+    "VllmBlockPool",
+    "event_to_vllm",
+    "VllmKVCacheManager",
+    "VllmRequestView",
+    "install",
+    "kvcache_config_from_vllm",
+    "uninstall",
+]
 
 # The modules whose ``KVCacheManager`` name vLLM's scheduler resolves at construction time.
 _PATCHED_MODULES: Final = ("vllm.v1.core.sched.scheduler", "vllm.v1.core.kv_cache_manager")
@@ -200,6 +208,61 @@ class _BlockPoolFacade:
         setattr(self._pool, name, value)
 
 
+def event_to_vllm(event: object) -> Any:
+    """vLLM's KV event for kvspec's (same fields; hashes in vLLM's external form, an int of the low 64 bits
+    unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is off); anything else (already vLLM's) is returned as is."""
+    ev: Any = importlib.import_module("vllm.distributed.kv_events")
+    external: Any = importlib.import_module("vllm.v1.core.kv_cache_utils").maybe_convert_block_hash
+    if isinstance(event, BlockStored):
+        parent = event.parent_block_hash
+        return ev.BlockStored(
+            block_hashes=[external(h) for h in event.block_hashes],
+            parent_block_hash=None if parent is None else external(parent),
+            token_ids=list(event.token_ids),
+            block_size=event.block_size,
+            lora_id=event.lora_id,
+            medium=event.medium,
+            lora_name=event.lora_name,
+            extra_keys=event.extra_keys,
+            group_idx=event.group_idx,
+            kv_cache_spec_kind=event.kv_cache_spec_kind,
+            kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,
+        )
+    if isinstance(event, BlockRemoved):
+        return ev.BlockRemoved(
+            block_hashes=[external(h) for h in event.block_hashes],
+            medium=event.medium,
+            group_idx=event.group_idx,
+        )
+    if isinstance(event, AllBlocksCleared):
+        return ev.AllBlocksCleared()
+    return event
+
+
+class VllmBlockPool(BlockPool):
+    """kvspec's ``BlockPool`` that also takes vLLM requests in ``cache_full_blocks`` (read through a view)."""
+
+    def cache_full_blocks(
+        self,
+        request: Any,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        if not isinstance(request, Request):
+            request = VllmRequestView(request, BlockHasher(self.hash_block_size))
+        super().cache_full_blocks(
+            request, blocks, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id, block_mask
+        )
+
+    def take_events(self) -> list[Any]:
+        """The queued events as vLLM's event objects."""
+        return [event_to_vllm(e) for e in super().take_events()]
+
+
 class VllmKVCacheManager:
     """vLLM 0.23.0's ``KVCacheManager`` interface over ``kvspec.KVCacheCoordinator`` (see the module)."""
 
@@ -224,7 +287,6 @@ class VllmKVCacheManager:
         # Warnings go where vLLM's own manager sends them (operators filter on vLLM's logger).
         self._vllm_logger: Any = vllm_manager_module.logger
         self._vllm_stats_cls: Any = importlib.import_module("vllm.v1.metrics.stats").PrefixCacheStats
-        self._vllm_events: Any = importlib.import_module("vllm.distributed.kv_events")
         config = kvcache_config_from_vllm(kv_cache_config)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
@@ -357,33 +419,12 @@ class VllmKVCacheManager:
         return [self._event_to_vllm(e) for e in events]
 
     def _event_to_vllm(self, event: object) -> Any:
-        """vLLM's event for kvspec's; an event already vLLM's (a caller queued it) passes through."""
-        ev = self._vllm_events
-        if isinstance(event, BlockStored):
-            return ev.BlockStored(
-                block_hashes=list(event.block_hashes),
-                parent_block_hash=event.parent_block_hash,
-                token_ids=list(event.token_ids),
-                block_size=event.block_size,
-                lora_id=event.lora_id,
-                medium=event.medium,
-                lora_name=event.lora_name,
-                extra_keys=event.extra_keys,
-                group_idx=event.group_idx,
-                kv_cache_spec_kind=event.kv_cache_spec_kind,
-                kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,
-            )
-        if isinstance(event, BlockRemoved):
-            return ev.BlockRemoved(
-                block_hashes=list(event.block_hashes), medium=event.medium, group_idx=event.group_idx
-            )
-        if isinstance(event, AllBlocksCleared):
-            return ev.AllBlocksCleared()
-        # Already vLLM's (queued by a caller): passed through, warned about as vLLM's manager does.
-        group_idx = getattr(event, "group_idx", None)
-        if group_idx is not None and not 0 <= group_idx < self.num_kv_cache_groups:
-            self._vllm_logger.warning("Group index `%s` not in KV cache metadata", group_idx)
-        return event
+        converted = event_to_vllm(event)
+        if converted is event:  # already vLLM's (a caller queued it): warned about as vLLM's manager does
+            group_idx = getattr(event, "group_idx", None)
+            if group_idx is not None and not 0 <= group_idx < self.num_kv_cache_groups:
+                self._vllm_logger.warning("Group index `%s` not in KV cache metadata", group_idx)
+        return converted
 
     def get_blocks(self, request_id: str) -> Any:
         return self._to_vllm(self.kvspec_coordinator.get_blocks(request_id))

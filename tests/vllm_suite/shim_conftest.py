@@ -57,9 +57,18 @@ def _module_routes() -> dict[str, dict[str, object]]:
     from kvspec import hashing, managers, pool
     from kvspec.integrations.vllm_managers import vllm_style
 
+    pool_names = {
+        "BlockPool": vllm_kv_cache_manager.VllmBlockPool,
+        "BlockHashToBlockMap": pool.BlockHashToBlockMap,
+        "KVCacheBlock": pool.KVCacheBlock,
+        "make_block_hash_with_group_id": hashing.make_block_hash_with_group_id,
+        "get_block_hash": hashing.get_block_hash,
+        "get_group_id": hashing.get_group_id,
+    }
     return {
+        "tests/v1/core/test_prefix_caching.py": pool_names,
         "tests/v1/core/test_single_type_kv_cache_manager.py": {
-            "BlockPool": pool.BlockPool,
+            "BlockPool": vllm_kv_cache_manager.VllmBlockPool,
             "KVCacheBlock": pool.KVCacheBlock,
             "BlockHash": hashing.BlockHash,
             "make_block_hash_with_group_id": hashing.make_block_hash_with_group_id,

@@ -180,6 +180,20 @@ class KVCacheSpecRegistry:
     def lookup(cls, spec_cls: type[Any]) -> Registration[Any, Any] | None:
         return cls._registry.lookup(spec_cls)
 
+    @classmethod
+    def check_kv_cache_spec_registry(cls, kv_cache_specs: Mapping[str, Any]) -> None:
+        """vLLM's classmethod form of :func:`check_kv_cache_spec_registry`."""
+        check_kv_cache_spec_registry(kv_cache_specs)
+
+    @classmethod
+    def is_uniform_type(cls, kv_cache_specs: Mapping[str, Any]) -> bool:
+        """vLLM's ``UniformTypeKVCacheSpecs.is_uniform_type``: kvspec's symmetric rule; an unregistered
+        spec is an AssertionError, as in vLLM."""
+        try:
+            return cls._registry.is_uniform_type(list(kv_cache_specs.values()))
+        except UnregisteredSpecError as exc:
+            raise VllmRegistrationError(str(exc)) from exc
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class _ModelConfigView:

@@ -542,3 +542,40 @@ def auto_fit_max_model_len(
             estimated_max_model_len=0,
         )
     return fitted
+
+
+@check_api
+def add_kv_sharing_layers(
+    kv_cache_groups: Sequence[KVCacheGroupSpec], shared_kv_cache_layers: Mapping[str, str]
+) -> tuple[KVCacheGroupSpec, ...]:
+    """The groups with every KV-sharing layer added to its target layer's group.
+
+    ``shared_kv_cache_layers`` maps a layer that allocates no KV cache of its own to the layer whose cache
+    it reads (cross-layer KV sharing); the sharing layer joins that group's ``layer_names`` (after the
+    group's own layers, in mapping order) so workers give it the group's block table. Blocks and page
+    sizes do not change. A target in no group, a target that itself shares, or a sharing layer that
+    already has a group is a PlanningError (nothing is returned half-done: the groups are values).
+    """
+    owner = {layer: gid for gid, group in enumerate(kv_cache_groups) for layer in group.layer_names}
+    added: list[list[str]] = [[] for _ in kv_cache_groups]
+    for layer, target in shared_kv_cache_layers.items():
+        if layer in owner:
+            raise PlanningError(
+                f"Layer {layer!r} shares {target!r}'s KV cache but already belongs to KV cache group "
+                f"{owner[layer]}; a sharing layer allocates no cache of its own."
+            )
+        if target in shared_kv_cache_layers:
+            raise PlanningError(
+                f"Layer {layer!r} shares {target!r}'s KV cache, which itself shares "
+                f"{shared_kv_cache_layers[target]!r}'s; point {layer!r} at the layer that owns the cache."
+            )
+        gid = owner.get(target)
+        if gid is None:
+            raise PlanningError(
+                f"Layer {layer!r} shares {target!r}'s KV cache, but {target!r} is in no KV cache group."
+            )
+        added[gid].append(layer)
+    return tuple(
+        dataclasses.replace(group, layer_names=(*group.layer_names, *extra)) if extra else group
+        for group, extra in zip(kv_cache_groups, added, strict=True)
+    )

@@ -296,3 +296,27 @@ def apply_vllm_platform_hook(platform: Any, vllm_config: Any = None) -> None:
         )
     with KVCacheSpecRegistry._registry.transaction():
         hook(vllm_config)
+
+
+def add_kv_sharing_layers_to_kv_cache_groups(
+    shared_kv_cache_layers: Mapping[str, str],
+    kv_cache_groups: list[Any],
+    runner_only_attn_layers: set[str] | None = None,
+) -> None:
+    """vLLM's worker utility, decided by ``kvspec.planning.add_kv_sharing_layers``: each sharing layer joins
+    its target's group. vLLM's form mutates: the groups' ``layer_names`` lists are extended in place, and
+    sharing layers are added to ``runner_only_attn_layers`` when given."""
+    from kvspec.config import KVCacheGroupSpec
+    from kvspec.planning import add_kv_sharing_layers
+
+    if not shared_kv_cache_layers:
+        return
+    ours = tuple(
+        KVCacheGroupSpec(layer_names=tuple(g.layer_names), kv_cache_spec=to_kvspec(g.kv_cache_spec))
+        for g in kv_cache_groups
+    )
+    decided = add_kv_sharing_layers(ours, shared_kv_cache_layers)
+    for group, result in zip(kv_cache_groups, decided, strict=True):
+        group.layer_names[:] = list(result.layer_names)
+    if runner_only_attn_layers is not None:
+        runner_only_attn_layers.update(shared_kv_cache_layers)

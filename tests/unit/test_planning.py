@@ -24,7 +24,9 @@ from kvspec import (
     UniformTypeKVCacheSpecs,
     UnregisteredSpecError,
 )
+from kvspec.errors import PlanningError
 from kvspec.planning import (
+    add_kv_sharing_layers,
     auto_fit_max_model_len,
     estimate_max_model_len,
     generate_scheduler_kv_cache_config,
@@ -333,3 +335,36 @@ class TestMultipleWorkers:
         assert list(projected.kv_cache_spec.kv_cache_specs) == ["a"]
         (empty,) = project_groups_to_worker(groups, {})
         assert empty.layer_names == () and empty.kv_cache_spec == groups[0].kv_cache_spec
+
+
+# -- cross-layer KV sharing ------------------------------------------------------------------------
+
+
+def _sharing_groups() -> tuple[KVCacheGroupSpec, ...]:
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    return (
+        KVCacheGroupSpec(layer_names=("l.0",), kv_cache_spec=spec),
+        KVCacheGroupSpec(layer_names=("l.1",), kv_cache_spec=spec),
+    )
+
+
+def test_sharing_layers_join_their_targets_group_in_mapping_order() -> None:
+    groups = _sharing_groups()
+    out = add_kv_sharing_layers(groups, {"l.3": "l.1", "l.2": "l.0", "l.4": "l.1"})
+    assert [g.layer_names for g in out] == [("l.0", "l.2"), ("l.1", "l.3", "l.4")]
+    assert out[0].kv_cache_spec is groups[0].kv_cache_spec
+    assert [g.layer_names for g in groups] == [("l.0",), ("l.1",)]  # values: the input is unchanged
+    assert add_kv_sharing_layers(groups, {}) == groups
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ({"l.2": "l.9"}, "'l.9' is in no KV cache group"),
+        ({"l.1": "l.0"}, "already belongs to KV cache group 1"),
+        ({"l.2": "l.0", "l.3": "l.2"}, "which itself shares 'l.0'"),
+    ],
+)
+def test_bad_sharing_maps_are_planning_errors(mapping: dict[str, str], message: str) -> None:
+    with pytest.raises(PlanningError, match=message):
+        add_kv_sharing_layers(_sharing_groups(), mapping)

@@ -65,7 +65,12 @@ def _module_routes() -> dict[str, dict[str, object]]:
         "get_block_hash": hashing.get_block_hash,
         "get_group_id": hashing.get_group_id,
     }
+    from kvspec.integrations import vllm as vllm_integration
+
     return {
+        "tests/v1/core/test_kv_sharing.py": {
+            "add_kv_sharing_layers_to_kv_cache_groups": vllm_integration.add_kv_sharing_layers_to_kv_cache_groups,
+        },
         "tests/v1/core/test_prefix_caching.py": pool_names,
         "tests/v1/core/test_single_type_kv_cache_manager.py": {
             "BlockPool": vllm_kv_cache_manager.VllmBlockPool,

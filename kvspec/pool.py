@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NewType
 
+from kvspec.block_metrics import BlockMetricsObserver
 from kvspec.errors import BlockPoolError, InvariantViolationError, NotEnoughFreeBlocksError
 from kvspec.hashing import (
     BlockHashListWithBlockSize,
@@ -288,6 +289,7 @@ class BlockPool:
         hash_block_size: int = 16,
         enable_kv_cache_events: bool = False,
         medium: str = "GPU",
+        metrics_collector: BlockMetricsObserver | None = None,
     ) -> None:
         if num_gpu_blocks <= 0:
             raise BlockPoolError(f"BlockPool needs at least 1 block (the null block), got {num_gpu_blocks}.")
@@ -302,6 +304,8 @@ class BlockPool:
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.kv_event_queue: list[KVCacheEvent] = []
+        #: Told when blocks are allocated, hit and evicted (kvspec.block_metrics); None: nothing is told.
+        self.metrics_collector = metrics_collector
 
     def get_cached_block(
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
@@ -420,6 +424,13 @@ class BlockPool:
         queue._head.next_free_block = block
         block.prev_free_block = queue._head
         queue.num_free_blocks -= num_blocks
+        observer = self.metrics_collector
+        if observer is not None:
+            # Reallocation ends the block's previous residency and starts a new one.
+            for taken in blocks:
+                if self.enable_caching:
+                    observer.on_block_evicted(taken)
+                observer.on_block_allocated(taken)
         return blocks
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
@@ -444,6 +455,10 @@ class BlockPool:
             if block.ref_cnt == 0 and not block.is_null:
                 remove(block)
             block.ref_cnt += 1
+        observer = self.metrics_collector
+        if observer is not None:
+            for block in blocks:
+                observer.on_block_accessed(block)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], prepend: bool = False) -> None:
         """Drop one reference on each block; blocks reaching 0 join the free queue in the given order
@@ -483,7 +498,10 @@ class BlockPool:
                     f"evict_blocks got block id {block_id}, outside [0, {self.num_gpu_blocks}); "
                     "this indicates a bug in the KV connector."
                 )
+        observer = self.metrics_collector
         for block_id in ids:
+            if observer is not None:
+                observer.on_block_evicted(self.blocks[block_id])
             self._maybe_evict_cached_block(self.blocks[block_id])
 
     def reset_prefix_cache(self, num_reserved: int = 0) -> bool:
@@ -498,6 +516,8 @@ class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         for block in self.blocks:
             block.block_hash = None
+        if self.metrics_collector is not None:
+            self.metrics_collector.reset()
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         return True

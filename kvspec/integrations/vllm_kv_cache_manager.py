@@ -293,7 +293,6 @@ class VllmKVCacheManager:
         self.enable_caching = enable_caching
         self.use_eagle = use_eagle
         self.log_stats = log_stats
-        # vLLM's block-residency metrics are not collected by kvspec's pool; the scheduler tolerates None.
         self.metrics_collector = metrics_collector
         self.kvspec_coordinator = KVCacheCoordinator(
             config,
@@ -310,6 +309,8 @@ class VllmKVCacheManager:
             hash_block_size=hash_block_size if enable_caching else None,
             registry=registry,
         )
+        # vLLM's collector (or kvspec's: same calls) is told of allocations, hits and evictions by kvspec's pool.
+        self.kvspec_coordinator.block_pool.metrics_collector = metrics_collector
         self.coordinator = _CoordinatorFacade(self.kvspec_coordinator)
         self._hasher = BlockHasher(self.kvspec_coordinator.hash_block_size)
         self.block_pool = _BlockPoolFacade(self.kvspec_coordinator.block_pool, self._hasher)

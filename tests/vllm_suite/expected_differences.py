@@ -15,7 +15,12 @@ from __future__ import annotations
 _PREFIX = "tests/v1/core/test_prefix_caching.py::"
 _SCHED = "tests/v1/core/test_scheduler.py::"
 
-EXPECTED_DIFFERENCES: dict[str, str] = {}
+EXPECTED_DIFFERENCES: dict[str, str] = {
+    "tests/v1/core/test_kv_cache_metrics.py::TestKVCacheMetricsCollector::test_sample_rate_validation": (
+        "a sample rate outside (0, 1] is kvspec's UnsupportedConfigurationError (a ValueError naming the "
+        "range), not a bare assert that python -O removes; tests/unit/test_block_metrics.py checks it"
+    ),
+}
 
 OUT_OF_SCOPE: dict[str, str] = {
     _PREFIX + "test_prefill": (

@@ -51,6 +51,7 @@ ROUTED = {
     "tests/v1/core/test_single_type_kv_cache_manager.py": "BlockPool, KVCacheBlock, the managers (vLLM-style)",
     "tests/v1/test_kv_cache_spec_registry.py": "specs, managers, the registry (kvspec's facade)",
     "tests/v1/core/test_kv_sharing.py": "add_kv_sharing_layers_to_kv_cache_groups (kvspec.planning decides)",
+    "tests/v1/core/test_kv_cache_metrics.py": "BlockMetricsState, KVCacheMetricsCollector (kvspec.block_metrics)",
 }
 HELPER_FILES = ("tests/v1/core/utils.py", "tests/v1/kv_connector/unit/utils.py")
 PACKAGES = ("tests", "tests/v1", "tests/v1/core", "tests/v1/kv_connector", "tests/v1/kv_connector/unit")

@@ -65,9 +65,15 @@ def _module_routes() -> dict[str, dict[str, object]]:
         "get_block_hash": hashing.get_block_hash,
         "get_group_id": hashing.get_group_id,
     }
+    from kvspec import block_metrics
     from kvspec.integrations import vllm as vllm_integration
 
     return {
+        "tests/v1/core/test_kv_cache_metrics.py": {
+            "BlockMetricsState": block_metrics.BlockMetricsState,
+            "KVCacheMetricsCollector": block_metrics.KVCacheMetricsCollector,
+            "KVCacheBlock": pool.KVCacheBlock,
+        },
         "tests/v1/core/test_kv_sharing.py": {
             "add_kv_sharing_layers_to_kv_cache_groups": vllm_integration.add_kv_sharing_layers_to_kv_cache_groups,
         },

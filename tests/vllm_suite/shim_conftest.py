@@ -46,7 +46,23 @@ def _kvspec_managers_count_as_vllms() -> None:
             theirs.register(ours)
 
 
+def _vllm_names_on_kvspec_blocks() -> None:
+    """vLLM's names for the same things on kvspec's block and free queue (the queue is the same sentinel-
+    bounded linked list; vLLM calls its sentinels fake_free_list_head/tail, a block's hash reset
+    reset_hash()). Names only: the objects are kvspec's."""
+    from kvspec import pool
+
+    pool.FreeKVCacheBlockQueue.fake_free_list_head = property(lambda q: q._head)  # type: ignore[attr-defined]
+    pool.FreeKVCacheBlockQueue.fake_free_list_tail = property(lambda q: q._tail)  # type: ignore[attr-defined]
+
+    def reset_hash(block: pool.KVCacheBlock) -> None:
+        block.block_hash = None
+
+    pool.KVCacheBlock.reset_hash = reset_hash  # type: ignore[attr-defined]
+
+
 _cpu_platform()
+_vllm_names_on_kvspec_blocks()
 _kvspec_managers_count_as_vllms()
 vllm_kv_cache_manager.install()
 
@@ -69,6 +85,10 @@ def _module_routes() -> dict[str, dict[str, object]]:
     from kvspec.integrations import vllm as vllm_integration
 
     return {
+        "tests/v1/core/test_kv_cache_utils.py": {
+            "KVCacheBlock": pool.KVCacheBlock,
+            "FreeKVCacheBlockQueue": pool.FreeKVCacheBlockQueue,
+        },
         "tests/v1/core/test_kv_cache_metrics.py": {
             "BlockMetricsState": block_metrics.BlockMetricsState,
             "KVCacheMetricsCollector": block_metrics.KVCacheMetricsCollector,

@@ -135,7 +135,11 @@ class KVCacheCoordinator:
         hash_block_size: int | None = None,
         hash_algorithm: str = "sha256",
         registry: AnyRegistry | None = None,
+        prefix_cache_retention_interval: int | None = None,
     ) -> None:
+        """``prefix_cache_retention_interval`` (tokens, a multiple of the scheduler block; None: cache
+        every full block) keeps windowed groups' cached tails only once per interval plus at the prompt's
+        replay boundary (vLLM's VLLM_PREFIX_CACHE_RETENTION_INTERVAL); it needs a sliding-window group."""
         registry = default_registry if registry is None else registry
         hbs: object = hash_block_size
         if hbs is not None and (isinstance(hbs, bool) or not isinstance(hbs, int) or hbs <= 0):
@@ -173,6 +177,7 @@ class KVCacheCoordinator:
                     f"Group block size {spec.block_size} is not a multiple of hash_block_size "
                     f"{self.hash_block_size}."
                 )
+        _check_retention_interval(prefix_cache_retention_interval, self.scheduler_block_size, self.traits)
         self.block_pool = BlockPool(
             kv_cache_config.num_blocks,
             enable_caching=enable_caching,
@@ -182,6 +187,9 @@ class KVCacheCoordinator:
         eagle_ids = {i for i, g in enumerate(groups) if g.is_eagle_group}
         if use_eagle and not eagle_ids:
             eagle_ids = set(range(len(groups)))
+        # Groups of one spec are searched as one (siblings); an EAGLE group makes its siblings cache and
+        # search like EAGLE groups too, so their cached blocks line up (the lookahead block included).
+        eagle_ids |= {i for i, spec in enumerate(self.specs) if any(spec == self.specs[e] for e in eagle_ids)}
         self._eagle_group_ids: Final = frozenset(eagle_ids if use_eagle else ())
         mnbt, mml = limits.batched_tokens, limits.max_model_len
         self.managers: list[KVCacheManager] = [
@@ -197,6 +205,7 @@ class KVCacheCoordinator:
                     pcp_world_size=limits.prefill_context_parallel_size,
                     max_admission_blocks_per_request=traits.admission_cap_blocks(spec.block_size, mnbt, mml),
                     use_eagle=gid in self._eagle_group_ids,
+                    prefix_cache_retention_interval=prefix_cache_retention_interval,
                 )
             )
             for gid, (spec, traits, registration) in enumerate(
@@ -568,6 +577,28 @@ class KVCacheCoordinator:
                 raise InvariantViolationError(
                     f"block {block.block_id} has ref_cnt {block.ref_cnt} but {holders[block.block_id]} holders"
                 )
+
+
+def _check_retention_interval(
+    interval: object, scheduler_block_size: int, traits: Sequence[SpecTraits]
+) -> None:
+    if interval is None:
+        return
+    if not any(t.sliding_window is not None for t in traits):
+        raise UnsupportedConfigurationError(
+            "prefix_cache_retention_interval is set but no KV cache group has a sliding window, so "
+            "retention has no effect; leave it None (it only thins sliding-window caches)."
+        )
+    if (
+        isinstance(interval, bool)
+        or not isinstance(interval, int)
+        or interval < 0
+        or interval % scheduler_block_size
+    ):
+        raise UnsupportedConfigurationError(
+            f"prefix_cache_retention_interval ({interval!r}) must be a non-negative int (tokens) and a "
+            f"multiple of scheduler_block_size ({scheduler_block_size})."
+        )
 
 
 def _may_skip_blocks(manager_cls: type) -> bool:

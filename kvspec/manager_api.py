@@ -23,6 +23,9 @@ class ManagerContext:
 
     Units: ``scheduler_block_size`` and ``block_size`` in tokens; ``max_admission_blocks_per_request`` in
     blocks (None: no cap). ``block_size`` is the spec's block size times the context-parallel size.
+    ``prefix_cache_retention_interval`` (tokens; None: dense) makes windowed managers cache sparsely: the
+    window's tail once per interval, plus the tail at the latest boundary a replay of the prompt can hit
+    (0: only that one).
     """
 
     kv_cache_spec: KVCacheSpec
@@ -35,6 +38,7 @@ class ManagerContext:
     pcp_world_size: int = 1
     max_admission_blocks_per_request: int | None = None
     use_eagle: bool = False
+    prefix_cache_retention_interval: int | None = None
 
     @property
     def block_size(self) -> int:

@@ -126,6 +126,10 @@ class VllmRequestView(Request):
         return None if lora is None else int(lora.adapter_id)
 
     @property
+    def num_prompt_tokens(self) -> int:  # type: ignore[override]
+        return int(self.vllm_request.num_prompt_tokens)
+
+    @property
     def num_tokens(self) -> int:
         return int(self.vllm_request.num_tokens)
 
@@ -239,6 +243,23 @@ def event_to_vllm(event: object) -> Any:
     return event
 
 
+# vLLM picks one of three coordinator classes; the facade carries the name vLLM's choice would have.
+_FACADE_CLASSES: dict[str, type[_CoordinatorFacade]] = {
+    name: type(name, (_CoordinatorFacade,), {"__slots__": ()})
+    for name in ("KVCacheCoordinatorNoPrefixCache", "UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator")
+}
+
+
+def _coordinator_facade(coordinator: KVCacheCoordinator, enable_caching: bool) -> _CoordinatorFacade:
+    if not enable_caching:
+        name = "KVCacheCoordinatorNoPrefixCache"
+    elif coordinator.num_groups == 1:
+        name = "UnitaryKVCacheCoordinator"
+    else:
+        name = "HybridKVCacheCoordinator"
+    return _FACADE_CLASSES[name](coordinator)
+
+
 class VllmBlockPool(BlockPool):
     """kvspec's ``BlockPool`` that also takes vLLM requests in ``cache_full_blocks`` (read through a view)."""
 
@@ -308,10 +329,13 @@ class VllmKVCacheManager:
             log_stats=log_stats,
             hash_block_size=hash_block_size if enable_caching else None,
             registry=registry,
+            prefix_cache_retention_interval=importlib.import_module(
+                "vllm.envs"
+            ).VLLM_PREFIX_CACHE_RETENTION_INTERVAL,
         )
         # vLLM's collector (or kvspec's: same calls) is told of allocations, hits and evictions by kvspec's pool.
         self.kvspec_coordinator.block_pool.metrics_collector = metrics_collector
-        self.coordinator = _CoordinatorFacade(self.kvspec_coordinator)
+        self.coordinator = _coordinator_facade(self.kvspec_coordinator, enable_caching)
         self._hasher = BlockHasher(self.kvspec_coordinator.hash_block_size)
         self.block_pool = _BlockPoolFacade(self.kvspec_coordinator.block_pool, self._hasher)
         self.num_kv_cache_groups = len(config.kv_cache_groups)

@@ -8,6 +8,7 @@ from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
 from kvspec.pool import KVCacheBlock
 from kvspec.protocols import KVCacheSpec
+from kvspec.request import Request
 from kvspec.specs._common import cdiv
 from kvspec.traits import SpecTraits
 
@@ -94,6 +95,47 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             return None
         shift = 1 if self.use_eagle else 0
         return [i >= shift and (i - shift) % per_segment >= per_segment - need for i in range(num_blocks)]
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        interval = self.context.prefix_cache_retention_interval
+        if interval is None:
+            super().cache_blocks(request, num_tokens)
+            return
+        request_id = request.request_id
+        num_cached = self.num_cached_block.get(request_id, 0)
+        num_full = num_tokens // self.block_size
+        if num_cached >= num_full:
+            return
+        self.block_pool.cache_full_blocks(
+            request,
+            self.req_to_blocks[request_id],
+            num_cached,
+            num_full,
+            self.block_size,
+            self.kv_cache_group_id,
+            block_mask=self.retained_block_mask(num_full, interval, request.num_prompt_tokens),
+        )
+        self.num_cached_block[request_id] = num_full
+
+    def retained_block_mask(self, num_blocks: int, interval: int, num_prompt_tokens: int) -> list[bool]:
+        """The blocks sparse retention keeps: the window's tail (the blocks a hit ending there needs) at
+        the end of every ``interval`` tokens (none when 0), and at the latest scheduler-block boundary
+        below the prompt's last token (where an exact replay of the prompt hits)."""
+        need = cdiv(self.sliding_window - 1, self.block_size) + (1 if self.use_eagle else 0)
+        shift = 1 if self.use_eagle else 0
+        mask = [False] * num_blocks
+        if interval:
+            per_segment = interval // self.block_size
+            if need >= per_segment:
+                return [True] * num_blocks
+            for i in range(shift, num_blocks):
+                if (i - shift) % per_segment >= per_segment - need:
+                    mask[i] = True
+        sbs = self.scheduler_block_size
+        replay_end = (num_prompt_tokens - 1) // sbs * sbs // self.block_size + shift
+        for i in range(max(0, replay_end - need), min(num_blocks, replay_end)):
+            mask[i] = True
+        return mask
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         skipped = num_computed_tokens - self.sliding_window + 1

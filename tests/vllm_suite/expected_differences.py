@@ -13,7 +13,6 @@ Keys are pytest node ids relative to the unpacked tests; an id without brackets 
 from __future__ import annotations
 
 _PREFIX = "tests/v1/core/test_prefix_caching.py::"
-_SCHED = "tests/v1/core/test_scheduler.py::"
 
 EXPECTED_DIFFERENCES: dict[str, str] = {
     "tests/v1/core/test_kv_cache_utils.py::test_free_kv_cache_block_queue_operations": (
@@ -35,21 +34,4 @@ OUT_OF_SCOPE: dict[str, str] = {
     ),
 }
 
-_RETENTION = (
-    "vLLM 0.23's opt-in sparse prefix-cache retention for sliding-window groups "
-    "(VLLM_PREFIX_CACHE_RETENTION_INTERVAL): kvspec caches every full block (vLLM's default, dense)"
-)
-
-KNOWN_GAPS: dict[str, str] = {
-    _PREFIX + "test_hybrid_local_kv_retention_interval_aligns_in_manager": _RETENTION,
-    _PREFIX + "test_hybrid_local_kv_retention_interval_rejects_invalid": _RETENTION,
-    _PREFIX + "test_hybrid_local_kv_retention_interval_survives_recycling": _RETENTION,
-    _PREFIX + "test_hybrid_local_kv_retention_latest_only_reuses_replay_boundary": _RETENTION,
-    _PREFIX + "test_hybrid_local_kv_retention_mtp_reuses_latest_boundary": _RETENTION,
-    _PREFIX + "test_pure_swa_retention_interval_caches_sparse_tails": _RETENTION,
-    _PREFIX + "test_pure_swa_retention_latest_only": _RETENTION,
-    _PREFIX + "test_eagle_grouped_swa_siblings_use_same_cache_mask": (
-        "two sliding-window groups of one spec (main + EAGLE draft) must cache the EAGLE lookahead block "
-        "under one mask; kvspec leaves the draft group's lookahead block uncached"
-    ),
-}
+KNOWN_GAPS: dict[str, str] = {}

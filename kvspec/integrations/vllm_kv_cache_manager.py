@@ -146,6 +146,11 @@ class VllmRequestView(Request):
         return f"VllmRequestView({self.request_id!r})"
 
 
+def _as_kvspec_request(request: Any, hash_block_size: int) -> Request:
+    """``request`` if it is kvspec's, else a view of vLLM's (for callers that hand the pool a vLLM request)."""
+    return request if isinstance(request, Request) else VllmRequestView(request, BlockHasher(hash_block_size))
+
+
 class _CoordinatorFacade:
     """``kv_cache_manager.coordinator`` as vLLM's scheduler uses it (its remaining-blocks estimate)."""
 
@@ -186,9 +191,8 @@ class _CoordinatorFacade:
 class _BlockPoolFacade:
     """kvspec's block pool, taking vLLM requests where it takes a request (everything else passes through)."""
 
-    def __init__(self, pool: BlockPool, hasher: BlockHasher) -> None:
+    def __init__(self, pool: BlockPool) -> None:
         object.__setattr__(self, "_pool", pool)
-        object.__setattr__(self, "_hasher", hasher)
 
     def cache_full_blocks(
         self,
@@ -200,9 +204,14 @@ class _BlockPoolFacade:
         kv_cache_group_id: int,
         block_mask: Sequence[bool] | None = None,
     ) -> None:
-        view = request if isinstance(request, Request) else VllmRequestView(request, self._hasher)
         self._pool.cache_full_blocks(
-            view, blocks, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id, block_mask
+            _as_kvspec_request(request, self._pool.hash_block_size),
+            blocks,
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            kv_cache_group_id,
+            block_mask,
         )
 
     def __getattr__(self, name: str) -> Any:
@@ -273,10 +282,14 @@ class VllmBlockPool(BlockPool):
         kv_cache_group_id: int,
         block_mask: Sequence[bool] | None = None,
     ) -> None:
-        if not isinstance(request, Request):
-            request = VllmRequestView(request, BlockHasher(self.hash_block_size))
         super().cache_full_blocks(
-            request, blocks, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id, block_mask
+            _as_kvspec_request(request, self.hash_block_size),
+            blocks,
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            kv_cache_group_id,
+            block_mask,
         )
 
     def take_events(self) -> list[Any]:
@@ -337,7 +350,7 @@ class VllmKVCacheManager:
         self.kvspec_coordinator.block_pool.metrics_collector = metrics_collector
         self.coordinator = _coordinator_facade(self.kvspec_coordinator, enable_caching)
         self._hasher = BlockHasher(self.kvspec_coordinator.hash_block_size)
-        self.block_pool = _BlockPoolFacade(self.kvspec_coordinator.block_pool, self._hasher)
+        self.block_pool = _BlockPoolFacade(self.kvspec_coordinator.block_pool)
         self.num_kv_cache_groups = len(config.kv_cache_groups)
         self.empty_kv_cache_blocks = self._vllm_blocks_cls(tuple(() for _ in range(self.num_kv_cache_groups)))
         self._views: dict[str, VllmRequestView] = {}

@@ -20,6 +20,9 @@ The hooks a plugin manager overrides (everything else is bookkeeping it inherits
 ``reachable_block_mask(self, num_blocks: int) -> list[bool] | None``
     Which of a request's first ``num_blocks`` full blocks are worth publishing to the prefix cache
     (None: all). Default None.
+``cache_mask(self, request: Request, num_blocks: int) -> list[bool] | None``
+    The same question when the answer depends on the request (sparse retention reads its prompt length).
+    Default: ``reachable_block_mask(num_blocks)``.
 ``get_num_common_prefix_blocks(self, running_request_id: str) -> int``
     Leading blocks of the request held by every request that holds blocks (for cascade attention):
     counts a block only if its ref count equals the number of such requests. Default 0 (no cascade).
@@ -167,9 +170,14 @@ class SingleTypeKVCacheManager:
             num_full,
             self.block_size,
             self.kv_cache_group_id,
-            block_mask=self.reachable_block_mask(num_full),
+            block_mask=self.cache_mask(request, num_full),
         )
         self.num_cached_block[request_id] = num_full
+
+    def cache_mask(self, request: Request, num_blocks: int) -> list[bool] | None:
+        """The mask ``cache_blocks`` publishes with: ``reachable_block_mask`` unless a manager's caching
+        policy also depends on the request (sparse retention reads its prompt length)."""
+        return self.reachable_block_mask(num_blocks)
 
     def reachable_block_mask(self, num_blocks: int) -> list[bool] | None:
         """Which of the first ``num_blocks`` blocks are worth caching (None: all of them)."""

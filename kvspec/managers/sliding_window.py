@@ -96,26 +96,11 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         shift = 1 if self.use_eagle else 0
         return [i >= shift and (i - shift) % per_segment >= per_segment - need for i in range(num_blocks)]
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_mask(self, request: Request, num_blocks: int) -> list[bool] | None:
         interval = self.context.prefix_cache_retention_interval
         if interval is None:
-            super().cache_blocks(request, num_tokens)
-            return
-        request_id = request.request_id
-        num_cached = self.num_cached_block.get(request_id, 0)
-        num_full = num_tokens // self.block_size
-        if num_cached >= num_full:
-            return
-        self.block_pool.cache_full_blocks(
-            request,
-            self.req_to_blocks[request_id],
-            num_cached,
-            num_full,
-            self.block_size,
-            self.kv_cache_group_id,
-            block_mask=self.retained_block_mask(num_full, interval, request.num_prompt_tokens),
-        )
-        self.num_cached_block[request_id] = num_full
+            return self.reachable_block_mask(num_blocks)
+        return self.retained_block_mask(num_blocks, interval, request.num_prompt_tokens)
 
     def retained_block_mask(self, num_blocks: int, interval: int, num_prompt_tokens: int) -> list[bool]:
         """The blocks sparse retention keeps: the window's tail (the blocks a hit ending there needs) at

@@ -53,7 +53,8 @@ ROUTED = {
     "tests/v1/core/test_kv_sharing.py": "add_kv_sharing_layers_to_kv_cache_groups (kvspec.planning decides)",
     "tests/v1/core/test_kv_cache_metrics.py": "BlockMetricsState, KVCacheMetricsCollector (kvspec.block_metrics)",
     "tests/v1/core/test_kv_cache_utils.py": (
-        "PART: KVCacheBlock, FreeKVCacheBlockQueue, KVCacheManager; hashing and planning functions are vLLM's"
+        "KVCacheBlock, FreeKVCacheBlockQueue, KVCacheManager, the planning functions (kvspec.integrations."
+        "vllm_planning); the block-hash functions stay vLLM's (under the adapter vLLM's engine hashes)"
     ),
 }
 HELPER_FILES = ("tests/v1/core/utils.py", "tests/v1/kv_connector/unit/utils.py")

@@ -67,6 +67,40 @@ _kvspec_managers_count_as_vllms()
 vllm_kv_cache_manager.install()
 
 
+# Functions a test file reaches through vLLM's module object (``kv_cache_utils.X``): bound on that module
+# while each of the file's tests runs, restored after it.
+_DURING_TESTS = {
+    "tests/v1/core/test_kv_cache_utils.py": (
+        "vllm.v1.core.kv_cache_utils",
+        {
+            "_project_kv_cache_groups_to_worker": "project_kv_cache_groups_to_worker",
+            "unify_hybrid_kv_cache_specs": "unify_hybrid_kv_cache_specs",
+        },
+    ),
+}
+_restore: list[tuple[object, str, object]] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    entry = _DURING_TESTS.get(item.nodeid.split("::")[0])
+    if entry is None:
+        return
+    import importlib
+
+    from kvspec.integrations import vllm_planning
+
+    module = importlib.import_module(entry[0])
+    for theirs, ours in entry[1].items():
+        _restore.append((module, theirs, getattr(module, theirs)))
+        setattr(module, theirs, getattr(vllm_planning, ours))
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    while _restore:
+        owner, name, value = _restore.pop()
+        setattr(owner, name, value)
+
+
 def _module_routes() -> dict[str, dict[str, object]]:
     """Per test file: the names its module imported from vLLM, bound to kvspec's instead (after import,
     so vLLM's own modules and the other files keep vLLM's classes)."""
@@ -83,11 +117,22 @@ def _module_routes() -> dict[str, dict[str, object]]:
     }
     from kvspec import block_metrics
     from kvspec.integrations import vllm as vllm_integration
+    from kvspec.integrations import vllm_planning
 
     return {
         "tests/v1/core/test_kv_cache_utils.py": {
             "KVCacheBlock": pool.KVCacheBlock,
             "FreeKVCacheBlockQueue": pool.FreeKVCacheBlockQueue,
+            **{
+                name: getattr(vllm_planning, name)
+                for name in (
+                    "estimate_max_model_len",
+                    "generate_scheduler_kv_cache_config",
+                    "get_kv_cache_configs",
+                    "get_max_concurrency_for_kv_cache_config",
+                    "is_kv_cache_spec_uniform",
+                )
+            },
         },
         "tests/v1/core/test_kv_cache_metrics.py": {
             "BlockMetricsState": block_metrics.BlockMetricsState,

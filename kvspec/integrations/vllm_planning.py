@@ -1,0 +1,184 @@
+"""kvspec's planner behind vLLM 0.23.0's ``kv_cache_utils`` planning functions (``vllm_config`` forms).
+
+Each function takes what vLLM's does (a ``VllmConfig``, vLLM spec dicts, vLLM ``KVCacheConfig``s), converts
+it (``SchedulerLimits`` from the config; specs by class name), lets ``kvspec.planning`` decide, and returns
+vLLM's objects. ``get_kv_cache_configs`` also does what vLLM's does to the config: with
+``max_model_len == -1`` (auto-fit) it writes the fitted length back into ``model_config.max_model_len``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvspec import planning
+from kvspec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from kvspec.errors import ConflictingLayerSpecError, PageSizeUnificationError
+from kvspec.integrations.vllm import to_kvspec, to_kvspec_layers, to_vllm
+from kvspec.protocols import KVCacheSpec, SchedulerLimits
+
+__all__ = [
+    "VllmConflictingLayerSpecError",
+    "VllmPageSizeUnificationError",
+    "config_to_vllm",
+    "estimate_max_model_len",
+    "generate_scheduler_kv_cache_config",
+    "get_kv_cache_configs",
+    "get_max_concurrency_for_kv_cache_config",
+    "is_kv_cache_spec_uniform",
+    "limits_from_vllm_config",
+    "project_kv_cache_groups_to_worker",
+    "unify_hybrid_kv_cache_specs",
+]
+
+
+class VllmConflictingLayerSpecError(ConflictingLayerSpecError, AssertionError):
+    """Workers report different specs for one layer (vLLM asserts; kvspec's message)."""
+
+
+class VllmPageSizeUnificationError(PageSizeUnificationError, NotImplementedError):
+    """Page sizes that block sizes cannot unify (vLLM raises NotImplementedError; kvspec's message)."""
+
+
+def limits_from_vllm_config(vllm_config: Any, max_model_len: int | None = None) -> SchedulerLimits:
+    """kvspec's limits from the parts of vLLM's config that size the KV cache."""
+    model_len = vllm_config.model_config.max_model_len if max_model_len is None else max_model_len
+    scheduler = vllm_config.scheduler_config
+    parallel = vllm_config.parallel_config
+    return SchedulerLimits(
+        max_model_len=model_len,
+        max_num_batched_tokens=getattr(scheduler, "max_num_batched_tokens", None) or None,
+        decode_context_parallel_size=getattr(parallel, "decode_context_parallel_size", 1),
+        prefill_context_parallel_size=getattr(parallel, "prefill_context_parallel_size", 1),
+        mamba_cache_mode=getattr(vllm_config.cache_config, "mamba_cache_mode", "none"),
+    )
+
+
+def _spec_of(spec: Any) -> KVCacheSpec:
+    return to_kvspec(spec) if type(spec).__module__.split(".")[0] == "vllm" else spec
+
+
+def config_to_vllm(config: KVCacheConfig) -> Any:
+    """vLLM's ``KVCacheConfig`` for kvspec's (lists where vLLM has lists, vLLM's spec objects)."""
+    iface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
+    return iface.KVCacheConfig(
+        num_blocks=config.num_blocks,
+        kv_cache_tensors=[
+            iface.KVCacheTensor(size=t.size, shared_by=list(t.shared_by)) for t in config.kv_cache_tensors
+        ],
+        kv_cache_groups=[
+            iface.KVCacheGroupSpec(list(g.layer_names), to_vllm(g.kv_cache_spec), g.is_eagle_group)
+            for g in config.kv_cache_groups
+        ],
+    )
+
+
+def config_from_vllm(config: Any) -> KVCacheConfig:
+    return KVCacheConfig(
+        num_blocks=config.num_blocks,
+        kv_cache_tensors=tuple(
+            KVCacheTensor(size=t.size, shared_by=tuple(t.shared_by)) for t in config.kv_cache_tensors
+        ),
+        kv_cache_groups=tuple(
+            KVCacheGroupSpec(
+                layer_names=tuple(g.layer_names),
+                kv_cache_spec=_spec_of(g.kv_cache_spec),
+                is_eagle_group=bool(getattr(g, "is_eagle_group", False)),
+            )
+            for g in config.kv_cache_groups
+        ),
+    )
+
+
+def _hybrid(vllm_config: Any) -> bool:
+    return not getattr(vllm_config.scheduler_config, "disable_hybrid_kv_cache_manager", False)
+
+
+def get_kv_cache_configs(
+    vllm_config: Any, kv_cache_specs: Sequence[Mapping[str, Any]], available_memory: Sequence[int]
+) -> list[Any]:
+    """vLLM's ``get_kv_cache_configs``: one config per worker, decided by ``kvspec.planning``."""
+    specs = [to_kvspec_layers(worker) for worker in kv_cache_specs]
+    model_config = vllm_config.model_config
+    hybrid = _hybrid(vllm_config)
+    override = vllm_config.cache_config.num_gpu_blocks_override
+    if getattr(model_config, "original_max_model_len", None) == -1:
+        memory = list(available_memory)
+        if override is not None:  # as vLLM: the override's bytes are what is fitted into
+            groups = planning.get_kv_cache_groups(planning.merge_worker_specs(specs), hybrid=hybrid)
+            for i, worker in enumerate(specs):
+                projected = [g for g in planning.project_groups_to_worker(groups, worker) if g.layer_names]
+                if projected:
+                    memory[i] = override * planning.bytes_per_block(projected)
+        model_config.max_model_len = planning.auto_fit_max_model_len(
+            specs, memory, limits_from_vllm_config(vllm_config), hybrid=hybrid
+        )
+    try:
+        configs = planning.get_kv_cache_configs(
+            specs,
+            list(available_memory),
+            limits_from_vllm_config(vllm_config),
+            num_blocks_override=override,
+            hybrid=hybrid,
+        )
+    except ConflictingLayerSpecError as exc:
+        raise VllmConflictingLayerSpecError(str(exc)) from exc
+    except PageSizeUnificationError as exc:
+        raise VllmPageSizeUnificationError(str(exc)) from exc
+    return [config_to_vllm(c) for c in configs]
+
+
+def estimate_max_model_len(vllm_config: Any, kv_cache_spec: Mapping[str, Any], available_memory: int) -> int:
+    specs = to_kvspec_layers(kv_cache_spec)
+    groups = planning.get_kv_cache_groups(specs, hybrid=_hybrid(vllm_config))
+    return planning.estimate_max_model_len(groups, available_memory, limits_from_vllm_config(vllm_config))
+
+
+def get_max_concurrency_for_kv_cache_config(vllm_config: Any, kv_cache_config: Any) -> float:
+    return planning.get_max_concurrency(
+        config_from_vllm(kv_cache_config), limits_from_vllm_config(vllm_config)
+    )
+
+
+def generate_scheduler_kv_cache_config(kv_cache_configs: Sequence[Any]) -> Any:
+    return config_to_vllm(
+        planning.generate_scheduler_kv_cache_config([config_from_vllm(c) for c in kv_cache_configs])
+    )
+
+
+def is_kv_cache_spec_uniform(kv_cache_spec: Mapping[str, Any]) -> bool:
+    return planning.is_kv_cache_spec_uniform(to_kvspec_layers(kv_cache_spec))
+
+
+def unify_hybrid_kv_cache_specs(kv_cache_spec: dict[str, Any]) -> None:
+    """vLLM's form mutates the dict: each layer's spec is replaced by kvspec's unified one (as vLLM's)."""
+    unified = planning.unify_hybrid_kv_cache_specs(to_kvspec_layers(kv_cache_spec))
+    for layer, spec in unified.items():
+        kv_cache_spec[layer] = to_vllm(spec)
+
+
+def project_kv_cache_groups_to_worker(
+    global_kv_cache_groups: Sequence[Any], worker_spec: Mapping[str, Any]
+) -> list[Any]:
+    """vLLM's ``_project_kv_cache_groups_to_worker``: a worker's share of the global groups (kvspec
+    decides). A group whose spec kvspec leaves as it was keeps the caller's own spec object."""
+    iface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
+    ours = [
+        KVCacheGroupSpec(
+            layer_names=tuple(g.layer_names),
+            kv_cache_spec=_spec_of(g.kv_cache_spec),
+            is_eagle_group=bool(getattr(g, "is_eagle_group", False)),
+        )
+        for g in global_kv_cache_groups
+    ]
+    projected = planning.project_groups_to_worker(ours, worker_spec)
+    out = []
+    for theirs, mine, result in zip(global_kv_cache_groups, ours, projected, strict=True):
+        spec = (
+            theirs.kv_cache_spec
+            if result.kv_cache_spec == mine.kv_cache_spec
+            else to_vllm(result.kv_cache_spec)
+        )
+        out.append(iface.KVCacheGroupSpec(list(result.layer_names), spec, result.is_eagle_group))
+    return out

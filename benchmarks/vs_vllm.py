@@ -532,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # any import failure: report and run kvspec alone
         vllm_note = f"vLLM unavailable ({type(exc).__name__}: {exc}); kvspec ran alone"
     lines = [
-        f"kvspec {kvspec.__version__} vs {vllm_note}; torch {torch.__version__}; Python {sys.version.split()[0]}; "
+        f"kvspec {kvspec.__version__} ({kvspec.__build__} build) vs {vllm_note}; torch {torch.__version__}; Python {sys.version.split()[0]}; "
         f"{os.cpu_count()} CPUs; {args.rounds} alternating rounds, medians",
     ]
     if args.check_identical and len(adapters) == 2:

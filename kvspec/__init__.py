@@ -234,6 +234,10 @@ _EXPORTS: dict[str, str] = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__build__":
+        from kvspec.build_info import build_info
+
+        return build_info().build
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'kvspec' has no attribute {name!r}")

@@ -301,6 +301,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from kvspec.build_info import build_info
     from kvspec.builtins import default_registry
     from kvspec.registry import load_plugins
 
@@ -319,10 +320,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 "source": entry.source,
             }
         )
+    build = build_info()
     if args.json:
         print(
             json.dumps(
-                {"strict": default_registry.strict, "plugins_loaded": loaded, "registrations": rows}, indent=2
+                {
+                    "build": build.build,
+                    "compiled_modules": list(build.compiled),
+                    "strict": default_registry.strict,
+                    "plugins_loaded": loaded,
+                    "registrations": rows,
+                },
+                indent=2,
             )
         )
         return 0
@@ -341,6 +350,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     ]
     title = f"kvspec registry ({len(rows)} spec types; plugins loaded: {', '.join(loaded) or 'none'})"
     print_table(title, columns, table_rows, left=columns)
+    compiled = f" (mypyc: {', '.join(build.compiled)})" if build.compiled else ""
+    print(f"build: {build.build}{compiled}")
     return 0
 
 

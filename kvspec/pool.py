@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NewType
 
+from mypy_extensions import mypyc_attr
+
 from kvspec.block_metrics import BlockMetricsObserver
 from kvspec.errors import BlockPoolError, InvariantViolationError, NotEnoughFreeBlocksError
 from kvspec.hashing import (
@@ -275,6 +277,7 @@ class AllBlocksCleared:
 KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # integrations and tests subclass it in plain Python
 class BlockPool:
     """All physical blocks of the KV cache, shared by every group; block 0 is the null block.
 

@@ -84,6 +84,8 @@ def _imports_of(module: str) -> set[str]:
     """kvspec modules that ``module`` imports anywhere: at import time, inside functions (a deferred import
     only hides a cycle) and under TYPE_CHECKING (a cycle for readers and type checkers)."""
     path = Path(importlib.import_module(module).__file__ or "")
+    if path.suffix != ".py":  # a mypyc-compiled module: its source lies beside the extension
+        path = path.parent / (module.rsplit(".", 1)[-1] + ".py")
     tree = ast.parse(path.read_text())
     out: set[str] = set()
     for node in ast.walk(tree):

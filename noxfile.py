@@ -46,6 +46,7 @@ def _install_vllm(session: nox.Session) -> None:
     session.install("--no-deps", "vllm==0.23.0")
     session.install("--no-deps", "-r", "benchmarks/vllm-requirements.txt")
     session.install("--no-deps", "-e", ".")
+    session.install("mypy-extensions>=1.0")  # kvspec's one pure-Python dependency vLLM's set lacks
 
 
 @nox.session(python="3.11", default=False)

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 #: Source paths, relative to the project root, of the modules ``KVSPEC_COMPILE=1`` compiles.
-COMPILED_MODULES: tuple[str, ...] = ("kvspec/pool.py", "kvspec/hashing.py")
+COMPILED_MODULES: tuple[str, ...] = (
+    "kvspec/pool.py",
+    "kvspec/hashing.py",
+    "kvspec/hit_search.py",
+    "kvspec/managers/base.py",
+    "kvspec/managers/full.py",
+    "kvspec/managers/sliding_window.py",
+)
 
 Build = Literal["pure", "compiled", "mixed"]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -82,7 +83,7 @@ def check_spec_class(spec_cls: type) -> None:
             raise SpecClassError(
                 f"{name}.{member} must be a method taking ({', '.join(params)}), got {type(raw).__name__}."
             )
-        if member in CLASSMETHODS_SPEC and not isinstance(raw, classmethod):
+        if member in CLASSMETHODS_SPEC and not isinstance(raw, _CLASSMETHODS):
             raise SpecClassError(
                 f"{name}.{member} must be a @classmethod (called as {spec_cls.__name__}.merge(specs))."
             )
@@ -168,10 +169,14 @@ def _check_arity(cls: type, member: str, count: int, error: type[Exception]) -> 
         )
 
 
+#: A classmethod as a Python class stores it, and as a mypyc-compiled class does.
+_CLASSMETHODS: tuple[type, ...] = (classmethod, types.ClassMethodDescriptorType)
+
+
 def _params(cls: type, member: str) -> list[inspect.Parameter]:
     """Parameters of ``cls.member`` as a caller sees them (without self; classmethods are bound)."""
     params = list(inspect.signature(getattr(cls, member)).parameters.values())
-    if not isinstance(inspect.getattr_static(cls, member), (classmethod, staticmethod)):
+    if not isinstance(inspect.getattr_static(cls, member), (*_CLASSMETHODS, staticmethod)):
         params = params[1:]
     return params
 
@@ -179,7 +184,7 @@ def _params(cls: type, member: str) -> list[inspect.Parameter]:
 def _check_manager_member(cls: type, member: str) -> None:
     name = qualified_name(cls)
     raw = inspect.getattr_static(cls, member, None)
-    if member in CLASSMETHODS_MANAGER and not isinstance(raw, classmethod):
+    if member in CLASSMETHODS_MANAGER and not isinstance(raw, _CLASSMETHODS):
         raise ManagerSignatureError(
             f"{name}.{member} must be a @classmethod (the coordinator calls it on the class, once for all "
             "groups that share a spec)."

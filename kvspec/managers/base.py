@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from kvspec.errors import SchedulingError
 from kvspec.manager_api import HitQuery, HitResult, ManagerContext
 from kvspec.pool import KVCacheBlock
@@ -39,6 +41,7 @@ from kvspec.request import Request
 from kvspec.specs._common import cdiv
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass it in plain Python (compiled build)
 class SingleTypeKVCacheManager:
     """Base class with the behaviour most managers share; subclasses define the hit search."""
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from mypy_extensions import mypyc_attr
+
 from kvspec.errors import SpecValidationError
 from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
 from kvspec.pool import KVCacheBlock
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass it in plain Python (compiled build)
 class FullAttentionManager(SingleTypeKVCacheManager):
     """Every block is needed until the request ends; hits are a left-to-right prefix of the chain."""
 
@@ -52,6 +55,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         return count
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass it in plain Python (compiled build)
 class SinkFullAttentionManager(FullAttentionManager):
     """Full attention whose sink tokens live in blocks reserved for the manager's lifetime.
 

@@ -3,6 +3,8 @@ freed as the request advances and a prefix hit needs only the blocks covering th
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 from kvspec.errors import UnsupportedConfigurationError
 from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
@@ -23,6 +25,7 @@ def _window(spec: KVCacheSpec, traits: SpecTraits) -> int:
     return traits.sliding_window
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass it in plain Python (compiled build)
 class SlidingWindowManager(SingleTypeKVCacheManager):
     """Frees blocks that fell out of the window; searches hits right to left."""
 

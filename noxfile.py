@@ -67,3 +67,30 @@ def bench(session: nox.Session) -> None:
     _install_vllm(session)
     session.install("beartype>=0.19")
     session.run("python", "-m", "benchmarks.vs_vllm", *session.posargs, env={"VLLM_LOGGING_LEVEL": "ERROR"})
+
+
+@nox.session(python="3.11", default=False)
+def compiled(session: nox.Session) -> None:
+    """The mypyc-compiled build (KVSPEC_COMPILE=1) of this checkout, built in a temporary copy so the working
+    tree stays pure (KVSPEC_COMPILED_DIR names the copy; default a new temporary directory), then the whole
+    test suite on it (which fails unless kvspec.__build__ is "compiled"). Extra arguments go to pytest."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+    import time
+
+    _install(session)
+    workdir = os.environ.get("KVSPEC_COMPILED_DIR") or tempfile.mkdtemp(prefix="kvspec-compiled-")
+    tracked = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, (t.decode() for t in tracked)):
+        os.makedirs(os.path.dirname(f"{workdir}/{name}"), exist_ok=True)
+        shutil.copy2(name, f"{workdir}/{name}")
+    session.chdir(workdir)
+    start = time.perf_counter()
+    session.run("python", "setup.py", "-q", "build_ext", "--inplace", env={"KVSPEC_COMPILE": "1"})
+    session.log(f"mypyc compile: {time.perf_counter() - start:.0f} s")
+    session.run(
+        "pytest", *session.posargs, env={"KVSPEC_TYPECHECK": "full", "KVSPEC_EXPECT_BUILD": "compiled"}
+    )
+    session.log(f"compiled copy kept at {workdir} (run benchmarks there: its kvspec is the compiled one)")

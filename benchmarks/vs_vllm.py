@@ -430,8 +430,10 @@ def _normalise(trace: list[Any]) -> list[Any]:
     return [tuple(list(map(list, x)) if isinstance(x, tuple) else x for x in item) for item in trace]
 
 
-def check_identical(adapters: list[Any], quick: bool, lines: list[str]) -> None:
-    """Run W1 and W2 once per library and compare every allocation's block ids and every hit."""
+def check_identical(adapters: list[Any], quick: bool, lines: list[str]) -> bool:
+    """Run W1 and W2 once per library and compare every allocation's block ids and every hit; True when
+    every case is identical."""
+    all_same = True
     prompts = make_prompts(64 if quick else 256, 2048, 1024)
     cases = (
         ("W1", "full32", 8192),
@@ -446,6 +448,7 @@ def check_identical(adapters: list[Any], quick: bool, lines: list[str]) -> None:
             drive(adapter, model, blocks, prompts, trace)
             traces.append(_normalise(trace))
         same = traces[0] == traces[1]
+        all_same = all_same and same
         first = next((i for i, (a, b) in enumerate(zip(*traces)) if a != b), None)
         lines.append(
             f"{label}: {len(traces[0]):,} allocations and prefix hits compared block id by block id: "
@@ -455,6 +458,7 @@ def check_identical(adapters: list[Any], quick: bool, lines: list[str]) -> None:
                 else f"DIFFERENT (first at event {first}; lengths {len(traces[0])}, {len(traces[1])})"
             )
         )
+    return all_same
 
 
 def bench_w3(adapters: list[Any], rounds: int, quick: bool, lines: list[str]) -> dict[str, Any]:
@@ -520,6 +524,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="64 requests instead of 256 (a smoke run)")
     parser.add_argument("--only", choices=["W1W2", "W3", "W4"], default=None)
     parser.add_argument(
+        "--only-check",
+        action="store_true",
+        help="with --check-identical: compare the traces and time nothing (CI's check on each build)",
+    )
+    parser.add_argument(
         "--check-identical",
         action="store_true",
         help="also run W1 and W2 once per library recording every block id, and compare the two traces",
@@ -535,8 +544,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"kvspec {kvspec.__version__} ({kvspec.__build__} build) vs {vllm_note}; torch {torch.__version__}; Python {sys.version.split()[0]}; "
         f"{os.cpu_count()} CPUs; {args.rounds} alternating rounds, medians",
     ]
+    identical = True
     if args.check_identical and len(adapters) == 2:
-        check_identical(adapters, args.quick, lines)
+        identical = check_identical(adapters, args.quick, lines)
+    if args.only_check:
+        print("\n".join(lines))
+        return 0 if identical else 1
     if args.only in (None, "W1W2"):
         bench_w12(adapters, args.rounds, args.quick, lines)
     if args.only in (None, "W3"):
@@ -544,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only in (None, "W4"):
         bench_w4(adapters, args.rounds, lines)
     print("\n".join(lines))
-    return 0
+    return 0 if identical else 1
 
 
 if __name__ == "__main__":

@@ -29,10 +29,9 @@ import importlib
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from kvspec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.hashing import BlockHash, BlockHasher
-from kvspec.integrations.vllm import to_kvspec
+from kvspec.integrations.vllm_planning import config_from_vllm
 from kvspec.pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, KVCacheBlock
 from kvspec.protocols import SchedulerLimits
 from kvspec.registry import AnyRegistry
@@ -45,31 +44,12 @@ __all__ = [
     "VllmKVCacheManager",
     "VllmRequestView",
     "install",
-    "kvcache_config_from_vllm",
     "uninstall",
 ]
 
 # The modules whose ``KVCacheManager`` name vLLM's scheduler resolves at construction time.
 _PATCHED_MODULES: Final = ("vllm.v1.core.sched.scheduler", "vllm.v1.core.kv_cache_manager")
 _originals: dict[str, Any] = {}
-
-
-def kvcache_config_from_vllm(config: Any) -> KVCacheConfig:
-    """kvspec's ``KVCacheConfig`` for vLLM's (same blocks, tensors, groups; specs converted)."""
-    return KVCacheConfig(
-        num_blocks=config.num_blocks,
-        kv_cache_tensors=tuple(
-            KVCacheTensor(size=t.size, shared_by=tuple(t.shared_by)) for t in config.kv_cache_tensors
-        ),
-        kv_cache_groups=tuple(
-            KVCacheGroupSpec(
-                layer_names=tuple(g.layer_names),
-                kv_cache_spec=to_kvspec(g.kv_cache_spec),
-                is_eagle_group=bool(getattr(g, "is_eagle_group", False)),
-            )
-            for g in config.kv_cache_groups
-        ),
-    )
 
 
 class VllmRequestView(Request):
@@ -321,7 +301,7 @@ class VllmKVCacheManager:
         # Warnings go where vLLM's own manager sends them (operators filter on vLLM's logger).
         self._vllm_logger: Any = vllm_manager_module.logger
         self._vllm_stats_cls: Any = importlib.import_module("vllm.v1.metrics.stats").PrefixCacheStats
-        config = kvcache_config_from_vllm(kv_cache_config)
+        config = config_from_vllm(kv_cache_config)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching

@@ -21,6 +21,7 @@ from kvspec.protocols import KVCacheSpec, SchedulerLimits
 __all__ = [
     "VllmConflictingLayerSpecError",
     "VllmPageSizeUnificationError",
+    "config_from_vllm",
     "config_to_vllm",
     "estimate_max_model_len",
     "generate_scheduler_kv_cache_config",
@@ -75,6 +76,7 @@ def config_to_vllm(config: KVCacheConfig) -> Any:
 
 
 def config_from_vllm(config: Any) -> KVCacheConfig:
+    """kvspec's ``KVCacheConfig`` for vLLM's (same blocks, tensors, groups; vLLM's specs converted)."""
     return KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=tuple(

@@ -188,11 +188,8 @@ def summarize(results: dict[str, dict[str, str]]) -> int:
             share = f"{len(both)} / {len(stock_passes)}" if stock_passes else "-"
             row += f"   {share:>12}"
             regressions += [t for t in stock_passes if results["kvspec"].get(t) == "failed"]
-        routed = ROUTED.get(file)
-        if routed is None:
+        if file not in ROUTED:
             row += "   (not routed: vLLM's own code ran)"
-        elif routed.startswith("PART"):
-            row += "   (partly routed, see ROUTED)"
         print(row)
     for test in regressions:
         print(f"UNEXPECTED: passes on stock vLLM, fails on kvspec and is in no list: {test}")

@@ -89,6 +89,12 @@ class Registration(Generic[SpecT, MgrT]):
         )
 
 
+#: Held while a registration introspects classes (signatures, annotations) and generates the checked
+#: constructor: CPython 3.11's compiler is not thread-safe there (concurrent registrations raised
+#: "SystemError: AST constructor recursion depth mismatch"). Registration is rare; lookups never take it.
+_INTROSPECTION_LOCK = threading.RLock()
+
+
 @dataclass(frozen=True, slots=True)
 class RegistrySnapshot(Generic[SpecT, MgrT]):
     """An immutable copy of a registry's entries, for :meth:`Registry.restore`."""
@@ -176,13 +182,15 @@ class Registry(Generic[SpecT, MgrT]):
         ManagerProtocolError, ManagerSignatureError, UniformBaseError, ConflictingRegistrationError,
         KVSpecTypeError. Registering the same triple again is a no-op.
         """
-        entry = self._validate(spec_cls, manager_cls, uniform_type_base_spec, capabilities, source)
+        with _INTROSPECTION_LOCK:
+            entry = self._validate(spec_cls, manager_cls, uniform_type_base_spec, capabilities, source)
         with self._lock:
             self._check_conflict(entry, self._entries)
             self._journal(spec_cls, self._entries.get(spec_cls))
             self._entries[spec_cls] = entry
             self._lookup_cache = _LookupCache(self)
-        check_plugin_constructor(spec_cls)
+        with _INTROSPECTION_LOCK:
+            check_plugin_constructor(spec_cls)
 
     @staticmethod
     def _validate(
@@ -236,7 +244,8 @@ class Registry(Generic[SpecT, MgrT]):
                 raise KVSpecTypeError(
                     f"register_many takes (spec_cls, manager_cls, uniform_type_base_spec) triples, got {item!r}."
                 )
-            entries.append(self._validate(item[0], item[1], item[2], None, "user"))
+            with _INTROSPECTION_LOCK:
+                entries.append(self._validate(item[0], item[1], item[2], None, "user"))
         with self._lock:
             staged = dict(self._entries)
             for entry in entries:
@@ -357,13 +366,14 @@ class Registry(Generic[SpecT, MgrT]):
             checked: object = entry
             if not isinstance(checked, Registration) or entry.spec_cls is not key:
                 raise RegistrationError(f"Snapshot entry for {key!r} is not a Registration of that class.")
-            self._validate(
-                entry.spec_cls,
-                entry.manager_cls,
-                entry.uniform_type_base_spec,
-                entry.capabilities,
-                entry.source,
-            )
+            with _INTROSPECTION_LOCK:
+                self._validate(
+                    entry.spec_cls,
+                    entry.manager_cls,
+                    entry.uniform_type_base_spec,
+                    entry.capabilities,
+                    entry.source,
+                )
         with self._lock:
             for key in set(self._entries) | set(snapshot.entries):
                 if self._entries.get(key) is not snapshot.entries.get(key):

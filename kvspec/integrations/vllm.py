@@ -133,6 +133,15 @@ def to_vllm(spec: KVCacheSpec) -> Any:
     return _convert(spec, getattr(module, name), to_vllm=True)
 
 
+def as_kvspec(spec: Any) -> KVCacheSpec:
+    """``spec`` converted when it is vLLM's, as it is when it is already kvspec's (or a plugin's). Decided
+    by module, not isinstance: vLLM's spec classes satisfy kvspec's structural KVCacheSpec protocol."""
+    if type(spec).__module__.split(".")[0] == "vllm":
+        return to_kvspec(spec)
+    kept: KVCacheSpec = spec
+    return kept
+
+
 def to_kvspec_layers(layer_specs: Mapping[str, Any]) -> dict[str, KVCacheSpec]:
     """A vLLM ``{layer: spec}`` dict as kvspec specs."""
     return {layer: to_kvspec(spec) for layer, spec in layer_specs.items()}

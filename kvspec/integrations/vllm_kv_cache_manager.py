@@ -25,6 +25,7 @@ Importing this module does not import vLLM; constructing the adapter does.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
@@ -201,11 +202,17 @@ class _BlockPoolFacade:
         setattr(self._pool, name, value)
 
 
+@functools.cache
+def _vllm_event_api() -> tuple[Any, Any]:
+    """vLLM's event module and its external-hash conversion (looked up once, not per event)."""
+    events = importlib.import_module("vllm.distributed.kv_events")
+    return events, importlib.import_module("vllm.v1.core.kv_cache_utils").maybe_convert_block_hash
+
+
 def event_to_vllm(event: object) -> Any:
     """vLLM's KV event for kvspec's (same fields; hashes in vLLM's external form, an int of the low 64 bits
     unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is off); anything else (already vLLM's) is returned as is."""
-    ev: Any = importlib.import_module("vllm.distributed.kv_events")
-    external: Any = importlib.import_module("vllm.v1.core.kv_cache_utils").maybe_convert_block_hash
+    ev, external = _vllm_event_api()
     if isinstance(event, BlockStored):
         parent = event.parent_block_hash
         return ev.BlockStored(
@@ -347,7 +354,7 @@ class VllmKVCacheManager:
     def _to_vllm(self, blocks: KVCacheBlocks | None) -> Any:
         if blocks is None:
             return None
-        if blocks.is_empty() and all(not g for g in blocks.blocks):
+        if blocks.is_empty():
             return self.empty_kv_cache_blocks
         return self._vllm_blocks_cls(blocks.blocks)
 

@@ -15,22 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from kvspec.integrations.vllm import to_kvspec
+from kvspec.integrations.vllm import as_kvspec
 from kvspec.manager_api import HitQuery, ManagerContext
 from kvspec.managers.base import SingleTypeKVCacheManager
 from kvspec.pool import BlockPool, KVCacheBlock
-from kvspec.protocols import KVCacheSpec
 from kvspec.traits import traits_of
 
 __all__ = ["VllmStyleManager", "vllm_style"]
-
-
-def _spec(spec: Any) -> KVCacheSpec:
-    # By module, not isinstance: vLLM's spec classes satisfy kvspec's structural KVCacheSpec protocol.
-    if type(spec).__module__.split(".")[0] == "vllm":
-        return to_kvspec(spec)
-    converted: KVCacheSpec = spec
-    return converted
 
 
 class VllmStyleManager:
@@ -51,7 +42,7 @@ class VllmStyleManager:
         use_eagle: bool = False,
         metrics_collector: Any = None,
     ) -> None:
-        spec = _spec(kv_cache_spec)
+        spec = as_kvspec(kv_cache_spec)
         context = ManagerContext(
             kv_cache_spec=spec,
             traits=traits_of(spec),
@@ -79,7 +70,7 @@ class VllmStyleManager:
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
-        spec = _spec(kv_cache_spec)
+        spec = as_kvspec(kv_cache_spec)
         query = HitQuery(
             block_hashes=block_hashes,
             max_length=max_length,

@@ -15,8 +15,8 @@ from typing import Any
 from kvspec import planning
 from kvspec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvspec.errors import ConflictingLayerSpecError, PageSizeUnificationError
-from kvspec.integrations.vllm import to_kvspec, to_kvspec_layers, to_vllm
-from kvspec.protocols import KVCacheSpec, SchedulerLimits
+from kvspec.integrations.vllm import as_kvspec, to_kvspec_layers, to_vllm
+from kvspec.protocols import SchedulerLimits
 
 __all__ = [
     "VllmConflictingLayerSpecError",
@@ -56,10 +56,6 @@ def limits_from_vllm_config(vllm_config: Any, max_model_len: int | None = None) 
     )
 
 
-def _spec_of(spec: Any) -> KVCacheSpec:
-    return to_kvspec(spec) if type(spec).__module__.split(".")[0] == "vllm" else spec
-
-
 def config_to_vllm(config: KVCacheConfig) -> Any:
     """vLLM's ``KVCacheConfig`` for kvspec's (lists where vLLM has lists, vLLM's spec objects)."""
     iface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
@@ -85,7 +81,7 @@ def config_from_vllm(config: Any) -> KVCacheConfig:
         kv_cache_groups=tuple(
             KVCacheGroupSpec(
                 layer_names=tuple(g.layer_names),
-                kv_cache_spec=_spec_of(g.kv_cache_spec),
+                kv_cache_spec=as_kvspec(g.kv_cache_spec),
                 is_eagle_group=bool(getattr(g, "is_eagle_group", False)),
             )
             for g in config.kv_cache_groups
@@ -169,7 +165,7 @@ def project_kv_cache_groups_to_worker(
     ours = [
         KVCacheGroupSpec(
             layer_names=tuple(g.layer_names),
-            kv_cache_spec=_spec_of(g.kv_cache_spec),
+            kv_cache_spec=as_kvspec(g.kv_cache_spec),
             is_eagle_group=bool(getattr(g, "is_eagle_group", False)),
         )
         for g in global_kv_cache_groups

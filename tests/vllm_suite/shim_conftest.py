@@ -17,19 +17,10 @@ sys.path.insert(0, os.path.join(os.environ["KVSPEC_SUITE_ROOT"], "tests", "vllm_
 
 from expected_differences import EXPECTED_DIFFERENCES, KNOWN_GAPS, OUT_OF_SCOPE  # type: ignore[import-not-found]
 
+# The stock run's marker and CPU platform, shared (importing it sets the platform).
+from stock_conftest import pytest_configure  # type: ignore[import-not-found]  # noqa: F401
+
 from kvspec.integrations import vllm_kv_cache_manager
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "cpu_test: vLLM's marker for tests that need no GPU")
-
-
-def _cpu_platform() -> None:
-    """The same platform as the stock run (see stock_conftest.py)."""
-    import vllm.platforms as platforms
-    from vllm.platforms.cpu import CpuPlatform
-
-    platforms._current_platform = CpuPlatform()
 
 
 def _kvspec_managers_count_as_vllms() -> None:
@@ -61,7 +52,6 @@ def _vllm_names_on_kvspec_blocks() -> None:
     pool.KVCacheBlock.reset_hash = reset_hash  # type: ignore[attr-defined]
 
 
-_cpu_platform()
 _vllm_names_on_kvspec_blocks()
 _kvspec_managers_count_as_vllms()
 vllm_kv_cache_manager.install()

@@ -1,4 +1,5 @@
-"""conftest for the stock run of vLLM's tests (copied next to them by run_suite.py): marks only."""
+"""conftest for the stock run of vLLM's tests (copied next to them by run_suite.py): the marker and the CPU
+platform; the kvspec run's conftest imports both from here."""
 
 from __future__ import annotations
 

@@ -103,6 +103,9 @@ if TYPE_CHECKING:
     from kvspec.request import (
         Request,
     )
+    from kvspec.request_view import (
+        RequestView,
+    )
     from kvspec.specs import (
         AttentionSpec,
         ChunkedLocalAttentionSpec,
@@ -199,6 +202,7 @@ _EXPORTS: dict[str, str] = {
     "RegistrationError": "kvspec.errors",
     "Registry": "kvspec.registry",
     "Request": "kvspec.request",
+    "RequestView": "kvspec.request_view",
     "SchedulerLimits": "kvspec.protocols",
     "SchedulingError": "kvspec.errors",
     "SingleTypeKVCacheManager": "kvspec.managers",
@@ -314,6 +318,7 @@ __all__ = [
     "RegistrationError",
     "Registry",
     "Request",
+    "RequestView",
     "SchedulerLimits",
     "SchedulingError",
     "SingleTypeKVCacheManager",

@@ -13,7 +13,7 @@ from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from kvspec.pool import BlockPool, KVCacheBlock
 from kvspec.protocols import KVCacheSpec
-from kvspec.request import Request
+from kvspec.request_view import RequestView
 from kvspec.traits import SpecTraits, traits_of
 
 
@@ -150,7 +150,7 @@ class KVCacheManager(Protocol):
         """Append fresh blocks so the request can hold ``num_tokens`` tokens; return the new ones."""
         ...
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         """Publish the request's full blocks up to ``num_tokens`` in the prefix cache."""
         ...
 

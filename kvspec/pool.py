@@ -25,7 +25,7 @@ from kvspec.hashing import (
     get_group_id,
     make_block_hash_with_group_id,
 )
-from kvspec.request import Request
+from kvspec.request_view import RequestView
 
 logger = logging.getLogger(__name__)
 
@@ -328,7 +328,7 @@ class BlockPool:
 
     def cache_full_blocks(
         self,
-        request: Request,
+        request: RequestView,
         blocks: Sequence[KVCacheBlock],
         num_cached_blocks: int,
         num_full_blocks: int,
@@ -383,9 +383,9 @@ class BlockPool:
                 BlockStored(
                     block_hashes=stored,
                     parent_block_hash=parent,
-                    token_ids=request.all_token_ids[
-                        num_cached_blocks * block_size : num_full_blocks * block_size
-                    ],
+                    token_ids=list(
+                        request.all_token_ids[num_cached_blocks * block_size : num_full_blocks * block_size]
+                    ),
                     block_size=block_size,
                     lora_id=request.lora_id,
                     medium=self.medium,

@@ -41,6 +41,7 @@ from kvspec.pool import BlockStored, KVCacheBlock
 from kvspec.protocols import KVCacheSpec, SchedulerLimits
 from kvspec.registry import AnyRegistry, Registry
 from kvspec.request import Request
+from kvspec.request_view import RequestView
 from kvspec.specs.attention import FullAttentionSpec
 from kvspec.traits import SpecTraits, event_kind, traits_of
 
@@ -193,7 +194,7 @@ class CoordinatorChecker:
             for block in group:
                 self._own_block(block, f"{where} group {gid}")
 
-    def predicted_blocks(self, request: Request, num_new_tokens: int) -> int:
+    def predicted_blocks(self, request: RequestView, num_new_tokens: int) -> int:
         """What the managers say the next step of a running request takes (each value validated)."""
         total = min(request.num_computed_tokens, self.coord.max_model_len)
         main = total + num_new_tokens
@@ -204,7 +205,7 @@ class CoordinatorChecker:
             out += _require_count(n, f"{type(manager).__name__}.get_num_blocks_to_allocate (group {gid})")
         return out
 
-    def check_hit(self, request: Request, computed: KVCacheBlocks, num_hit_tokens: int) -> None:
+    def check_hit(self, request: RequestView, computed: KVCacheBlocks, num_hit_tokens: int) -> None:
         coord = self.coord
         _require_count(num_hit_tokens, "get_computed_blocks hit tokens")
         self.check_blocks(computed, "get_computed_blocks")
@@ -240,7 +241,7 @@ class CoordinatorChecker:
     def _cp(self) -> int:
         return self.coord.limits.context_parallel_size if self.coord.num_groups == 1 else 1
 
-    def after_step(self, running: Mapping[str, Request]) -> None:
+    def after_step(self, running: Mapping[str, RequestView]) -> None:
         coord = self.coord
         try:
             coord.check_invariants()
@@ -279,7 +280,7 @@ class CoordinatorChecker:
                     )
 
     def _check_last_token_held(
-        self, gid: int, manager: KVCacheManager, request: Request, blocks: Sequence[KVCacheBlock]
+        self, gid: int, manager: KVCacheManager, request: RequestView, blocks: Sequence[KVCacheBlock]
     ) -> None:
         """The block holding the last computed token is still held (the next token reads its KV, or the
         state after it), unless the spec declares chunked attention (a new chunk reads nothing before it)

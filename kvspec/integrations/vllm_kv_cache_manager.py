@@ -37,6 +37,7 @@ from kvspec.pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, 
 from kvspec.protocols import SchedulerLimits
 from kvspec.registry import AnyRegistry
 from kvspec.request import Request
+from kvspec.request_view import RequestView
 from kvspec.stats_events import PrefixCacheStats
 
 __all__ = [
@@ -53,61 +54,59 @@ _PATCHED_MODULES: Final = ("vllm.v1.core.sched.scheduler", "vllm.v1.core.kv_cach
 _originals: dict[str, Any] = {}
 
 
-class VllmRequestView(Request):
-    """What kvspec's coordinator reads from a request, read from a vLLM ``Request`` (no copies).
-
-    A subclass of kvspec's ``Request`` so the coordinator's type checks hold; every attribute the
-    coordinator, managers and pool read is a property over the vLLM object. The hasher is a marker
-    with vLLM's hash block size: vLLM's engine hashes the request, kvspec only checks the size.
+class VllmRequestView:
+    """What kvspec's coordinator reads from a request (``kvspec.RequestView``), read from a vLLM
+    ``Request`` in place (no copies): every member is a property over the vLLM object. The hasher is a
+    marker with vLLM's hash block size: vLLM's engine hashes the request, kvspec only checks the size.
     """
 
     __slots__ = ("_hasher_marker", "vllm_request")
 
     def __init__(self, vllm_request: Any, hasher: BlockHasher) -> None:
-        # Request.__init__ is not called: the token lists and hashes stay vLLM's own.
+        # The token lists and hashes stay vLLM's own.
         self.vllm_request = vllm_request
         self._hasher_marker = hasher
 
     @property
-    def request_id(self) -> str:  # type: ignore[override]
+    def request_id(self) -> str:
         return str(self.vllm_request.request_id)
 
     @property
-    def all_token_ids(self) -> list[int]:  # type: ignore[override]
+    def all_token_ids(self) -> list[int]:
         return self.vllm_request.all_token_ids  # type: ignore[no-any-return]
 
     @property
-    def block_hashes(self) -> list[BlockHash]:  # type: ignore[override]
+    def block_hashes(self) -> list[BlockHash]:
         return self.vllm_request.block_hashes  # type: ignore[no-any-return]
 
     @property
-    def num_computed_tokens(self) -> int:  # type: ignore[override]
+    def num_computed_tokens(self) -> int:
         return int(self.vllm_request.num_computed_tokens)
 
     @property
-    def num_preemptions(self) -> int:  # type: ignore[override]
+    def num_preemptions(self) -> int:
         return int(self.vllm_request.num_preemptions)
 
     @property
-    def skip_reading_prefix_cache(self) -> bool:  # type: ignore[override]
+    def skip_reading_prefix_cache(self) -> bool:
         return bool(self.vllm_request.skip_reading_prefix_cache)
 
     @property
-    def cache_salt(self) -> str | None:  # type: ignore[override]
+    def cache_salt(self) -> str | None:
         return self.vllm_request.cache_salt  # type: ignore[no-any-return]
 
     @property
-    def lora_name(self) -> str | None:  # type: ignore[override]
+    def lora_name(self) -> str | None:
         lora = self.vllm_request.lora_request
         return None if lora is None else str(lora.lora_name)
 
     @property
-    def lora_id(self) -> int | None:  # type: ignore[override]
+    def lora_id(self) -> int | None:
         lora = self.vllm_request.lora_request
         return None if lora is None else int(lora.adapter_id)
 
     @property
-    def num_prompt_tokens(self) -> int:  # type: ignore[override]
+    def num_prompt_tokens(self) -> int:
         return int(self.vllm_request.num_prompt_tokens)
 
     @property
@@ -123,13 +122,22 @@ class VllmRequestView(Request):
         # vLLM's events carry no per-block extra keys from this adapter (see the module notes).
         return False
 
+    @property
+    def block_extra_keys(self) -> list[tuple[Any, ...] | None]:
+        return []
+
+    def extra_keys_for_block(self, start: int, end: int) -> tuple[Any, ...] | None:
+        return None  # vLLM's engine hashes its requests; kvspec never hashes a view
+
     def __repr__(self) -> str:
         return f"VllmRequestView({self.request_id!r})"
 
 
-def _as_kvspec_request(request: Any, hash_block_size: int) -> Request:
+def _as_kvspec_request(request: Any, hash_block_size: int) -> RequestView:
     """``request`` if it is kvspec's, else a view of vLLM's (for callers that hand the pool a vLLM request)."""
-    return request if isinstance(request, Request) else VllmRequestView(request, BlockHasher(hash_block_size))
+    if isinstance(request, (Request, VllmRequestView)):
+        return request
+    return VllmRequestView(request, BlockHasher(hash_block_size))
 
 
 class _CoordinatorFacade:

@@ -20,7 +20,7 @@ The hooks a plugin manager overrides (everything else is bookkeeping it inherits
 ``reachable_block_mask(self, num_blocks: int) -> list[bool] | None``
     Which of a request's first ``num_blocks`` full blocks are worth publishing to the prefix cache
     (None: all). Default None.
-``cache_mask(self, request: Request, num_blocks: int) -> list[bool] | None``
+``cache_mask(self, request: RequestView, num_blocks: int) -> list[bool] | None``
     The same question when the answer depends on the request (sparse retention reads its prompt length).
     Default: ``reachable_block_mask(num_blocks)``.
 ``get_num_common_prefix_blocks(self, running_request_id: str) -> int``
@@ -37,7 +37,7 @@ from mypy_extensions import mypyc_attr
 from kvspec.errors import SchedulingError
 from kvspec.manager_api import HitQuery, HitResult, ManagerContext
 from kvspec.pool import KVCacheBlock
-from kvspec.request import Request
+from kvspec.request_view import RequestView
 from kvspec.specs._common import cdiv
 
 
@@ -160,7 +160,7 @@ class SingleTypeKVCacheManager:
 
     # -- caching and freeing ------------------------------------------------------------------
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         request_id = request.request_id
         num_cached = self.num_cached_block.get(request_id, 0)
         num_full = num_tokens // self.block_size
@@ -177,7 +177,7 @@ class SingleTypeKVCacheManager:
         )
         self.num_cached_block[request_id] = num_full
 
-    def cache_mask(self, request: Request, num_blocks: int) -> list[bool] | None:
+    def cache_mask(self, request: RequestView, num_blocks: int) -> list[bool] | None:
         """The mask ``cache_blocks`` publishes with: ``reachable_block_mask`` unless a manager's caching
         policy also depends on the request (sparse retention reads its prompt length)."""
         return self.reachable_block_mask(num_blocks)

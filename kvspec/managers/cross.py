@@ -8,7 +8,7 @@ from kvspec.errors import SchedulingError, UnsupportedConfigurationError
 from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager
 from kvspec.pool import KVCacheBlock
-from kvspec.request import Request
+from kvspec.request_view import RequestView
 
 
 class CrossAttentionManager(SingleTypeKVCacheManager):
@@ -24,7 +24,7 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         if new_computed_blocks:
             raise SchedulingError("Cross attention never has prefix-hit blocks.")
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         raise SchedulingError("Should not be called as prefix caching is disabled.")
 
     @classmethod

@@ -16,7 +16,7 @@ from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager
 from kvspec.pool import KVCacheBlock
 from kvspec.protocols import MAMBA_CACHE_MODES, MambaCacheMode
-from kvspec.request import Request
+from kvspec.request_view import RequestView
 from kvspec.specs._common import cdiv
 
 
@@ -148,7 +148,7 @@ class MambaManager(SingleTypeKVCacheManager):
         # the returned ids to the block-table row keeps the row aligned to token positions.
         return blocks[prev_len:]
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         num_before = self.num_cached_block.get(request.request_id, 0)
         super().cache_blocks(request, num_tokens)
         blocks = self.req_to_blocks.get(request.request_id, ())

@@ -10,7 +10,7 @@ from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
 from kvspec.pool import KVCacheBlock
 from kvspec.protocols import KVCacheSpec
-from kvspec.request import Request
+from kvspec.request_view import RequestView
 from kvspec.specs._common import cdiv
 from kvspec.traits import SpecTraits
 
@@ -99,7 +99,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         shift = 1 if self.use_eagle else 0
         return [i >= shift and (i - shift) % per_segment >= per_segment - need for i in range(num_blocks)]
 
-    def cache_mask(self, request: Request, num_blocks: int) -> list[bool] | None:
+    def cache_mask(self, request: RequestView, num_blocks: int) -> list[bool] | None:
         interval = self.context.prefix_cache_retention_interval
         if interval is None:
             return self.reachable_block_mask(num_blocks)

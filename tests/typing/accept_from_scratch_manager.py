@@ -15,7 +15,7 @@ from kvspec import (
     KVCacheManager,
     ManagerContext,
     Registry,
-    Request,
+    RequestView,
     SchedulerLimits,
     load_plugins,
     register_kv_cache_spec,
@@ -62,7 +62,7 @@ class CountingManager:
         self.new_ids.extend(b.block_id for b in new)
         return new
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
     def free(self, request_id: str) -> None:

@@ -19,7 +19,7 @@ from kvspec import (
     SchedulingError,
     SpecValidationError,
 )
-from kvspec.coordinator import _refuse_bad_counts
+from kvspec.coordinator import as_count
 from tests.helpers import full_spec, make_coordinator, make_request, schedule, sw_spec
 
 
@@ -61,15 +61,42 @@ def test_negative_or_non_int_counts_are_refused(kwargs: dict[str, Any], name: st
 def test_non_int_count_is_a_kvspec_error_with_or_without_beartype() -> None:
     coord = make_coordinator([full_spec()], 16)
     b = make_request(coord, "b", list(range(40)))
-    # beartype (KVSPEC_TYPECHECK=full) or kvspec's own check (other modes): a KVSpecError either way.
-    _unchanged(coord, lambda: coord.allocate_slots(b, 16.0), KVSpecError, "num_new_tokens")  # type: ignore[arg-type]
-    bad: Any = 16.0
+    # Counts are checked in allocate_slots' body (a compiled signature would answer mypyc's bare
+    # TypeError), so this is kvspec's SchedulingError in every KVSPEC_TYPECHECK mode and build.
+    _unchanged(coord, lambda: coord.allocate_slots(b, 16.0), SchedulingError, "num_new_tokens")  # type: ignore[arg-type]
+    _unchanged(coord, lambda: coord.allocate_slots(b, True), SchedulingError, "num_new_tokens")
+    _unchanged(coord, lambda: coord.allocate_slots(b, "16"), SchedulingError, "num_new_tokens")  # type: ignore[arg-type]
+    schedule(coord, b)
+    b.append_output_token_ids(1)
+    # The running request's short path refuses them too.
+    half: Any = 0.5
     _unchanged(
-        coord,
-        lambda: _refuse_bad_counts({"num_new_tokens": bad}),
-        SchedulingError,
-        "num_new_tokens",
+        coord, lambda: coord.allocate_slots(b, 1, num_lookahead_tokens=half), SchedulingError, "lookahead"
     )
+    bad: Any = 16.0
+    with pytest.raises(SchedulingError, match=r"num_new_tokens must be an int >= 0, got 16\.0"):
+        as_count("num_new_tokens", bad)
+
+
+def test_integer_counts_of_any_integer_type_are_taken() -> None:
+    """numpy and 0-d tensor integers are counts (``__index__``), and give what a Python int gives."""
+    import numpy as np
+
+    assert as_count("n", np.int64(7)) == 7 and type(as_count("n", np.int64(7))) is int
+    assert as_count("n", torch.tensor(5)) == 5
+    assert as_count("n", 0) == 0
+    with pytest.raises(SchedulingError, match=r"n must be an int >= 0, got np\.int32\(-1\)"):
+        as_count("n", np.int32(-1))
+    plain = make_coordinator([full_spec()], 16)
+    typed = make_coordinator([full_spec()], 16)
+    a, c = make_request(plain, "a", list(range(40))), make_request(typed, "a", list(range(40)))
+    got = typed.allocate_slots(c, np.int64(40))
+    want = plain.allocate_slots(a, 40)
+    assert got is not None and want is not None and got.get_block_ids() == want.get_block_ids()
+    c.num_computed_tokens = 40
+    c.append_output_token_ids(1)
+    assert typed.allocate_slots(c, torch.tensor(1)) is not None
+    typed.check_invariants()
 
 
 def test_request_without_or_with_a_foreign_hasher_is_refused_before_taking_blocks() -> None:

@@ -12,7 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvspec import KVCacheCoordinator, KVCacheSpec, MambaSpec, Request
+from kvspec import KVCacheCoordinator, KVCacheSpec, MambaSpec, Request, RequestView
 from kvspec.hashing import BlockHashListWithBlockSize
 from tests.helpers import full_spec, make_coordinator, make_request, sw_spec
 
@@ -71,7 +71,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.next_id += 1
         self.waiting[rid] = make_request(self.coord, rid, tokens, cache_salt=salt)
 
-    def _check_hit(self, request: Request, blocks: tuple[list[int], ...] | None = None) -> None:
+    def _check_hit(self, request: RequestView, blocks: tuple[list[int], ...] | None = None) -> None:
         computed, n = self.coord.get_computed_blocks(request)
         if not self.coord.enable_caching:
             assert n == 0 and not any(computed.blocks)

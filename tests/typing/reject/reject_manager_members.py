@@ -9,7 +9,7 @@ from kvspec import (
     KVCacheBlock,
     KVCacheManager,
     ManagerContext,
-    Request,
+    RequestView,
     default_registry,
 )
 
@@ -30,7 +30,7 @@ class NoGetNumBlocksToAllocate:
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         return []
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
     def free(self, request_id: str) -> None:
@@ -84,7 +84,7 @@ class NoAllocateNewComputedBlocks:
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         return []
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
     def free(self, request_id: str) -> None:
@@ -144,7 +144,7 @@ class NoAllocateNewBlocks:
     ) -> None:
         pass
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
     def free(self, request_id: str) -> None:
@@ -267,7 +267,7 @@ class NoFree:
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         return []
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
@@ -327,7 +327,7 @@ class NoRemoveSkippedBlocks:
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         return []
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
     def free(self, request_id: str) -> None:
@@ -387,7 +387,7 @@ class NoGetNumCommonPrefixBlocks:
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         return []
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
     def free(self, request_id: str) -> None:
@@ -447,7 +447,7 @@ class NoGetBlocks:
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         return []
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
     def free(self, request_id: str) -> None:
@@ -507,7 +507,7 @@ class NoFindLongestCacheHit:
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         return []
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
     def free(self, request_id: str) -> None:
@@ -566,7 +566,7 @@ class NoNewStepStarts:
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         return []
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
     def free(self, request_id: str) -> None:
@@ -626,7 +626,7 @@ class NoIterHeldBlocks:
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         return []
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
     def free(self, request_id: str) -> None:
@@ -686,7 +686,7 @@ class NoTakeNewBlockIds:
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         return []
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
     def free(self, request_id: str) -> None:

@@ -1,0 +1,607 @@
+"""The compiled part of the scheduler-facing coordinator: everything but the checked constructor.
+
+``kvspec.coordinator.KVCacheCoordinator`` (plain Python) subclasses :class:`CoordinatorCore` only to
+type-check its constructor's arguments with beartype; every per-step method is this module's, and the
+compiled build compiles this module with mypyc. Construct ``KVCacheCoordinator``, not the core.
+
+Bad input at a compiled boundary: mypyc refuses an argument of the wrong type with a bare ``TypeError``
+before a method's body runs, so the counts an engine passes every step (``allocate_slots``) are typed
+``SupportsIndex`` and checked in the body: any integer (Python, numpy, a 0-d integer tensor) is taken, and
+anything else is a ``SchedulingError`` naming the argument, in both builds.
+
+Atomicity: ``allocate_slots`` checks capacity before it changes anything, so a ``None`` return leaves
+ref counts, the free queue and the cache map as they were (only blocks that fell out of a sliding window
+are released first, which is what the request would do next step anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+from collections.abc import Sequence
+from typing import Final, SupportsIndex
+
+from mypy_extensions import mypyc_attr
+
+from kvspec.builtins import default_registry
+from kvspec.config import KVCacheConfig, scheduler_spec
+from kvspec.errors import InvariantViolationError, SchedulingError, UnsupportedConfigurationError
+from kvspec.hashing import BlockHasher, get_hash_fn_by_name
+from kvspec.hit_search import PrefixHitSearch, split_spec_groups
+from kvspec.manager_api import KVCacheManager, ManagerContext
+from kvspec.managers.base import SingleTypeKVCacheManager
+from kvspec.pool import BlockId, BlockPool, KVCacheBlock, KVCacheEvent
+from kvspec.protocols import KVCacheSpec, SchedulerLimits
+from kvspec.registry import AnyRegistry
+from kvspec.request_view import RequestView
+from kvspec.stats_events import PrefixCacheStats, annotate_events, group_event_metadata
+from kvspec.traits import SpecTraits, traits_of
+
+
+class KVCacheBlocks:
+    """Blocks per group (outer index = group id), as returned by allocation and hit lookup."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> None:
+        self.blocks = blocks
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
+
+    def get_block_ids(self) -> tuple[list[BlockId], ...]:
+        return tuple([b.block_id for b in group] for group in self.blocks)
+
+    def get_unhashed_block_ids(self) -> list[BlockId]:
+        """Ids of blocks without a hash; only for single-group configs."""
+        if len(self.blocks) != 1:
+            raise SchedulingError("get_unhashed_block_ids() needs exactly one KV cache group.")
+        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def get_unhashed_block_ids_all_groups(self) -> list[BlockId]:
+        return [b.block_id for g in self.blocks for b in g if b.block_hash is None and not b.is_null]
+
+    def is_empty(self) -> bool:
+        return not any(self.blocks)
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlocks({self.get_block_ids()})"
+
+
+def resolve_block_sizes(
+    config: KVCacheConfig, limits: SchedulerLimits, enable_caching: bool, hash_block_size: int | None
+) -> tuple[int, int]:
+    """(scheduler_block_size, hash_block_size) in tokens for ``config``.
+
+    One group: both are its block size times the CP size. Several: the scheduler block is the LCM of
+    the groups' block sizes; hashes are taken at their GCD (or at the LCM without caching or when a
+    group whose hits end only on its own block boundaries (Mamba) has a block that is not the smallest),
+    and every group's block size must be a multiple.
+    """
+    specs = [scheduler_spec(g.kv_cache_spec) for g in config.kv_cache_groups]
+    own_boundaries = [traits_of(s).hits_at_own_block_boundaries for s in specs]
+    cp = limits.context_parallel_size
+    if len(specs) <= 1:
+        size = (specs[0].block_size if specs else 16) * cp
+        return size, size if hash_block_size is None else hash_block_size
+    sizes = [s.block_size for s in specs]
+    if cp > 1 and len(set(sizes)) > 1:
+        raise UnsupportedConfigurationError(
+            "Hybrid KV cache groups with multiple block sizes do not support context parallelism."
+        )
+    scheduler = math.lcm(*sizes) * (cp if len(set(sizes)) == 1 else 1)
+    if hash_block_size is not None:
+        chosen = hash_block_size
+    elif not enable_caching or any(
+        own and s.block_size != min(sizes) for own, s in zip(own_boundaries, specs, strict=True)
+    ):
+        chosen = scheduler
+    else:
+        chosen = math.gcd(*sizes)
+    if not enable_caching:
+        return scheduler, chosen  # no prefix caching: hashes are never read
+    bad = [s for s in sizes if s % chosen]
+    if bad or scheduler % chosen:
+        raise UnsupportedConfigurationError(
+            f"Invalid hash_block_size={chosen}: every KV cache group block size ({sorted(set(sizes))}) "
+            "must be a multiple of it."
+        )
+    return scheduler, chosen
+
+
+def as_count(name: str, value: SupportsIndex) -> int:
+    """``value`` (tokens or blocks) as an int >= 0: any integer with ``__index__`` (Python, numpy, a 0-d
+    integer tensor). A bool, a float or a negative number is a SchedulingError naming allocate_slots'
+    argument ``name``."""
+    if isinstance(value, int) and value is not True and value is not False:
+        if value >= 0:
+            return value
+    elif not isinstance(value, bool):
+        try:
+            count = operator.index(value)
+        except TypeError:
+            count = -1
+        if count >= 0:
+            return count
+    raise SchedulingError(f"allocate_slots: {name} must be an int >= 0, got {value!r}.")
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # kvspec.coordinator.KVCacheCoordinator checks construction
+class CoordinatorCore:
+    """Scheduler API over all KV cache groups of one model (vLLM's KVCacheManager + coordinator).
+
+    Construct :class:`kvspec.coordinator.KVCacheCoordinator` (the same class with a checked constructor).
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        limits: SchedulerLimits,
+        *,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        enable_kv_cache_events: bool = False,
+        log_stats: bool = False,
+        hash_block_size: int | None = None,
+        hash_algorithm: str = "sha256",
+        registry: AnyRegistry | None = None,
+        prefix_cache_retention_interval: int | None = None,
+    ) -> None:
+        """``prefix_cache_retention_interval`` (tokens, a multiple of the scheduler block; None: cache
+        every full block) keeps windowed groups' cached tails only once per interval plus at the prompt's
+        replay boundary (vLLM's VLLM_PREFIX_CACHE_RETENTION_INTERVAL); it needs a sliding-window group."""
+        registry = default_registry if registry is None else registry
+        hbs: object = hash_block_size
+        if hbs is not None and (isinstance(hbs, bool) or not isinstance(hbs, int) or hbs <= 0):
+            raise UnsupportedConfigurationError(
+                f"hash_block_size must be a positive int (tokens) or None, got {hash_block_size!r}."
+            )
+        get_hash_fn_by_name(hash_algorithm)  # an unknown algorithm is refused here, not at the first request
+        self.kv_cache_config = kv_cache_config
+        self.limits = limits
+        self.max_model_len = limits.max_model_len
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.hash_algorithm = hash_algorithm
+        groups = kv_cache_config.kv_cache_groups
+        self.specs: tuple[KVCacheSpec, ...] = tuple(scheduler_spec(g.kv_cache_spec) for g in groups)
+        self.traits: tuple[SpecTraits, ...] = tuple(traits_of(s) for s in self.specs)
+        registrations = [registry.require(spec, f"group {gid}") for gid, spec in enumerate(self.specs)]
+        for spec, traits in zip(self.specs, self.traits, strict=True):
+            if enable_caching and not traits.supports_prefix_caching:
+                raise UnsupportedConfigurationError(
+                    f"{type(spec).__name__} does not support prefix caching (encoder-decoder models with "
+                    "cross attention, for one); run with enable_caching=False."
+                )
+            if enable_caching and use_eagle and not traits.supports_eagle_with_prefix_caching:
+                raise UnsupportedConfigurationError(
+                    f"EAGLE with prefix caching is not supported for {type(spec).__name__} layers "
+                    "(e.g. Mamba); turn off one of them."
+                )
+        self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(
+            kv_cache_config, limits, enable_caching, hash_block_size
+        )
+        for spec in self.specs:
+            if enable_caching and spec.block_size % self.hash_block_size and len(self.specs) > 1:
+                raise UnsupportedConfigurationError(
+                    f"Group block size {spec.block_size} is not a multiple of hash_block_size "
+                    f"{self.hash_block_size}."
+                )
+        _check_retention_interval(prefix_cache_retention_interval, self.scheduler_block_size, self.traits)
+        self.block_pool = BlockPool(
+            kv_cache_config.num_blocks,
+            enable_caching=enable_caching,
+            hash_block_size=self.hash_block_size,
+            enable_kv_cache_events=enable_kv_cache_events,
+        )
+        eagle_ids = {i for i, g in enumerate(groups) if g.is_eagle_group}
+        if use_eagle and not eagle_ids:
+            eagle_ids = set(range(len(groups)))
+        # Groups of one spec are searched as one (siblings); an EAGLE group makes its siblings cache and
+        # search like EAGLE groups too, so their cached blocks line up (the lookahead block included).
+        eagle_ids |= {i for i, spec in enumerate(self.specs) if any(spec == self.specs[e] for e in eagle_ids)}
+        self._eagle_group_ids: Final = frozenset(eagle_ids if use_eagle else ())
+        mnbt, mml = limits.batched_tokens, limits.max_model_len
+        self.managers: list[KVCacheManager] = [
+            registration.manager_cls(
+                ManagerContext(
+                    kv_cache_spec=spec,
+                    traits=traits,
+                    block_pool=self.block_pool,
+                    kv_cache_group_id=gid,
+                    scheduler_block_size=self.scheduler_block_size,
+                    enable_caching=enable_caching,
+                    dcp_world_size=limits.decode_context_parallel_size,
+                    pcp_world_size=limits.prefill_context_parallel_size,
+                    max_admission_blocks_per_request=traits.admission_cap_blocks(spec.block_size, mnbt, mml),
+                    use_eagle=gid in self._eagle_group_ids,
+                    prefix_cache_retention_interval=prefix_cache_retention_interval,
+                )
+            )
+            for gid, (spec, traits, registration) in enumerate(
+                zip(self.specs, self.traits, registrations, strict=True)
+            )
+        ]
+        self._is_cross = tuple(t.allocate_per_encoder_input for t in self.traits)
+        self.hit_search = PrefixHitSearch(
+            spec_groups=split_spec_groups(self.specs, self.traits, self.managers, self._eagle_group_ids),
+            num_groups=len(self.specs),
+            block_pool=self.block_pool,
+            hash_block_size=self.hash_block_size,
+            scheduler_block_size=self.scheduler_block_size,
+            dcp_world_size=limits.decode_context_parallel_size,
+            pcp_world_size=limits.prefill_context_parallel_size,
+        )
+        self._event_metadata = group_event_metadata(
+            self.traits,
+            [r.capabilities.identifier if r.capabilities is not None else None for r in registrations],
+        )
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        self._empty = KVCacheBlocks(tuple(() for _ in self.specs))
+        # Requests whose prefix hit was attached: later calls take the short per-step path.
+        self._admitted: set[str] = set()
+        self._cached_tokens: dict[str, int] = {}
+        # Managers that can free blocks early; full attention's remove_skipped_blocks is a no-op.
+        self._skipping_managers = [m for m in self.managers if _may_skip_blocks(type(m))]
+
+    # -- helpers for engines ------------------------------------------------------------------
+
+    def make_block_hasher(self, seed: bytes | str | None = None) -> BlockHasher:
+        """A hasher with this coordinator's hash block size, for the engine's Request objects."""
+        return BlockHasher(self.hash_block_size, algorithm=self.hash_algorithm, seed=seed)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.specs)
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    # -- prefix-cache hits --------------------------------------------------------------------
+
+    def get_computed_blocks(self, request: RequestView) -> tuple[KVCacheBlocks, int]:
+        """The longest cached prefix of ``request`` (blocks per group, tokens).
+
+        The last token is never a hit (its logits must be computed), so at most num_tokens - 1.
+        """
+        if not self.enable_caching or request.skip_reading_prefix_cache or not self.specs:
+            return self._empty, 0
+        blocks, num_hit_tokens = self.hit_search.find(request.block_hashes, request.num_tokens - 1)
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
+        return KVCacheBlocks(blocks), num_hit_tokens
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[bytes], max_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        """(blocks per group, hit tokens) for at most ``max_length`` tokens (see kvspec.hit_search)."""
+        return self.hit_search.find(block_hashes, max_length)
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        request: RequestView,
+        num_new_tokens: SupportsIndex,
+        num_new_computed_tokens: SupportsIndex = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: SupportsIndex = 0,
+        num_external_computed_tokens: SupportsIndex = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: SupportsIndex = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: SupportsIndex = 0,
+    ) -> KVCacheBlocks | None:
+        """Blocks for ``num_new_tokens`` more tokens of ``request``, or None if they do not fit.
+
+        ``new_computed_blocks`` / ``num_new_computed_tokens`` come from ``get_computed_blocks`` for a
+        request being admitted. ``num_lookahead_tokens`` reserves room for speculative tokens.
+        ``full_sequence_must_fit`` admits the request only if its whole prompt fits now. Counts are
+        ints >= 0 (any integer type; anything else is a SchedulingError before anything changes).
+        """
+        request_id = request.request_id
+        new_tokens = as_count("num_new_tokens", num_new_tokens)
+        new_computed = as_count("num_new_computed_tokens", num_new_computed_tokens)
+        lookahead = as_count("num_lookahead_tokens", num_lookahead_tokens)
+        external = as_count("num_external_computed_tokens", num_external_computed_tokens)
+        encoder = as_count("num_encoder_tokens", num_encoder_tokens)
+        reserved = as_count("reserved_blocks", reserved_blocks)
+        if (
+            new_tokens > 0
+            and request_id in self._admitted
+            and new_computed_blocks is None
+            and not (new_computed or external or encoder)
+            and not full_sequence_must_fit
+        ):
+            return self._allocate_running(request, new_tokens, lookahead, delay_cache_blocks, reserved)
+        if self.enable_caching and request_id not in self._admitted:
+            self._check_hasher(request)
+        if new_computed_blocks is not None:
+            self._check_blocks_are_ours(new_computed_blocks)
+        if new_tokens == 0 and external == 0:
+            raise SchedulingError("num_new_tokens must be greater than 0 (or tokens must be external).")
+        computed = self._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
+        mml = self.max_model_len
+        local = request.num_computed_tokens + new_computed
+        total = min(local + external, mml)
+        managers = self.managers
+        free = self.block_pool.get_num_free_blocks()
+        if full_sequence_must_fit:
+            need_all = self.get_num_blocks_to_allocate(
+                request_id,
+                min(request.num_tokens, mml),
+                computed,
+                total,
+                min(request.num_tokens, mml),
+                encoder,
+                apply_admission_cap=True,
+            )
+            if need_all > free:
+                return None
+        main = total + new_tokens
+        need_tokens = min(main + lookahead, mml)
+        for manager in managers:
+            manager.remove_skipped_blocks(request_id, total)
+        free = self.block_pool.get_num_free_blocks()
+        num_blocks = self.get_num_blocks_to_allocate(request_id, need_tokens, computed, total, main, encoder)
+        if num_blocks > free - reserved:
+            return None
+        cross = self._is_cross
+        for gid, manager in enumerate(managers):
+            if cross[gid]:
+                manager.allocate_new_computed_blocks(request_id, (), 0, 0)
+            else:
+                manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)
+        new_blocks = tuple(
+            manager.allocate_new_blocks(
+                request_id,
+                encoder if cross[gid] else need_tokens,
+                encoder if cross[gid] else main,
+            )
+            for gid, manager in enumerate(managers)
+        )
+        self._admitted.add(request_id)
+        if self.enable_caching and not delay_cache_blocks:
+            self.cache_blocks(request, min(total + new_tokens, request.num_tokens))
+        if not any(new_blocks):
+            return self._empty
+        return KVCacheBlocks(new_blocks)
+
+    def _check_hasher(self, request: RequestView) -> None:
+        """A request is hashed with this coordinator's block size (with prefix caching, hashes are read)."""
+        hasher = request.block_hasher
+        if hasher is None or hasher.block_size != self.hash_block_size:
+            got = "no block_hasher" if hasher is None else f"a block_hasher of {hasher.block_size} tokens"
+            raise SchedulingError(
+                f"Request {request.request_id!r} has {got}, but this coordinator hashes blocks of "
+                f"{self.hash_block_size} tokens; build it with block_hasher=coordinator.make_block_hasher()."
+            )
+
+    def _check_blocks_are_ours(self, new_computed_blocks: KVCacheBlocks) -> None:
+        """Blocks handed back to allocate_slots come from this pool. One block per group is tested: a hit
+        list is one coordinator's or another's, and any block of another pool fails the identity test."""
+        groups = new_computed_blocks.blocks
+        if len(groups) != len(self.specs):
+            raise SchedulingError(
+                f"new_computed_blocks has {len(groups)} groups; this coordinator has {len(self.specs)}."
+            )
+        blocks = self.block_pool.blocks
+        for group in groups:
+            if group:
+                block = group[-1]
+                if not (0 <= block.block_id < len(blocks)) or blocks[block.block_id] is not block:
+                    raise SchedulingError(
+                        f"new_computed_blocks holds block {block.block_id}, which is not a block of this "
+                        "coordinator's pool; pass what this coordinator's get_computed_blocks returned."
+                    )
+
+    def _allocate_running(
+        self,
+        request: RequestView,
+        num_new_tokens: int,
+        num_lookahead_tokens: int,
+        delay_cache_blocks: bool,
+        reserved_blocks: int,
+    ) -> KVCacheBlocks | None:
+        """The per-step path of an admitted request: same rules as allocate_slots, fewer calls."""
+        request_id = request.request_id
+        mml = self.max_model_len
+        total = request.num_computed_tokens
+        if total > mml:
+            total = mml
+        main = total + num_new_tokens
+        need = main + num_lookahead_tokens
+        if need > mml:
+            need = mml
+        for manager in self._skipping_managers:
+            manager.remove_skipped_blocks(request_id, total)
+        managers = self.managers
+        num_blocks = 0
+        for manager in managers:
+            num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
+        if num_blocks > self.block_pool.free_block_queue.num_free_blocks - reserved_blocks:
+            return None
+        if num_blocks:
+            result: KVCacheBlocks = KVCacheBlocks(
+                tuple([manager.allocate_new_blocks(request_id, need, main) for manager in managers])
+            )
+        else:
+            result = self._empty
+        if self.enable_caching and not delay_cache_blocks:
+            num_tokens = len(request.all_token_ids)
+            if main < num_tokens:
+                num_tokens = main
+            sbs = self.scheduler_block_size
+            # Most decode steps complete no block: skip the call (cache_blocks would return at once).
+            if self._eagle_group_ids or self._cached_tokens.get(request_id, -1) < num_tokens // sbs * sbs:
+                self.cache_blocks(request, num_tokens)
+        return result
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        computed: tuple[Sequence[KVCacheBlock], ...],
+        total_computed: int,
+        num_tokens_main_model: int,
+        num_encoder_tokens: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        """Blocks the request needs (all groups) to hold ``num_tokens`` tokens, given the hit blocks
+        ``computed`` it is about to attach and ``total_computed`` tokens already computed. With
+        ``apply_admission_cap``, groups that recycle blocks (windows) count at most their admission cap."""
+        total = 0
+        cross = self._is_cross
+        for gid, manager in enumerate(self.managers):
+            if cross[gid]:
+                total += manager.get_num_blocks_to_allocate(
+                    request_id, num_encoder_tokens, (), 0, num_encoder_tokens, apply_admission_cap
+                )
+            else:
+                total += manager.get_num_blocks_to_allocate(
+                    request_id,
+                    num_tokens,
+                    computed[gid],
+                    total_computed,
+                    num_tokens_main_model,
+                    apply_admission_cap,
+                )
+        return total
+
+    def cache_blocks(self, request: RequestView, num_computed_tokens: int) -> None:
+        """Publish the request's full blocks up to ``num_computed_tokens`` (aligned for hybrids)."""
+        if not self.enable_caching:
+            return
+        sbs = self.scheduler_block_size
+        aligned = num_computed_tokens // sbs * sbs
+        if not self._eagle_group_ids:
+            # Nothing new to publish until another scheduler block is complete (the common decode step).
+            if self._cached_tokens.get(request.request_id, -1) >= aligned:
+                return
+            self._cached_tokens[request.request_id] = aligned
+        if len(self.specs) == 1:
+            self.managers[0].cache_blocks(request, num_computed_tokens)
+            return
+        for gid, manager in enumerate(self.managers):
+            if self._is_cross[gid]:
+                continue
+            n = aligned
+            if gid in self._eagle_group_ids and aligned > 0:
+                n = min(num_computed_tokens, aligned + self.specs[gid].block_size)
+            manager.cache_blocks(request, n)
+
+    def free(self, request: RequestView) -> None:
+        """Release every block of the request, tail first (so tails are evicted first)."""
+        self.free_request_id(request.request_id)
+
+    def free_request_id(self, request_id: str) -> None:
+        self._admitted.discard(request_id)
+        self._cached_tokens.pop(request_id, None)
+        for manager in self.managers:
+            manager.free(request_id)
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request_id, total_computed_tokens)
+
+    def new_step_starts(self) -> None:
+        for manager in self.managers:
+            manager.new_step_starts()
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(m.get_blocks(request_id) for m in self.managers))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[BlockId], ...]:
+        return tuple([b.block_id for b in m.get_blocks(request_id)] for m in self.managers)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [m.get_num_common_prefix_blocks(running_request_id) for m in self.managers]
+
+    def take_new_block_ids(self) -> list[int]:
+        ids: list[int] = []
+        for manager in self.managers:
+            ids.extend(manager.take_new_block_ids())
+        return ids
+
+    def evict_blocks(self, block_ids: Sequence[int]) -> None:
+        self.block_pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached blocks; False (nothing changed) while requests still hold blocks.
+
+        Blocks a manager reserves for its lifetime (sink tokens) are not a request's and do not block a
+        reset (in vLLM 0.23 they do, so a model with sink attention can never reset its prefix cache).
+        """
+        reserved = sum(1 for m in self.managers for _ in m.iter_held_blocks()) if not self._admitted else 0
+        if not self.block_pool.reset_prefix_cache(num_reserved=reserved):
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The stats gathered since the last call (None when log_stats is off); starts new ones."""
+        stats = self.prefix_cache_stats
+        if stats is None:
+            return None
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def take_events(self, log: logging.Logger | None = None) -> list[KVCacheEvent]:
+        """KV events since the last call, BlockStored annotated with its group's declared kind and window
+        (an event naming no group of this coordinator is warned about on ``log``, kvspec's by default)."""
+        return annotate_events(self.block_pool.take_events(), self._event_metadata, log)
+
+    def check_invariants(self) -> None:
+        """Raise if any block's ref count differs from the number of holders (requests + reservations),
+        or if the pool's queue and cache map disagree. For tests and debugging; O(blocks)."""
+        self.block_pool.check_invariants()
+        holders = [0] * self.block_pool.num_gpu_blocks
+        for manager in self.managers:
+            for block in manager.iter_held_blocks():
+                holders[block.block_id] += 1
+        for block in self.block_pool.blocks:
+            if not block.is_null and block.ref_cnt != holders[block.block_id]:
+                raise InvariantViolationError(
+                    f"block {block.block_id} has ref_cnt {block.ref_cnt} but {holders[block.block_id]} holders"
+                )
+
+
+def _check_retention_interval(
+    interval: object, scheduler_block_size: int, traits: Sequence[SpecTraits]
+) -> None:
+    if interval is None:
+        return
+    if not any(t.sliding_window is not None for t in traits):
+        raise UnsupportedConfigurationError(
+            "prefix_cache_retention_interval is set but no KV cache group has a sliding window, so "
+            "retention has no effect; leave it None (it only thins sliding-window caches)."
+        )
+    if (
+        isinstance(interval, bool)
+        or not isinstance(interval, int)
+        or interval < 0
+        or interval % scheduler_block_size
+    ):
+        raise UnsupportedConfigurationError(
+            f"prefix_cache_retention_interval ({interval!r}) must be a non-negative int (tokens) and a "
+            f"multiple of scheduler_block_size ({scheduler_block_size})."
+        )
+
+
+def _may_skip_blocks(manager_cls: type) -> bool:
+    """False only for managers that keep SingleTypeKVCacheManager's no-op skipping behaviour."""
+    if not issubclass(manager_cls, SingleTypeKVCacheManager):
+        return True
+    return (
+        manager_cls.get_num_skipped_tokens is not SingleTypeKVCacheManager.get_num_skipped_tokens
+        or manager_cls.remove_skipped_blocks is not SingleTypeKVCacheManager.remove_skipped_blocks
+    )

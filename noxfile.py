@@ -63,34 +63,67 @@ def vllm(session: nox.Session) -> None:
 
 @nox.session(python="3.11", default=False)
 def bench(session: nox.Session) -> None:
-    """kvspec against vllm==0.23.0 (installed with --no-deps next to CPU torch 2.13.0); not part of `nox`."""
+    """kvspec against vllm==0.23.0 (installed with --no-deps next to CPU torch 2.13.0); not part of `nox`.
+    Runs the pure kvspec of this checkout and, in a worker process, its compiled build beside vLLM
+    (the build from KVSPEC_COMPILED_DIR if it holds one, else a new one; KVSPEC_BENCH_PURE_ONLY=1 skips it)."""
+    import os
+
     _install_vllm(session)
     session.install("beartype>=0.19")
-    session.run("python", "-m", "benchmarks.vs_vllm", *session.posargs, env={"VLLM_LOGGING_LEVEL": "ERROR"})
+    extra: list[str] = []
+    if os.environ.get("KVSPEC_BENCH_PURE_ONLY", "") not in ("1", "true", "yes"):
+        session.install("mypy>=1.11", "setuptools>=68")  # mypyc and the build hook
+        extra = ["--kvspec-build", _compiled_copy(session)]
+    session.run(
+        "python",
+        "-m",
+        "benchmarks.vs_vllm",
+        *extra,
+        *session.posargs,
+        env={"VLLM_LOGGING_LEVEL": "ERROR"},
+    )
 
 
-@nox.session(python="3.11", default=False)
-def compiled(session: nox.Session) -> None:
-    """The mypyc-compiled build (KVSPEC_COMPILE=1) of this checkout, built in a temporary copy so the working
-    tree stays pure (KVSPEC_COMPILED_DIR names the copy; default a new temporary directory), then the whole
-    test suite on it (which fails unless kvspec.__build__ is "compiled"). Extra arguments go to pytest."""
+def _compiled_copy(session: nox.Session) -> str:
+    """A copy of the tracked files with kvspec's hot modules compiled in place (KVSPEC_COMPILE=1); the
+    working tree stays pure. KVSPEC_COMPILED_DIR names the copy (default: a new temporary directory);
+    a copy that already holds a compiled build of the same sources is reused."""
+    import filecmp
+    import glob
     import os
     import shutil
     import subprocess
     import tempfile
     import time
 
-    _install(session)
     workdir = os.environ.get("KVSPEC_COMPILED_DIR") or tempfile.mkdtemp(prefix="kvspec-compiled-")
     tracked = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
-    for name in filter(None, (t.decode() for t in tracked)):
+    names = [t.decode() for t in tracked if t]
+    same = bool(glob.glob(f"{workdir}/kvspec/*.so")) and all(
+        os.path.exists(f"{workdir}/{n}") and filecmp.cmp(n, f"{workdir}/{n}", shallow=False) for n in names
+    )
+    if same:
+        session.log(f"reusing the compiled build in {workdir}")
+        return workdir
+    for name in names:
         os.makedirs(os.path.dirname(f"{workdir}/{name}"), exist_ok=True)
         shutil.copy2(name, f"{workdir}/{name}")
-    session.chdir(workdir)
     start = time.perf_counter()
-    session.run("python", "setup.py", "-q", "build_ext", "--inplace", env={"KVSPEC_COMPILE": "1"})
-    session.log(f"mypyc compile: {time.perf_counter() - start:.0f} s")
-    session.run(
-        "pytest", *session.posargs, env={"KVSPEC_TYPECHECK": "full", "KVSPEC_EXPECT_BUILD": "compiled"}
-    )
+    with session.chdir(workdir):
+        session.run("python", "setup.py", "-q", "build_ext", "--inplace", env={"KVSPEC_COMPILE": "1"})
+    session.log(f"mypyc compile: {time.perf_counter() - start:.0f} s ({workdir})")
+    return workdir
+
+
+@nox.session(python="3.11", default=False)
+def compiled(session: nox.Session) -> None:
+    """The mypyc-compiled build (KVSPEC_COMPILE=1) of this checkout, built in a copy so the working tree
+    stays pure (see _compiled_copy), then the whole test suite on it (which fails unless
+    kvspec.__build__ is "compiled"). Extra arguments go to pytest."""
+    _install(session)
+    workdir = _compiled_copy(session)
+    with session.chdir(workdir):
+        session.run(
+            "pytest", *session.posargs, env={"KVSPEC_TYPECHECK": "full", "KVSPEC_EXPECT_BUILD": "compiled"}
+        )
     session.log(f"compiled copy kept at {workdir} (run benchmarks there: its kvspec is the compiled one)")

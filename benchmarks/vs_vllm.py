@@ -20,9 +20,12 @@ decode-only and prefill work, so their median jumps between the two kinds); "ste
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections import deque
@@ -383,46 +386,210 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.3f}" if b and b == b else "n/a"
 
 
-def bench_w12(adapters: list[Any], rounds: int, quick: bool, lines: list[str]) -> dict[str, Any]:
+# -- runners: one library (or one kvspec build) each, here or in a worker process ----------------
+
+
+def _hash_seconds(adapter: Any, algorithm: str, quick: bool) -> float:
+    """Seconds to hash W3's prompts once with ``algorithm``."""
+    fn = adapter.hasher_for(algorithm)
+    prompts = _w3_prompts(quick)
+    t0 = time.perf_counter()
+    for p in prompts:
+        fn(p)
+    return time.perf_counter() - t0
+
+
+def _plan_seconds(adapter: Any) -> float:
+    specs = adapter.specs("hybrid128")  # fresh, untimed: W4 times the planner alone
+    t0 = time.perf_counter()
+    adapter.plan(specs, 40 << 30)
+    return time.perf_counter() - t0
+
+
+def _w3_prompts(quick: bool) -> list[list[int]]:
+    return make_prompts(128 if quick else 512, 2048, 0, seed=1)  # x 2,048 tokens: 1,048,576 in full mode
+
+
+class LocalRunner:
+    """A library imported in this process (vLLM, and the kvspec build that is importable here)."""
+
+    def __init__(self, adapter: Any, name: str) -> None:
+        self.adapter = adapter
+        self.name = name
+        self.is_vllm = isinstance(adapter, VllmAdapter)
+
+    def drive(self, model: str, blocks: int, quick: bool, trace: bool) -> tuple[RunResult, list[Any] | None]:
+        out: list[Any] | None = [] if trace else None
+        result = drive(self.adapter, model, blocks, make_prompts(64 if quick else 256, 2048, 1024), out)
+        return result, None if out is None else json.loads(json.dumps(_normalise(out)))
+
+    def hash_seconds(self, algorithm: str, quick: bool) -> float:
+        return _hash_seconds(self.adapter, algorithm, quick)
+
+    def plan_seconds(self) -> float:
+        return _plan_seconds(self.adapter)
+
+    def close(self) -> None:
+        if self.is_vllm:  # W3 switched vLLM's NONE_HASH; later vLLM users expect sha256's
+            self.adapter.utils.init_none_hash(self.adapter.get_hash_fn_by_name("sha256"))
+
+
+class WorkerRunner:
+    """A kvspec build from another directory (``--kvspec-build DIR``: a compiled copy, say), run in a
+    worker process of this script, because one process can import only one build of kvspec. The worker
+    sits idle while the other libraries run, so the alternation of rounds is the same as in-process."""
+
+    def __init__(self, root: str) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.vs_vllm", "--worker"],
+            cwd=root,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        hello = self._call({"op": "hello"})
+        self.build = str(hello["build"])
+        self.name = f"kvspec {self.build}"
+        self.is_vllm = False
+
+    def _call(self, message: dict[str, Any]) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the kvspec worker exited (code {self.proc.wait()}); its stderr says why")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"kvspec worker: {reply['error']}")
+        return reply["value"]
+
+    def drive(self, model: str, blocks: int, quick: bool, trace: bool) -> tuple[RunResult, list[Any] | None]:
+        value = self._call({"op": "drive", "model": model, "blocks": blocks, "quick": quick, "trace": trace})
+        return RunResult(**value["result"]), value["trace"]
+
+    def hash_seconds(self, algorithm: str, quick: bool) -> float:
+        return float(self._call({"op": "hash", "algorithm": algorithm, "quick": quick}))
+
+    def plan_seconds(self) -> float:
+        return float(self._call({"op": "plan"}))
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def worker_main() -> int:
+    """``--worker``: serve one JSON request per stdin line with this process's kvspec, one reply per line."""
+    runner = LocalRunner(KvspecAdapter(), "kvspec")
+    for line in sys.stdin:
+        message = json.loads(line)
+        op = message["op"]
+        try:
+            if op == "hello":
+                value: Any = {"build": kvspec.__build__, "file": kvspec.__file__}
+            elif op == "drive":
+                result, trace = runner.drive(
+                    message["model"], message["blocks"], message["quick"], message["trace"]
+                )
+                value = {"result": dataclasses.asdict(result), "trace": trace}
+            elif op == "hash":
+                value = runner.hash_seconds(message["algorithm"], message["quick"])
+            elif op == "plan":
+                value = runner.plan_seconds()
+            else:
+                raise ValueError(f"unknown op {op!r}")
+            reply: dict[str, Any] = {"value": value}
+        except Exception as exc:  # reported to the parent, which raises it
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+# -- the workloads --------------------------------------------------------------------------------
+
+
+def _ratio_columns(runners: list[Any]) -> tuple[list[Any], Any]:
+    """The kvspec runners and the vLLM runner (None when vLLM is not there)."""
+    vllm = next((r for r in runners if r.is_vllm), None)
+    return [r for r in runners if not r.is_vllm], vllm
+
+
+def _header(first: str, runners: list[Any], unit: str) -> list[str]:
+    ours, vllm = _ratio_columns(runners)
+    cols = [f"{r.name}{unit}" for r in runners]
+    if vllm is not None:
+        cols += [f"{r.name} / vLLM" for r in ours]
+    return [f"| {first} | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+
+
+def bench_w12(runners: list[Any], rounds: int, quick: bool, lines: list[str]) -> dict[str, Any]:
     num = 64 if quick else 256
-    prompts = make_prompts(num, 2048, 1024)
     summary: dict[str, Any] = {}
+    ours, vllm = _ratio_columns(runners)
     for label, model, blocks in (("W1", "full32", 8192), ("W2", "hybrid48", 32768)):
-        results: dict[str, list[RunResult]] = {a.name: [] for a in adapters}
+        results: dict[str, list[RunResult]] = {r.name: [] for r in runners}
         for _ in range(rounds):
-            for adapter in adapters:
-                results[adapter.name].append(drive(adapter, model, blocks, prompts))
+            for runner in runners:
+                results[runner.name].append(runner.drive(model, blocks, quick, False)[0])
         lines.append(f"\n### {label}: {model}, {blocks:,} blocks, {num} requests x 2,048 tokens\n")
-        header = "| figure | " + " | ".join(f"{a.name} (median µs)" for a in adapters)
-        header += " | kvspec / vLLM |" if len(adapters) == 2 else " |"
-        lines.append(header)
-        lines.append("|" + "---|" * (len(adapters) + 1 + (len(adapters) == 2)))
+        lines.extend(_header("figure", runners, " (median µs)"))
         keys = ["step, mean over the run", "step, median", *list(RunResult().calls)]
         row_values: dict[str, dict[str, float]] = {}
         for key in keys:
             per = {}
-            for a in adapters:
-                runs = results[a.name]
+            for r in runners:
+                runs = results[r.name]
                 if key == "step, mean over the run":
-                    per[a.name] = statistics.median(sum(r.step_times) / len(r.step_times) * 1e6 for r in runs)
+                    per[r.name] = statistics.median(_step_mean_us(run) for run in runs)
                 elif key == "step, median":
-                    per[a.name] = statistics.median(med_us([t for t in r.step_times if t > 0]) for r in runs)
+                    per[r.name] = statistics.median(
+                        med_us([t for t in run.step_times if t > 0]) for run in runs
+                    )
                 else:
-                    per[a.name] = statistics.median(med_us(r.calls[key]) for r in runs)
+                    per[r.name] = statistics.median(med_us(run.calls[key]) for run in runs)
             row_values[key] = per
-            cells = " | ".join(f"{per[a.name]:,.1f}" for a in adapters)
-            extra = f" | {ratio(per['kvspec'], per['vllm'])} |" if len(adapters) == 2 else " |"
-            lines.append(f"| {key} | {cells}{extra}")
-        hits = {a.name: results[a.name][0].hit_rate for a in adapters}
-        pre = {a.name: results[a.name][0].preemptions for a in adapters}
+            cells = [f"{per[r.name]:,.1f}" for r in runners]
+            if vllm is not None:
+                cells += [ratio(per[r.name], per[vllm.name]) for r in ours]
+            lines.append(f"| {key} | " + " | ".join(cells) + " |")
+        hits = {r.name: results[r.name][0].hit_rate for r in runners}
+        pre = {r.name: results[r.name][0].preemptions for r in runners}
+        tail = [""] * len(ours) if vllm is not None else []
+        equal = ["equal" if hits[r.name] == hits[vllm.name] else "DIFFERENT" for r in ours] if vllm else []
         lines.append(
             "| prefix-cache hit rate (tokens) | "
-            + " | ".join(f"{hits[a.name]:.4f}" for a in adapters)
-            + (" | equal |" if len(adapters) == 2 and hits["kvspec"] == hits["vllm"] else " |")
+            + " | ".join([f"{hits[r.name]:.4f}" for r in runners] + equal)
+            + " |"
         )
-        lines.append("| preemptions | " + " | ".join(str(pre[a.name]) for a in adapters) + " | |")
-        summary[label] = {"per_call_us": row_values, "hit_rate": hits, "preemptions": pre}
+        lines.append("| preemptions | " + " | ".join([str(pre[r.name]) for r in runners] + tail) + " |")
+        per_round: dict[str, list[float]] = {}
+        if vllm is not None:
+            # The targets hold "in every run": each round's ratio of step means, not only their median.
+            for r in ours:
+                per_round[r.name] = [
+                    _step_mean_us(a) / _step_mean_us(b)
+                    for a, b in zip(results[r.name], results[vllm.name], strict=True)
+                ]
+                shown = ", ".join(f"{x:.3f}" for x in per_round[r.name])
+                lines.append(
+                    f"\n{r.name} / vLLM, step mean, each round: {shown} (max {max(per_round[r.name]):.3f})"
+                )
+        summary[label] = {
+            "per_call_us": row_values,
+            "hit_rate": hits,
+            "preemptions": pre,
+            "step_mean_ratio_per_round": per_round,
+        }
     return summary
+
+
+def _step_mean_us(run: RunResult) -> float:
+    return sum(run.step_times) / len(run.step_times) * 1e6
 
 
 def _normalise(trace: list[Any]) -> list[Any]:
@@ -430,11 +597,12 @@ def _normalise(trace: list[Any]) -> list[Any]:
     return [tuple(list(map(list, x)) if isinstance(x, tuple) else x for x in item) for item in trace]
 
 
-def check_identical(adapters: list[Any], quick: bool, lines: list[str]) -> bool:
-    """Run W1 and W2 once per library and compare every allocation's block ids and every hit; True when
-    every case is identical."""
+def check_identical(runners: list[Any], quick: bool, lines: list[str]) -> bool:
+    """Run W1, W2 and two more shapes once per library, recording every allocation's block ids and every
+    hit, and compare each kvspec build's trace with vLLM's; True when every case is identical."""
+    ours, vllm = _ratio_columns(runners)
+    assert vllm is not None
     all_same = True
-    prompts = make_prompts(64 if quick else 256, 2048, 1024)
     cases = (
         ("W1", "full32", 8192),
         ("W2", "hybrid48", 32768),
@@ -442,79 +610,58 @@ def check_identical(adapters: list[Any], quick: bool, lines: list[str]) -> bool:
         ("SW + full + Mamba", "hybrid128", 65536),
     )
     for label, model, blocks in cases:
-        traces = []
-        for adapter in adapters:
-            trace: list[Any] = []
-            drive(adapter, model, blocks, prompts, trace)
-            traces.append(_normalise(trace))
-        same = traces[0] == traces[1]
-        all_same = all_same and same
-        first = next((i for i, (a, b) in enumerate(zip(*traces)) if a != b), None)
-        lines.append(
-            f"{label}: {len(traces[0]):,} allocations and prefix hits compared block id by block id: "
-            + (
-                "identical"
-                if same
-                else f"DIFFERENT (first at event {first}; lengths {len(traces[0])}, {len(traces[1])})"
+        want = vllm.drive(model, blocks, quick, True)[1]
+        for runner in ours:
+            got = runner.drive(model, blocks, quick, True)[1]
+            same = got == want
+            all_same = all_same and same
+            first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+            lines.append(
+                f"{label} ({runner.name}): {len(want):,} allocations and prefix hits compared block id by "
+                "block id with vLLM: "
+                + (
+                    "identical"
+                    if same
+                    else f"DIFFERENT (first at event {first}; lengths {len(got)}, {len(want)})"
+                )
             )
-        )
     return all_same
 
 
-def bench_w3(adapters: list[Any], rounds: int, quick: bool, lines: list[str]) -> dict[str, Any]:
-    num = 128 if quick else 512  # x 2,048 tokens: 1,048,576 tokens in full mode
-    prompts = make_prompts(num, 2048, 0, seed=1)
-    total = num * 2048
+def bench_w3(runners: list[Any], rounds: int, quick: bool, lines: list[str]) -> dict[str, Any]:
+    total = len(_w3_prompts(quick)) * 2048
+    ours, vllm = _ratio_columns(runners)
     out: dict[str, Any] = {}
     lines.append(f"\n### W3: block hashing of {total:,} prompt tokens (block size 16), tokens/s\n")
-    lines.append(
-        "| algorithm | "
-        + " | ".join(a.name for a in adapters)
-        + (" | kvspec / vLLM (throughput) |" if len(adapters) == 2 else " |")
-    )
-    lines.append("|" + "---|" * (len(adapters) + 1 + (len(adapters) == 2)))
+    lines.extend(_header("algorithm", runners, "").copy())
+    lines[-2] = lines[-2].replace(" / vLLM |", " / vLLM (throughput) |")
     for algo in ("sha256", "xxhash"):
-        best: dict[str, float] = {}
+        best: dict[str, float] = {r.name: float("inf") for r in runners}
         for _ in range(rounds):
-            for adapter in adapters:
-                fn = adapter.hasher_for(algo)
-                t0 = time.perf_counter()
-                for p in prompts:
-                    fn(p)
-                dt = time.perf_counter() - t0
-                best.setdefault(adapter.name, float("inf"))
-                best[adapter.name] = min(best[adapter.name], dt)
+            for runner in runners:
+                best[runner.name] = min(best[runner.name], runner.hash_seconds(algo, quick))
         tput = {k: total / v for k, v in best.items()}
         out[algo] = tput
-        cells = " | ".join(f"{tput[a.name]:,.0f}" for a in adapters)
-        extra = f" | {tput['kvspec'] / tput['vllm']:.2f}x |" if len(adapters) == 2 else " |"
-        lines.append(f"| {algo} | {cells}{extra}")
-    if len(adapters) == 2:
-        for a in adapters:
-            if a.name == "vllm":
-                a.utils.init_none_hash(a.get_hash_fn_by_name("sha256"))
+        cells = [f"{tput[r.name]:,.0f}" for r in runners]
+        if vllm is not None:
+            cells += [f"{tput[r.name] / tput[vllm.name]:.2f}x" for r in ours]
+        lines.append(f"| {algo} | " + " | ".join(cells) + " |")
     return out
 
 
-def bench_w4(adapters: list[Any], rounds: int, lines: list[str]) -> dict[str, Any]:
-    times: dict[str, list[float]] = {a.name: [] for a in adapters}
+def bench_w4(runners: list[Any], rounds: int, lines: list[str]) -> dict[str, Any]:
+    times: dict[str, list[float]] = {r.name: [] for r in runners}
     for _ in range(max(rounds, 5) * 4):
-        for adapter in adapters:
-            specs = adapter.specs("hybrid128")  # fresh, untimed: W4 times the planner alone
-            t0 = time.perf_counter()
-            adapter.plan(specs, 40 << 30)
-            times[adapter.name].append(time.perf_counter() - t0)
+        for runner in runners:
+            times[runner.name].append(runner.plan_seconds())
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    ours, vllm = _ratio_columns(runners)
     lines.append("\n### W4: get_kv_cache_configs for a 128-layer hybrid (96 SW + 16 full + 16 Mamba), ms\n")
-    lines.append(
-        "| | " + " | ".join(a.name for a in adapters) + (" | kvspec / vLLM |" if len(adapters) == 2 else " |")
-    )
-    lines.append("|" + "---|" * (len(adapters) + 1 + (len(adapters) == 2)))
-    lines.append(
-        "| median ms | "
-        + " | ".join(f"{med[a.name]:.2f}" for a in adapters)
-        + (f" | {ratio(med['kvspec'], med['vllm'])} |" if len(adapters) == 2 else " |")
-    )
+    lines.extend(_header("", runners, ""))
+    cells = [f"{med[r.name]:.2f}" for r in runners]
+    if vllm is not None:
+        cells += [ratio(med[r.name], med[vllm.name]) for r in ours]
+    lines.append("| median ms | " + " | ".join(cells) + " |")
     return med
 
 
@@ -531,31 +678,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--check-identical",
         action="store_true",
-        help="also run W1 and W2 once per library recording every block id, and compare the two traces",
+        help="also run W1, W2 and two more shapes once per library recording every block id, and compare",
     )
+    parser.add_argument(
+        "--kvspec-build",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also run the kvspec in DIR (a checkout, e.g. the compiled copy `nox -s compiled` keeps) in a "
+        "worker process, beside the kvspec importable here; repeatable",
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    adapters: list[Any] = [KvspecAdapter()]
+    if args.worker:
+        return worker_main()
+    runners: list[Any] = [LocalRunner(KvspecAdapter(), f"kvspec {kvspec.__build__}")]
+    runners += [WorkerRunner(os.path.abspath(d)) for d in args.kvspec_build]
+    names = [r.name for r in runners]
+    if len(set(names)) != len(names):
+        parser.error(
+            f"two kvspec runs would have the same build ({', '.join(names)}); give other --kvspec-build"
+        )
     try:
-        adapters.append(VllmAdapter())
-        vllm_note = f"vLLM {adapters[1].version}"
+        runners.append(LocalRunner(VllmAdapter(), "vllm"))
+        vllm_note = f"vLLM {runners[-1].adapter.version}"
     except Exception as exc:  # any import failure: report and run kvspec alone
         vllm_note = f"vLLM unavailable ({type(exc).__name__}: {exc}); kvspec ran alone"
+    builds = ", ".join(
+        f"{r.name} ({'here' if isinstance(r, LocalRunner) else 'worker'})" for r in runners[:-1]
+    )
     lines = [
-        f"kvspec {kvspec.__version__} ({kvspec.__build__} build) vs {vllm_note}; torch {torch.__version__}; Python {sys.version.split()[0]}; "
+        f"kvspec {kvspec.__version__}: {builds}"
+        f" vs {vllm_note}; torch {torch.__version__}; Python {sys.version.split()[0]}; "
         f"{os.cpu_count()} CPUs; {args.rounds} alternating rounds, medians",
     ]
     identical = True
-    if args.check_identical and len(adapters) == 2:
-        identical = check_identical(adapters, args.quick, lines)
-    if args.only_check:
-        print("\n".join(lines))
-        return 0 if identical else 1
-    if args.only in (None, "W1W2"):
-        bench_w12(adapters, args.rounds, args.quick, lines)
-    if args.only in (None, "W3"):
-        bench_w3(adapters, args.rounds, args.quick, lines)
-    if args.only in (None, "W4"):
-        bench_w4(adapters, args.rounds, lines)
+    try:
+        if args.check_identical and any(r.is_vllm for r in runners):
+            identical = check_identical(runners, args.quick, lines)
+        if not args.only_check:
+            if args.only in (None, "W1W2"):
+                bench_w12(runners, args.rounds, args.quick, lines)
+            if args.only in (None, "W3"):
+                bench_w3(runners, args.rounds, args.quick, lines)
+            if args.only in (None, "W4"):
+                bench_w4(runners, args.rounds, lines)
+    finally:
+        for runner in runners:
+            runner.close()
     print("\n".join(lines))
     return 0 if identical else 1
 

@@ -16,6 +16,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kvspec/pool.py",
     "kvspec/hashing.py",
     "kvspec/hit_search.py",
+    "kvspec/request.py",
+    "kvspec/coordinator_core.py",
     "kvspec/managers/base.py",
     "kvspec/managers/full.py",
     "kvspec/managers/sliding_window.py",

@@ -114,7 +114,7 @@ def as_count(name: str, value: SupportsIndex) -> int:
     """``value`` (tokens or blocks) as an int >= 0: any integer with ``__index__`` (Python, numpy, a 0-d
     integer tensor). A bool, a float or a negative number is a SchedulingError naming allocate_slots'
     argument ``name``."""
-    if isinstance(value, int) and value is not True and value is not False:
+    if type(value) is int:  # not isinstance: bool is an int, and a compiled build unboxes True to 1
         if value >= 0:
             return value
     elif not isinstance(value, bool):
@@ -319,7 +319,7 @@ class CoordinatorCore:
             and not (new_computed or external or encoder)
             and not full_sequence_must_fit
         ):
-            return self._allocate_running(request, new_tokens, lookahead, delay_cache_blocks, reserved)
+            return _allocate_running(self, request, new_tokens, lookahead, delay_cache_blocks, reserved)
         if self.enable_caching and request_id not in self._admitted:
             self._check_hasher(request)
         if new_computed_blocks is not None:
@@ -368,7 +368,7 @@ class CoordinatorCore:
         )
         self._admitted.add(request_id)
         if self.enable_caching and not delay_cache_blocks:
-            self.cache_blocks(request, min(total + new_tokens, request.num_tokens))
+            _cache_blocks(self, request, min(total + new_tokens, request.num_tokens))
         if not any(new_blocks):
             return self._empty
         return KVCacheBlocks(new_blocks)
@@ -400,48 +400,6 @@ class CoordinatorCore:
                         f"new_computed_blocks holds block {block.block_id}, which is not a block of this "
                         "coordinator's pool; pass what this coordinator's get_computed_blocks returned."
                     )
-
-    def _allocate_running(
-        self,
-        request: RequestView,
-        num_new_tokens: int,
-        num_lookahead_tokens: int,
-        delay_cache_blocks: bool,
-        reserved_blocks: int,
-    ) -> KVCacheBlocks | None:
-        """The per-step path of an admitted request: same rules as allocate_slots, fewer calls."""
-        request_id = request.request_id
-        mml = self.max_model_len
-        total = request.num_computed_tokens
-        if total > mml:
-            total = mml
-        main = total + num_new_tokens
-        need = main + num_lookahead_tokens
-        if need > mml:
-            need = mml
-        for manager in self._skipping_managers:
-            manager.remove_skipped_blocks(request_id, total)
-        managers = self.managers
-        num_blocks = 0
-        for manager in managers:
-            num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
-        if num_blocks > self.block_pool.free_block_queue.num_free_blocks - reserved_blocks:
-            return None
-        if num_blocks:
-            result: KVCacheBlocks = KVCacheBlocks(
-                tuple([manager.allocate_new_blocks(request_id, need, main) for manager in managers])
-            )
-        else:
-            result = self._empty
-        if self.enable_caching and not delay_cache_blocks:
-            num_tokens = len(request.all_token_ids)
-            if main < num_tokens:
-                num_tokens = main
-            sbs = self.scheduler_block_size
-            # Most decode steps complete no block: skip the call (cache_blocks would return at once).
-            if self._eagle_group_ids or self._cached_tokens.get(request_id, -1) < num_tokens // sbs * sbs:
-                self.cache_blocks(request, num_tokens)
-        return result
 
     def get_num_blocks_to_allocate(
         self,
@@ -476,35 +434,14 @@ class CoordinatorCore:
 
     def cache_blocks(self, request: RequestView, num_computed_tokens: int) -> None:
         """Publish the request's full blocks up to ``num_computed_tokens`` (aligned for hybrids)."""
-        if not self.enable_caching:
-            return
-        sbs = self.scheduler_block_size
-        aligned = num_computed_tokens // sbs * sbs
-        if not self._eagle_group_ids:
-            # Nothing new to publish until another scheduler block is complete (the common decode step).
-            if self._cached_tokens.get(request.request_id, -1) >= aligned:
-                return
-            self._cached_tokens[request.request_id] = aligned
-        if len(self.specs) == 1:
-            self.managers[0].cache_blocks(request, num_computed_tokens)
-            return
-        for gid, manager in enumerate(self.managers):
-            if self._is_cross[gid]:
-                continue
-            n = aligned
-            if gid in self._eagle_group_ids and aligned > 0:
-                n = min(num_computed_tokens, aligned + self.specs[gid].block_size)
-            manager.cache_blocks(request, n)
+        _cache_blocks(self, request, num_computed_tokens)
 
     def free(self, request: RequestView) -> None:
         """Release every block of the request, tail first (so tails are evicted first)."""
-        self.free_request_id(request.request_id)
+        _free_request_id(self, request.request_id)
 
     def free_request_id(self, request_id: str) -> None:
-        self._admitted.discard(request_id)
-        self._cached_tokens.pop(request_id, None)
-        for manager in self.managers:
-            manager.free(request_id)
+        _free_request_id(self, request_id)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         for manager in self.managers:
@@ -573,6 +510,82 @@ class CoordinatorCore:
                 raise InvariantViolationError(
                     f"block {block.block_id} has ref_cnt {block.ref_cnt} but {holders[block.block_id]} holders"
                 )
+
+
+def _allocate_running(
+    coord: CoordinatorCore,
+    request: RequestView,
+    num_new_tokens: int,
+    num_lookahead_tokens: int,
+    delay_cache_blocks: bool,
+    reserved_blocks: int,
+) -> KVCacheBlocks | None:
+    """The per-step path of an admitted request: same rules as allocate_slots, fewer calls.
+
+    A module function, not a method: a compiled method called on an interpreted subclass's instance
+    (KVCacheCoordinator) is dispatched through Python; a function call is a direct C call."""
+    request_id = request.request_id
+    mml = coord.max_model_len
+    total = request.num_computed_tokens
+    if total > mml:
+        total = mml
+    main = total + num_new_tokens
+    need = main + num_lookahead_tokens
+    if need > mml:
+        need = mml
+    for manager in coord._skipping_managers:
+        manager.remove_skipped_blocks(request_id, total)
+    managers = coord.managers
+    num_blocks = 0
+    for manager in managers:
+        num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
+    if num_blocks > coord.block_pool.free_block_queue.num_free_blocks - reserved_blocks:
+        return None
+    if num_blocks:
+        result: KVCacheBlocks = KVCacheBlocks(
+            tuple([manager.allocate_new_blocks(request_id, need, main) for manager in managers])
+        )
+    else:
+        result = coord._empty
+    if coord.enable_caching and not delay_cache_blocks:
+        num_tokens = len(request.all_token_ids)
+        if main < num_tokens:
+            num_tokens = main
+        sbs = coord.scheduler_block_size
+        # Most decode steps complete no block: skip the call (cache_blocks would return at once).
+        if coord._eagle_group_ids or coord._cached_tokens.get(request_id, -1) < num_tokens // sbs * sbs:
+            _cache_blocks(coord, request, num_tokens)
+    return result
+
+
+def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tokens: int) -> None:
+    """Publish the request's full blocks up to ``num_computed_tokens`` (aligned for hybrids)."""
+    if not coord.enable_caching:
+        return
+    sbs = coord.scheduler_block_size
+    aligned = num_computed_tokens // sbs * sbs
+    if not coord._eagle_group_ids:
+        # Nothing new to publish until another scheduler block is complete (the common decode step).
+        if coord._cached_tokens.get(request.request_id, -1) >= aligned:
+            return
+        coord._cached_tokens[request.request_id] = aligned
+    if len(coord.specs) == 1:
+        coord.managers[0].cache_blocks(request, num_computed_tokens)
+        return
+    for gid, manager in enumerate(coord.managers):
+        if coord._is_cross[gid]:
+            continue
+        n = aligned
+        if gid in coord._eagle_group_ids and aligned > 0:
+            n = min(num_computed_tokens, aligned + coord.specs[gid].block_size)
+        manager.cache_blocks(request, n)
+
+
+def _free_request_id(coord: CoordinatorCore, request_id: str) -> None:
+    coord._admitted.discard(request_id)
+    coord._cached_tokens.pop(request_id, None)
+    for manager in coord.managers:
+        manager.free(request_id)
 
 
 def _check_retention_interval(

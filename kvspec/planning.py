@@ -406,7 +406,7 @@ def merge_worker_specs(per_worker_specs: Sequence[Mapping[str, KVCacheSpec]]) ->
     for rank, specs in enumerate(per_worker_specs):
         for name, spec in specs.items():
             seen = merged.setdefault(name, spec)
-            if seen != spec:
+            if seen is not spec and seen != spec:  # identity first: a dataclass __eq__ compares every field
                 raise ConflictingLayerSpecError(
                     f"The KV cache specs for layer {name} differ across workers (worker {rank} has "
                     f"{type(spec).__name__}, another has {type(seen).__name__}: {spec!r} vs {seen!r}). "

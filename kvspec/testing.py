@@ -205,6 +205,29 @@ class CoordinatorChecker:
             out += _require_count(n, f"{type(manager).__name__}.get_num_blocks_to_allocate (group {gid})")
         return out
 
+    def predicted_admission_blocks(
+        self, request: RequestView, num_hit_tokens: int, computed: KVCacheBlocks, num_encoder_tokens: int
+    ) -> int:
+        """What the managers say admitting ``request`` after its hit takes (each value validated). Asked
+        before allocate_slots so that a bad value is named here, not met inside a compiled coordinator
+        (whose unboxing of a manager's answer raises a bare TypeError)."""
+        coord = self.coord
+        total = min(num_hit_tokens, coord.max_model_len)
+        main = total + request.num_tokens - num_hit_tokens
+        need = min(main, coord.max_model_len)
+        out = 0
+        for gid, manager in enumerate(coord.managers):
+            if coord.traits[gid].allocate_per_encoder_input:
+                n = manager.get_num_blocks_to_allocate(
+                    request.request_id, num_encoder_tokens, (), 0, num_encoder_tokens
+                )
+            else:
+                n = manager.get_num_blocks_to_allocate(
+                    request.request_id, need, computed.blocks[gid], total, main
+                )
+            out += _require_count(n, f"{type(manager).__name__}.get_num_blocks_to_allocate (group {gid})")
+        return out
+
     def check_hit(self, request: RequestView, computed: KVCacheBlocks, num_hit_tokens: int) -> None:
         coord = self.coord
         _require_count(num_hit_tokens, "get_computed_blocks hit tokens")
@@ -362,6 +385,7 @@ class _Scenario:
         computed, hit = coord.get_computed_blocks(request)
         self.checker.check_hit(request, computed, hit)
         enc = 2 * coord.scheduler_block_size if self.encoder else 0
+        self.checker.predicted_admission_blocks(request, hit, computed, enc)
         new = coord.allocate_slots(request, request.num_tokens - hit, hit, computed, num_encoder_tokens=enc)
         if new is None:
             raise _fail(

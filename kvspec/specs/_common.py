@@ -25,9 +25,15 @@ def nvfp4_full(head_size: int) -> int:
     return head_size // 2 + head_size // 16
 
 
+_DTYPE_SIZES: dict[torch.dtype, int] = {}
+
+
 def dtype_size(dtype: torch.dtype) -> int:
     """Bytes per element of ``dtype``."""
-    return int(dtype.itemsize)
+    size = _DTYPE_SIZES.get(dtype)
+    if size is None:  # planning reads it once per layer; a dict lookup is a fifth of torch's attribute
+        size = _DTYPE_SIZES[dtype] = int(dtype.itemsize)
+    return size
 
 
 class KVQuantMode(IntEnum):
@@ -39,14 +45,20 @@ class KVQuantMode(IntEnum):
     FP8_PER_TOKEN_HEAD = 3
     NVFP4 = 4
 
+    # Module constants, not KVQuantMode.X: an enum class attribute lookup costs more than the test itself,
+    # and page sizes (which ask both) are computed once per layer when planning.
     @property
     def is_per_token_head(self) -> bool:
         """Modes that store one fp32 scale per token and head for K and for V."""
-        return self in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD)
+        return self in _PER_TOKEN_HEAD_MODES
 
     @property
     def is_nvfp4(self) -> bool:
-        return self is KVQuantMode.NVFP4
+        return self is _NVFP4
+
+
+_PER_TOKEN_HEAD_MODES = frozenset({KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD})
+_NVFP4 = KVQuantMode.NVFP4
 
 
 def get_kv_quant_mode(kv_cache_dtype: str) -> KVQuantMode:

@@ -306,20 +306,35 @@ class CoordinatorCore:
         ints >= 0 (any integer type; anything else is a SchedulingError before anything changes).
         """
         request_id = request.request_id
+        if (
+            # The per-step call of a running request, tested inline (no call per count, which the pure
+            # build would pay every step); the narrowing to int also spares the compiled build an unboxing.
+            type(num_new_tokens) is int
+            and num_new_tokens > 0
+            and type(num_lookahead_tokens) is int
+            and num_lookahead_tokens >= 0
+            and type(reserved_blocks) is int
+            and reserved_blocks >= 0
+            and request_id in self._admitted
+            and new_computed_blocks is None
+            and num_new_computed_tokens == 0
+            and num_external_computed_tokens == 0
+            and num_encoder_tokens == 0
+            and not full_sequence_must_fit
+        ):
+            return _allocate_running(
+                self, request, num_new_tokens, num_lookahead_tokens, delay_cache_blocks, reserved_blocks
+            )
+        # Anything else (admission, or a bad count) is checked in full before anything changes.
         new_tokens = as_count("num_new_tokens", num_new_tokens)
         new_computed = as_count("num_new_computed_tokens", num_new_computed_tokens)
         lookahead = as_count("num_lookahead_tokens", num_lookahead_tokens)
         external = as_count("num_external_computed_tokens", num_external_computed_tokens)
         encoder = as_count("num_encoder_tokens", num_encoder_tokens)
         reserved = as_count("reserved_blocks", reserved_blocks)
-        if (
-            new_tokens > 0
-            and request_id in self._admitted
-            and new_computed_blocks is None
-            and not (new_computed or external or encoder)
-            and not full_sequence_must_fit
-        ):
-            return _allocate_running(self, request, new_tokens, lookahead, delay_cache_blocks, reserved)
+        if request_id in self._admitted and new_tokens > 0 and new_computed_blocks is None:
+            if not (new_computed or external or encoder or full_sequence_must_fit):
+                return _allocate_running(self, request, new_tokens, lookahead, delay_cache_blocks, reserved)
         if self.enable_caching and request_id not in self._admitted:
             self._check_hasher(request)
         if new_computed_blocks is not None:

@@ -441,8 +441,10 @@ class WorkerRunner:
 
     def __init__(self, root: str) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        # This file, not DIR's copy of it: every build runs the same driver; DIR's kvspec comes first on
+        # the path (the script's own directory holds no kvspec).
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.vs_vllm", "--worker"],
+            [sys.executable, os.path.abspath(__file__), "--worker"],
             cwd=root,
             env=env,
             stdin=subprocess.PIPE,
@@ -694,11 +696,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker_main()
     runners: list[Any] = [LocalRunner(KvspecAdapter(), f"kvspec {kvspec.__build__}")]
     runners += [WorkerRunner(os.path.abspath(d)) for d in args.kvspec_build]
-    names = [r.name for r in runners]
-    if len(set(names)) != len(names):
-        parser.error(
-            f"two kvspec runs would have the same build ({', '.join(names)}); give other --kvspec-build"
-        )
+    for runner, root in zip(runners[1:], args.kvspec_build, strict=True):
+        if sum(r.name == runner.name for r in runners) > 1:  # two pure builds, say: name the directory
+            runner.name += f" @{os.path.basename(os.path.abspath(root))}"
     try:
         runners.append(LocalRunner(VllmAdapter(), "vllm"))
         vllm_note = f"vLLM {runners[-1].adapter.version}"

@@ -162,8 +162,17 @@ def _merged_group(layer_names: Sequence[str], specs: Sequence[KVCacheSpec]) -> K
 def _bucket_layers(layer_specs: Mapping[str, KVCacheSpec]) -> dict[KVCacheSpec, list[str]]:
     """Layers by equal spec, buckets in order of first appearance, layers in order within a bucket."""
     buckets: dict[KVCacheSpec, list[str]] = {}
+    # The latest bucket of each spec class is tried first: a model's layers of one class are nearly
+    # always one spec, and one equality test is cheaper than the dict's hash-then-equality.
+    latest: dict[type, tuple[KVCacheSpec, list[str]]] = {}
     for name, spec in layer_specs.items():
-        buckets.setdefault(spec, []).append(name)
+        seen = latest.get(type(spec))
+        if seen is not None and (seen[0] is spec or seen[0] == spec):
+            seen[1].append(name)
+            continue
+        names = buckets.setdefault(spec, [])
+        names.append(name)
+        latest[type(spec)] = (spec, names)
     return buckets
 
 
@@ -215,6 +224,15 @@ def get_kv_cache_groups(
     Layers whose traits declare ``own_group`` (hidden-state caches) get one group each, resized to the
     common page by their ``with_page_size``.
     """
+    return _kv_cache_groups(layer_specs, hybrid=hybrid, registry=registry)
+
+
+def _kv_cache_groups(
+    layer_specs: Mapping[str, KVCacheSpec], *, hybrid: bool, registry: AnyRegistry | None
+) -> list[KVCacheGroupSpec]:
+    """get_kv_cache_groups without the argument check, for callers that checked their own arguments
+    (beartype's test of one layer's spec against the KVCacheSpec protocol costs as much as grouping
+    a dozen layers)."""
     registry = default_registry if registry is None else registry
     specs_by_layer = dict(layer_specs)
     if not hybrid:
@@ -439,7 +457,7 @@ def get_kv_cache_configs(
     merged = merge_worker_specs(per_worker_specs)
     registry.check(merged)
     check_layer_values(merged)
-    global_groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry)
+    global_groups = _kv_cache_groups(merged, hybrid=hybrid, registry=registry)
     worker_groups = [project_groups_to_worker(global_groups, specs) for specs in per_worker_specs]
     memory = list(per_worker_available_bytes)
     if num_blocks_override is not None:

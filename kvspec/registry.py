@@ -322,6 +322,10 @@ class Registry(Generic[SpecT, MgrT]):
     @check_api
     def check(self, layer_specs: Mapping[str, object]) -> None:
         """Every layer's spec has a registered manager (vLLM's check_kv_cache_spec_registry)."""
+        # One lookup per spec class (a model has a handful over many layers); the layer-by-layer walk
+        # that names the first unregistered layer runs only when some class is unknown.
+        if all(self.lookup(cls) is not None for cls in {type(spec) for spec in layer_specs.values()}):
+            return
         for layer_name, spec in layer_specs.items():
             self.require(spec, layer_name)
 
@@ -334,7 +338,8 @@ class Registry(Generic[SpecT, MgrT]):
         """
         if not specs:
             return True
-        bases = {self.require(spec).uniform_type_base_spec for spec in specs}
+        first_of_class = {type(spec): spec for spec in reversed(specs)}  # one lookup per class
+        bases = {self.require(spec).uniform_type_base_spec for spec in first_of_class.values()}
         if len(bases) != 1:
             return False
         if len({spec.block_size for spec in specs}) != 1:

@@ -201,10 +201,13 @@ class SingleTypeKVCacheManager:
         blocks = self.req_to_blocks.get(request_id)
         if not blocks:
             return
+        num_skipped = min(num_skipped_tokens // self.block_size, len(blocks))
         null = self._null_block
+        if num_skipped == 0 or blocks[num_skipped - 1] is null:
+            return  # nothing newly skipped since the last call: most decode steps of a window
         cached: list[KVCacheBlock] = []
         uncached: list[KVCacheBlock] = []
-        for i in range(min(num_skipped_tokens // self.block_size, len(blocks)) - 1, -1, -1):
+        for i in range(num_skipped - 1, -1, -1):
             block = blocks[i]
             if block is null:
                 break

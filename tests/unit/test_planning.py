@@ -368,3 +368,23 @@ def test_sharing_layers_join_their_targets_group_in_mapping_order() -> None:
 def test_bad_sharing_maps_are_planning_errors(mapping: dict[str, str], message: str) -> None:
     with pytest.raises(PlanningError, match=message):
         add_kv_sharing_layers(_sharing_groups(), mapping)
+
+
+def test_layers_of_one_spec_class_with_different_values_get_different_groups() -> None:
+    """Two window sizes interleaved (4 : 4) beside full attention: each window is its own group, the layers
+    in model order, and equal specs that are distinct objects still share a group."""
+
+    def sw(window: int) -> SlidingWindowSpec:
+        return SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=F32, sliding_window=window)
+
+    full = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=F32)
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(12):
+        specs[f"l{i}"] = full if i % 3 == 2 else sw(128 if i % 3 == 0 else 256)
+    groups = get_kv_cache_groups(specs)
+    by_window = {getattr(g.kv_cache_spec, "sliding_window", None): list(g.layer_names) for g in groups}
+    assert by_window == {
+        128: ["l0", "l3", "l6", "l9"],
+        256: ["l1", "l4", "l7", "l10"],
+        None: ["l2", "l5", "l8", "l11"],
+    }

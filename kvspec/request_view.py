@@ -15,14 +15,18 @@ prefix caching).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from kvspec.hashing import BlockHasher, HashedRequest
+from kvspec.hashing import BlockHash, BlockHasher
 
 
+# The hasher's members (kvspec.hashing.HashedRequest) are declared again rather than inherited: that
+# protocol lives in a module the compiled build compiles, and mypyc gives its classes __getstate__,
+# __setstate__ and __mypyc_attrs__, which isinstance() against a protocol deriving from it would require.
 @runtime_checkable
-class RequestView(HashedRequest, Protocol):
-    """A request as the KV-cache core reads it (read-only members; plain attributes satisfy them)."""
+class RequestView(Protocol):
+    """A request as the KV-cache core reads it (read-only members; plain attributes satisfy them).
+    Everything a ``HashedRequest`` has, so a view can be hashed by kvspec's ``BlockHasher`` too."""
 
     @property
     def request_id(self) -> str: ...
@@ -49,6 +53,15 @@ class RequestView(HashedRequest, Protocol):
     def block_hasher(self) -> BlockHasher | None: ...
 
     @property
+    def block_hashes(self) -> list[BlockHash]: ...
+
+    @property
+    def block_extra_keys(self) -> list[tuple[Any, ...] | None]: ...
+
+    @property
+    def needs_extra_keys(self) -> bool: ...
+
+    @property
     def lora_name(self) -> str | None: ...
 
     @property
@@ -56,3 +69,5 @@ class RequestView(HashedRequest, Protocol):
 
     @property
     def cache_salt(self) -> str | None: ...
+
+    def extra_keys_for_block(self, start: int, end: int) -> tuple[Any, ...] | None: ...

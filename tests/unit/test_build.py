@@ -111,3 +111,15 @@ def test_pure_python_subclass_of_request_and_an_engines_own_request_type_both_ru
         assert hit == 48 and computed.get_block_ids() == tuple(g[:3] for g in new.get_block_ids())
         coord.check_invariants()
     assert ids["plain"] == ids["tagged"] == ids["engine"]
+
+
+def test_request_view_requires_exactly_the_members_it_declares() -> None:
+    """isinstance() against RequestView asks for its declared members only, in both builds (a protocol
+    defined in a compiled module would also ask for mypyc's __getstate__/__mypyc_attrs__)."""
+    import typing
+
+    from kvspec import RequestView
+
+    members = typing._get_protocol_attrs(RequestView)  # type: ignore[attr-defined]
+    assert not any(name.startswith("__") for name in members), sorted(members)
+    assert {"request_id", "block_hashes", "block_hasher", "extra_keys_for_block"} <= members

@@ -306,9 +306,7 @@ class CoordinatorCore:
         ints >= 0 (any integer type; anything else is a SchedulingError before anything changes).
         """
         request_id = request.request_id
-        if (
-            # The per-step call of a running request, tested inline (no call per count, which the pure
-            # build would pay every step); the narrowing to int also spares the compiled build an unboxing.
+        if not (
             type(num_new_tokens) is int
             and num_new_tokens > 0
             and type(num_lookahead_tokens) is int
@@ -322,71 +320,54 @@ class CoordinatorCore:
             and num_encoder_tokens == 0
             and not full_sequence_must_fit
         ):
-            return _allocate_running(
-                self, request, num_new_tokens, num_lookahead_tokens, delay_cache_blocks, reserved_blocks
+            # Admission, or counts to convert (numpy integers) or refuse: checked in full there.
+            return _allocate_other(
+                self,
+                request,
+                num_new_tokens,
+                num_new_computed_tokens,
+                new_computed_blocks,
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+                delay_cache_blocks,
+                num_encoder_tokens,
+                full_sequence_must_fit,
+                reserved_blocks,
             )
-        # Anything else (admission, or a bad count) is checked in full before anything changes.
-        new_tokens = as_count("num_new_tokens", num_new_tokens)
-        new_computed = as_count("num_new_computed_tokens", num_new_computed_tokens)
-        lookahead = as_count("num_lookahead_tokens", num_lookahead_tokens)
-        external = as_count("num_external_computed_tokens", num_external_computed_tokens)
-        encoder = as_count("num_encoder_tokens", num_encoder_tokens)
-        reserved = as_count("reserved_blocks", reserved_blocks)
-        if request_id in self._admitted and new_tokens > 0 and new_computed_blocks is None:
-            if not (new_computed or external or encoder or full_sequence_must_fit):
-                return _allocate_running(self, request, new_tokens, lookahead, delay_cache_blocks, reserved)
-        if self.enable_caching and request_id not in self._admitted:
-            self._check_hasher(request)
-        if new_computed_blocks is not None:
-            self._check_blocks_are_ours(new_computed_blocks)
-        if new_tokens == 0 and external == 0:
-            raise SchedulingError("num_new_tokens must be greater than 0 (or tokens must be external).")
-        computed = self._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
+        # The per-step call of a running request, inline: the counts were tested above without a call
+        # per count (the pure build pays for every Python call here, every step), and their narrowing to
+        # int spares the compiled build an unboxing.
         mml = self.max_model_len
-        local = request.num_computed_tokens + new_computed
-        total = min(local + external, mml)
-        managers = self.managers
-        free = self.block_pool.get_num_free_blocks()
-        if full_sequence_must_fit:
-            need_all = self.get_num_blocks_to_allocate(
-                request_id,
-                min(request.num_tokens, mml),
-                computed,
-                total,
-                min(request.num_tokens, mml),
-                encoder,
-                apply_admission_cap=True,
-            )
-            if need_all > free:
-                return None
-        main = total + new_tokens
-        need_tokens = min(main + lookahead, mml)
-        for manager in managers:
+        total = request.num_computed_tokens
+        if total > mml:
+            total = mml
+        main = total + num_new_tokens
+        need = main + num_lookahead_tokens
+        if need > mml:
+            need = mml
+        for manager in self._skipping_managers:
             manager.remove_skipped_blocks(request_id, total)
-        free = self.block_pool.get_num_free_blocks()
-        num_blocks = self.get_num_blocks_to_allocate(request_id, need_tokens, computed, total, main, encoder)
-        if num_blocks > free - reserved:
+        managers = self.managers
+        num_blocks = 0
+        for manager in managers:
+            num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
+        if num_blocks > self.block_pool.free_block_queue.num_free_blocks - reserved_blocks:
             return None
-        cross = self._is_cross
-        for gid, manager in enumerate(managers):
-            if cross[gid]:
-                manager.allocate_new_computed_blocks(request_id, (), 0, 0)
-            else:
-                manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)
-        new_blocks = tuple(
-            manager.allocate_new_blocks(
-                request_id,
-                encoder if cross[gid] else need_tokens,
-                encoder if cross[gid] else main,
+        if num_blocks:
+            result: KVCacheBlocks = KVCacheBlocks(
+                tuple([manager.allocate_new_blocks(request_id, need, main) for manager in managers])
             )
-            for gid, manager in enumerate(managers)
-        )
-        self._admitted.add(request_id)
+        else:
+            result = self._empty
         if self.enable_caching and not delay_cache_blocks:
-            _cache_blocks(self, request, min(total + new_tokens, request.num_tokens))
-        if not any(new_blocks):
-            return self._empty
-        return KVCacheBlocks(new_blocks)
+            num_tokens = len(request.all_token_ids)
+            if main < num_tokens:
+                num_tokens = main
+            sbs = self.scheduler_block_size
+            # Most decode steps complete no block: skip the call (cache_blocks would return at once).
+            if self._eagle_group_ids or self._cached_tokens.get(request_id, -1) < num_tokens // sbs * sbs:
+                _cache_blocks(self, request, num_tokens)
+        return result
 
     def _check_hasher(self, request: RequestView) -> None:
         """A request is hashed with this coordinator's block size (with prefix caching, hashes are read)."""
@@ -527,50 +508,88 @@ class CoordinatorCore:
                 )
 
 
-def _allocate_running(
+def _allocate_other(
     coord: CoordinatorCore,
     request: RequestView,
-    num_new_tokens: int,
-    num_lookahead_tokens: int,
+    num_new_tokens: SupportsIndex,
+    num_new_computed_tokens: SupportsIndex,
+    new_computed_blocks: KVCacheBlocks | None,
+    num_lookahead_tokens: SupportsIndex,
+    num_external_computed_tokens: SupportsIndex,
     delay_cache_blocks: bool,
-    reserved_blocks: int,
+    num_encoder_tokens: SupportsIndex,
+    full_sequence_must_fit: bool,
+    reserved_blocks: SupportsIndex,
 ) -> KVCacheBlocks | None:
-    """The per-step path of an admitted request: same rules as allocate_slots, fewer calls.
-
-    A module function, not a method: a compiled method called on an interpreted subclass's instance
-    (KVCacheCoordinator) is dispatched through Python; a function call is a direct C call."""
+    """allocate_slots for everything but a running request's plain step: admission (with or without a
+    prefix hit, external or encoder tokens), and counts that are not plain ints (converted, or refused
+    before anything changes)."""
     request_id = request.request_id
+    # Anything else (admission, or a bad count) is checked in full before anything changes.
+    new_tokens = as_count("num_new_tokens", num_new_tokens)
+    new_computed = as_count("num_new_computed_tokens", num_new_computed_tokens)
+    lookahead = as_count("num_lookahead_tokens", num_lookahead_tokens)
+    external = as_count("num_external_computed_tokens", num_external_computed_tokens)
+    encoder = as_count("num_encoder_tokens", num_encoder_tokens)
+    reserved = as_count("reserved_blocks", reserved_blocks)
+    if request_id in coord._admitted and new_tokens > 0 and new_computed_blocks is None:
+        if not (new_computed or external or encoder or full_sequence_must_fit):
+            # A running request's step with integer counts of another type: the inline path, now ints.
+            return coord.allocate_slots(
+                request, new_tokens, 0, None, lookahead, 0, delay_cache_blocks, 0, False, reserved
+            )
+    if coord.enable_caching and request_id not in coord._admitted:
+        coord._check_hasher(request)
+    if new_computed_blocks is not None:
+        coord._check_blocks_are_ours(new_computed_blocks)
+    if new_tokens == 0 and external == 0:
+        raise SchedulingError("num_new_tokens must be greater than 0 (or tokens must be external).")
+    computed = coord._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
     mml = coord.max_model_len
-    total = request.num_computed_tokens
-    if total > mml:
-        total = mml
-    main = total + num_new_tokens
-    need = main + num_lookahead_tokens
-    if need > mml:
-        need = mml
-    for manager in coord._skipping_managers:
-        manager.remove_skipped_blocks(request_id, total)
+    local = request.num_computed_tokens + new_computed
+    total = min(local + external, mml)
     managers = coord.managers
-    num_blocks = 0
-    for manager in managers:
-        num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
-    if num_blocks > coord.block_pool.free_block_queue.num_free_blocks - reserved_blocks:
-        return None
-    if num_blocks:
-        result: KVCacheBlocks = KVCacheBlocks(
-            tuple([manager.allocate_new_blocks(request_id, need, main) for manager in managers])
+    free = coord.block_pool.get_num_free_blocks()
+    if full_sequence_must_fit:
+        need_all = coord.get_num_blocks_to_allocate(
+            request_id,
+            min(request.num_tokens, mml),
+            computed,
+            total,
+            min(request.num_tokens, mml),
+            encoder,
+            apply_admission_cap=True,
         )
-    else:
-        result = coord._empty
+        if need_all > free:
+            return None
+    main = total + new_tokens
+    need_tokens = min(main + lookahead, mml)
+    for manager in managers:
+        manager.remove_skipped_blocks(request_id, total)
+    free = coord.block_pool.get_num_free_blocks()
+    num_blocks = coord.get_num_blocks_to_allocate(request_id, need_tokens, computed, total, main, encoder)
+    if num_blocks > free - reserved:
+        return None
+    cross = coord._is_cross
+    for gid, manager in enumerate(managers):
+        if cross[gid]:
+            manager.allocate_new_computed_blocks(request_id, (), 0, 0)
+        else:
+            manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)
+    new_blocks = tuple(
+        manager.allocate_new_blocks(
+            request_id,
+            encoder if cross[gid] else need_tokens,
+            encoder if cross[gid] else main,
+        )
+        for gid, manager in enumerate(managers)
+    )
+    coord._admitted.add(request_id)
     if coord.enable_caching and not delay_cache_blocks:
-        num_tokens = len(request.all_token_ids)
-        if main < num_tokens:
-            num_tokens = main
-        sbs = coord.scheduler_block_size
-        # Most decode steps complete no block: skip the call (cache_blocks would return at once).
-        if coord._eagle_group_ids or coord._cached_tokens.get(request_id, -1) < num_tokens // sbs * sbs:
-            _cache_blocks(coord, request, num_tokens)
-    return result
+        _cache_blocks(coord, request, min(total + new_tokens, request.num_tokens))
+    if not any(new_blocks):
+        return coord._empty
+    return KVCacheBlocks(new_blocks)
 
 
 def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tokens: int) -> None:

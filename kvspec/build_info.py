@@ -18,6 +18,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kvspec/hit_search.py",
     "kvspec/request.py",
     "kvspec/coordinator_core.py",
+    "kvspec/planning_core.py",
     "kvspec/managers/base.py",
     "kvspec/managers/full.py",
     "kvspec/managers/sliding_window.py",

@@ -1,0 +1,582 @@
+"""The compiled part of memory planning (see :mod:`kvspec.planning`, the public module, for the rules).
+
+Every public function here is also reachable from ``kvspec.planning``; the entry points that
+type-check their arguments (``get_kv_cache_groups``, ``get_kv_cache_config_from_groups``,
+``get_kv_cache_configs``, ``get_kv_cache_config``, ``auto_fit_max_model_len``,
+``add_kv_sharing_layers``) are wrapped there, because beartype cannot wrap a function mypyc compiled. Calls between functions of this module skip those checks (their arguments
+were checked once, at the public door).
+
+Units: memory in bytes, lengths in tokens, ``num_blocks`` in blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+
+from kvspec.builtins import default_registry
+from kvspec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor, scheduler_spec
+from kvspec.errors import (
+    ConflictingLayerSpecError,
+    HybridUnificationError,
+    InsufficientKVCacheMemoryError,
+    PageSizeUnificationError,
+    PlanningError,
+    SpecMergeError,
+    SpecValidationError,
+)
+from kvspec.protocols import KVCacheSpec, SchedulerLimits
+from kvspec.registry import AnyRegistry
+from kvspec.specs._common import cdiv
+from kvspec.specs.uniform import UniformTypeKVCacheSpecs
+from kvspec.traits import full_attention_form, resized_to_page, traits_of
+
+logger = logging.getLogger("kvspec.planning")  # the public module's name, in both builds
+
+GiB = 1 << 30
+CONSERVING_MEMORY_HINT = (
+    "Give the KV cache more memory (a larger budget or gpu_memory_utilization), or lower max_model_len."
+)
+
+
+def format_gib(num_bytes: int) -> str:
+    return f"{num_bytes / GiB:.2f}"
+
+
+# -- uniformity and unification ------------------------------------------------------------------
+
+
+def is_kv_cache_spec_uniform(layer_specs: Mapping[str, KVCacheSpec]) -> bool:
+    """True when every layer's spec merges into one (so one group can hold them all).
+
+    Fixed on purpose: vLLM catches only the AssertionError of a failed merge, so layers that differ only in
+    window size make it raise ValueError instead of answering False; here any SpecMergeError means False.
+    """
+    specs = list(layer_specs.values())
+    if not specs:
+        return True
+    if len({type(s) for s in specs}) > 1:
+        return False  # merge() requires one exact class (see FullAttentionSpec.merge)
+    try:
+        specs[0].merge(specs)
+    except SpecMergeError:
+        return False
+    return True
+
+
+def _is_uniform_type(specs: Sequence[KVCacheSpec], registry: AnyRegistry) -> bool:
+    return bool(specs) and registry.is_uniform_type(specs)
+
+
+def make_uniform_type_specs(
+    layer_specs: Mapping[str, KVCacheSpec], registry: AnyRegistry | None = None
+) -> UniformTypeKVCacheSpecs | None:
+    """One UniformTypeKVCacheSpecs for ``layer_specs`` if they are of one uniform type, else None."""
+    registry = default_registry if registry is None else registry
+    specs = list(layer_specs.values())
+    if not _is_uniform_type(specs, registry):
+        return None
+    return UniformTypeKVCacheSpecs(block_size=specs[0].block_size, kv_cache_specs=dict(layer_specs))
+
+
+def unify_hybrid_kv_cache_specs(
+    layer_specs: Mapping[str, KVCacheSpec], registry: AnyRegistry | None = None
+) -> dict[str, KVCacheSpec]:
+    """With hybrid management disabled, convert windowed layers to full attention so one type remains.
+
+    A layer converts when its traits list a full-attention family (``hybrid_off_families``) that some layer
+    of the model belongs to (``full_attention_family``): ``to_full_attention(template)`` then builds its
+    full-attention form (built-ins: FullAttentionSpec with ``sliding_window`` / ``attention_chunk_size``
+    set, which keeps every block). Unlike vLLM 0.23, a chunked layer keeps its ``kv_quant_mode``. Raises
+    HybridUnificationError when no full-attention layer is present or the result is still mixed.
+    """
+    registry = default_registry if registry is None else registry
+    out = dict(layer_specs)
+    specs = list(out.values())
+    if is_kv_cache_spec_uniform(out) or _is_uniform_type(specs, registry):
+        return out
+    logger.warning(
+        "Hybrid KV cache manager is disabled for this hybrid model; windowed layers are sized as full attention."
+    )
+    traits = {name: traits_of(spec) for name, spec in out.items()}
+    # The first full-attention layer of each family ("kv", "latent") is the conversion template.
+    templates: dict[str, KVCacheSpec] = {}
+    for name, spec in out.items():
+        family = traits[name].full_attention_family
+        if family is not None:
+            templates.setdefault(family, spec)
+    if templates:
+        for name, spec in list(out.items()):
+            template = next((templates[f] for f in traits[name].hybrid_off_families if f in templates), None)
+            if template is not None:
+                out[name] = full_attention_form(spec, template)
+    if not (is_kv_cache_spec_uniform(out) or _is_uniform_type(list(out.values()), registry)):
+        kinds = sorted({type(s).__name__ for s in out.values()})
+        raise HybridUnificationError(
+            "Hybrid KV cache manager is disabled but failed to convert the KV cache specs to one unified "
+            f"type (left: {', '.join(kinds)}). Enable hybrid KV cache management."
+        )
+    return out
+
+
+def unify_kv_cache_spec_page_size(layer_specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+    """Scale the block size of smaller-page layers so every layer's page equals the largest page."""
+    pages = {spec.page_size_bytes for spec in layer_specs.values()}
+    if len(pages) <= 1:
+        return dict(layer_specs)
+    max_page = max(pages)
+    out: dict[str, KVCacheSpec] = {}
+    for name, spec in layer_specs.items():
+        page = spec.page_size_bytes
+        if page == max_page:
+            out[name] = spec
+            continue
+        if max_page % page:
+            raise PageSizeUnificationError(
+                f"The page size of layer {name} ({type(spec).__name__}, {page} bytes) does not divide the "
+                f"largest page size ({max_page} bytes), so it cannot be unified by adjusting block_size. "
+                "Pad the smaller spec (page_size_padded) or change block sizes."
+            )
+        scaled = spec.copy_with_new_block_size(spec.block_size * (max_page // page))
+        if scaled.page_size_bytes != max_page:
+            raise PageSizeUnificationError(
+                f"Layer {name} ({type(spec).__name__}) has a padded page of {page} bytes; scaling its "
+                f"block size gives {scaled.page_size_bytes} bytes, not {max_page}."
+            )
+        out[name] = scaled
+    return out
+
+
+# -- grouping -----------------------------------------------------------------------------------
+
+
+def _merged_group(layer_names: Sequence[str], specs: Sequence[KVCacheSpec]) -> KVCacheGroupSpec:
+    return KVCacheGroupSpec(layer_names=tuple(layer_names), kv_cache_spec=specs[0].merge(specs))
+
+
+def _bucket_layers(layer_specs: Mapping[str, KVCacheSpec]) -> dict[KVCacheSpec, list[str]]:
+    """Layers by equal spec, buckets in order of first appearance, layers in order within a bucket."""
+    buckets: dict[KVCacheSpec, list[str]] = {}
+    # The latest bucket of each spec class is tried first: a model's layers of one class are nearly
+    # always one spec, and one equality test is cheaper than the dict's hash-then-equality.
+    latest: dict[type, tuple[KVCacheSpec, list[str]]] = {}
+    for name, spec in layer_specs.items():
+        seen = latest.get(type(spec))
+        if seen is not None and (seen[0] is spec or seen[0] == spec):
+            seen[1].append(name)
+            continue
+        names = buckets.setdefault(spec, [])
+        names.append(name)
+        latest[type(spec)] = (spec, names)
+    return buckets
+
+
+def _unify_buckets(
+    buckets: dict[KVCacheSpec, list[str]], order: Mapping[str, int]
+) -> dict[KVCacheSpec, list[str]]:
+    """Page-size unification done once per distinct spec (not per layer); buckets that become equal merge,
+    their layers back in model order."""
+    unified = unify_kv_cache_spec_page_size({names[0]: spec for spec, names in buckets.items()})
+    if all(unified[names[0]] is spec for spec, names in buckets.items()):
+        return buckets
+    out: dict[KVCacheSpec, list[str]] = {}
+    for names in buckets.values():
+        out.setdefault(unified[names[0]], []).extend(names)
+    return {spec: sorted(names, key=order.__getitem__) for spec, names in out.items()}
+
+
+def _split_buckets(buckets: dict[KVCacheSpec, list[str]], num_layers: int) -> list[KVCacheGroupSpec]:
+    sizes = [len(layers) for layers in buckets.values()]
+    group_size = min(sizes)
+    if max(sizes) < 1.5 * min(sizes):
+        # Close counts (e.g. 12 SW + 13 full with EAGLE): one group per bucket, a little padding.
+        group_size = max(sizes)
+    groups: list[KVCacheGroupSpec] = []
+    padding = 0
+    for spec, layers in buckets.items():
+        num_groups = cdiv(len(layers), group_size)
+        padding += num_groups * group_size - len(layers)
+        for i in range(num_groups):
+            groups.append(KVCacheGroupSpec(layer_names=tuple(layers[i::num_groups]), kv_cache_spec=spec))
+    if padding:
+        logger.warning(
+            "Add %d padding layers, may waste at most %.2f%% KV cache memory",
+            padding,
+            100 * padding / (num_layers + padding),
+        )
+    return groups
+
+
+def get_kv_cache_groups(
+    layer_specs: Mapping[str, KVCacheSpec],
+    *,
+    hybrid: bool = True,
+    registry: AnyRegistry | None = None,
+) -> list[KVCacheGroupSpec]:
+    """Split layers into KV cache groups (each group shares one block table).
+
+    Layers whose traits declare ``own_group`` (hidden-state caches) get one group each, resized to the
+    common page by their ``with_page_size``.
+    """
+    registry = default_registry if registry is None else registry
+    specs_by_layer = dict(layer_specs)
+    if not hybrid:
+        specs_by_layer = unify_hybrid_kv_cache_specs(specs_by_layer, registry)
+    if not specs_by_layer:
+        return []
+    names, specs = list(specs_by_layer), list(specs_by_layer.values())
+    if is_kv_cache_spec_uniform(specs_by_layer):
+        return [_merged_group(names, specs)]
+    uniform = make_uniform_type_specs(specs_by_layer, registry)
+    if uniform is not None:
+        return [KVCacheGroupSpec(layer_names=tuple(names), kv_cache_spec=uniform)]
+    # Work per distinct spec, not per layer: a model has a handful of distinct specs over many layers.
+    buckets = _bucket_layers(specs_by_layer)
+    own = {spec: layers for spec, layers in buckets.items() if traits_of(spec).own_group}
+    rest = {spec: layers for spec, layers in buckets.items() if spec not in own}
+    order = {name: i for i, name in enumerate(specs_by_layer)}
+    groups = _split_buckets(_unify_buckets(rest, order), sum(map(len, rest.values()))) if rest else []
+    if own:
+        common_page = groups[0].kv_cache_spec.page_size_bytes if groups else None
+        for name in sorted((n for layers in own.values() for n in layers), key=order.__getitem__):
+            spec = specs_by_layer[name]
+            page = spec.page_size_bytes if common_page is None else common_page
+            groups.append(KVCacheGroupSpec(layer_names=(name,), kv_cache_spec=resized_to_page(spec, page)))
+    return groups
+
+
+# -- memory bounds ------------------------------------------------------------------------------
+
+
+def _uniform_page_size(groups: Sequence[KVCacheGroupSpec]) -> int:
+    pages = {g.kv_cache_spec.page_size_bytes for g in groups}
+    if len(pages) != 1:
+        raise PlanningError(
+            f"KV cache groups must share one page size to share tensors, got {sorted(pages)}."
+        )
+    return pages.pop()
+
+
+def max_memory_usage_bytes_from_groups(groups: Sequence[KVCacheGroupSpec], limits: SchedulerLimits) -> int:
+    """Bytes one request of ``limits.max_model_len`` tokens needs, padding layers of short groups counted."""
+    if not groups:
+        return 0
+    if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
+        return sum(s.max_memory_usage_bytes(limits) for s in groups[0].kv_cache_spec.kv_cache_specs.values())
+    group_size = max(len(g.layer_names) for g in groups)
+    page = _uniform_page_size(groups)
+    blocks = sum(cdiv(g.kv_cache_spec.max_memory_usage_bytes(limits), page) for g in groups)
+    return group_size * page * blocks
+
+
+def bytes_per_block(groups: Sequence[KVCacheGroupSpec]) -> int:
+    """Bytes one block id costs across all tensors of the layout."""
+    if not groups:
+        return 0
+    if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
+        return groups[0].kv_cache_spec.page_size_bytes
+    return _uniform_page_size(groups) * max(len(g.layer_names) for g in groups)
+
+
+def estimate_max_model_len(
+    groups: Sequence[KVCacheGroupSpec], available_memory: int, limits: SchedulerLimits
+) -> int:
+    """The largest max_model_len (<= limits.max_model_len) whose one request fits; 0 if none does."""
+
+    def fits(length: int) -> bool:
+        return (
+            max_memory_usage_bytes_from_groups(groups, dataclasses.replace(limits, max_model_len=length))
+            <= available_memory
+        )
+
+    lo, hi = 0, limits.max_model_len
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def check_enough_kv_cache_memory(
+    groups: Sequence[KVCacheGroupSpec], available_memory: int, limits: SchedulerLimits, *, worker: str = ""
+) -> None:
+    """Raise InsufficientKVCacheMemoryError (with needed, available and the max_model_len that would fit)
+    unless one request of ``limits.max_model_len`` tokens fits in ``available_memory`` bytes."""
+    if not groups:
+        return
+    where = f" on {worker}" if worker else ""
+    needed = max_memory_usage_bytes_from_groups(groups, limits)
+    if available_memory <= 0:
+        raise InsufficientKVCacheMemoryError(
+            f"No available memory for the cache blocks{where} ({available_memory} bytes). {CONSERVING_MEMORY_HINT}",
+            needed_bytes=needed,
+            available_bytes=available_memory,
+            max_model_len=limits.max_model_len,
+            estimated_max_model_len=0,
+        )
+    if needed > available_memory:
+        estimate = estimate_max_model_len(groups, available_memory, limits)
+        estimated_msg = (
+            f"Based on the available memory, the estimated maximum model length is {estimate}. "
+            if estimate > 0
+            else "Not even one token fits. "
+        )
+        raise InsufficientKVCacheMemoryError(
+            f"To serve at least one request with the model's max seq len ({limits.max_model_len}), "
+            f"{format_gib(needed)} GiB KV cache is needed{where}, which is larger than the available KV cache "
+            f"memory ({format_gib(available_memory)} GiB). {estimated_msg}{CONSERVING_MEMORY_HINT}",
+            needed_bytes=needed,
+            available_bytes=available_memory,
+            max_model_len=limits.max_model_len,
+            estimated_max_model_len=estimate,
+        )
+
+
+# -- configs ------------------------------------------------------------------------------------
+
+
+def get_kv_cache_config_from_groups(
+    groups: Sequence[KVCacheGroupSpec], available_memory: int, *, num_blocks_override: int | None = None
+) -> KVCacheConfig:
+    """Tensors and block count for ``groups`` in ``available_memory`` bytes."""
+    if not groups:
+        return KVCacheConfig(num_blocks=1, kv_cache_tensors=(), kv_cache_groups=())
+    if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
+        uniform = groups[0].kv_cache_spec
+        num_blocks = max(available_memory // uniform.page_size_bytes, 0)
+        if num_blocks_override is not None:
+            num_blocks = num_blocks_override
+        tensors = tuple(
+            KVCacheTensor(size=spec.page_size_bytes * num_blocks, shared_by=(name,))
+            for name, spec in uniform.kv_cache_specs.items()
+        )
+        return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=tuple(groups))
+    group_size = max(len(g.layer_names) for g in groups)
+    page = _uniform_page_size(groups)
+    num_blocks = max(available_memory // page // group_size, 0)
+    if num_blocks_override is not None:
+        num_blocks = num_blocks_override
+    tensors = tuple(
+        KVCacheTensor(
+            size=page * num_blocks,
+            shared_by=tuple(g.layer_names[i] for g in groups if i < len(g.layer_names)),
+        )
+        for i in range(group_size)
+    )
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=tuple(groups))
+
+
+def project_groups_to_worker(
+    groups: Sequence[KVCacheGroupSpec], worker_layers: Mapping[str, object]
+) -> list[KVCacheGroupSpec]:
+    """A worker's share of the global groups: same count and order; empty groups keep their spec."""
+    out: list[KVCacheGroupSpec] = []
+    for group in groups:
+        names = tuple(n for n in group.layer_names if n in worker_layers)
+        spec = group.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs) and names:
+            spec = spec.narrowed_to(names)
+        out.append(
+            KVCacheGroupSpec(
+                layer_names=names, kv_cache_spec=spec, is_eagle_group=group.is_eagle_group and bool(names)
+            )
+        )
+    return out
+
+
+def check_layer_values(layer_specs: Mapping[str, KVCacheSpec]) -> None:
+    """Every layer's ``block_size`` and ``page_size_bytes`` are positive ints (a plugin returning a float
+    would otherwise plan a fractional number of blocks); SpecValidationError names the layer."""
+    for name, spec in layer_specs.items():
+        block_size, page = spec.block_size, spec.page_size_bytes
+        if type(block_size) is int and type(page) is int and block_size > 0 and page > 0:
+            continue
+        for member in ("block_size", "page_size_bytes"):
+            value = getattr(spec, member)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise SpecValidationError(
+                    f"Layer {name}: {type(spec).__name__}.{member} is {value!r} ({type(value).__name__}); it must "
+                    "be a positive int. Fix the spec (kvspec.testing.check_plugin checks every such value)."
+                )
+
+
+def merge_worker_specs(per_worker_specs: Sequence[Mapping[str, KVCacheSpec]]) -> dict[str, KVCacheSpec]:
+    """All workers' layers in one dict; a layer reported by several workers must have one spec."""
+    merged: dict[str, KVCacheSpec] = {}
+    for rank, specs in enumerate(per_worker_specs):
+        for name, spec in specs.items():
+            seen = merged.setdefault(name, spec)
+            if seen is not spec and seen != spec:  # identity first: a dataclass __eq__ compares every field
+                raise ConflictingLayerSpecError(
+                    f"The KV cache specs for layer {name} differ across workers (worker {rank} has "
+                    f"{type(spec).__name__}, another has {type(seen).__name__}: {spec!r} vs {seen!r}). "
+                    "Every worker must report the same spec for a layer."
+                )
+    return merged
+
+
+def get_kv_cache_configs(
+    per_worker_specs: Sequence[Mapping[str, KVCacheSpec]],
+    per_worker_available_bytes: Sequence[int],
+    limits: SchedulerLimits,
+    *,
+    num_blocks_override: int | None = None,
+    hybrid: bool = True,
+    registry: AnyRegistry | None = None,
+) -> list[KVCacheConfig]:
+    """One KVCacheConfig per worker (tensor- or pipeline-parallel), all with the same block count.
+
+    The smallest block count over the workers wins (every worker must hold the same block ids); each
+    worker's tensors are shrunk to it. With ``num_blocks_override`` every worker gets that many blocks.
+    Raises InsufficientKVCacheMemoryError naming the worker that cannot hold one max-length request.
+    """
+    if len(per_worker_specs) != len(per_worker_available_bytes):
+        raise PlanningError(
+            f"Got specs for {len(per_worker_specs)} workers but memory for {len(per_worker_available_bytes)}."
+        )
+    registry = default_registry if registry is None else registry
+    merged = merge_worker_specs(per_worker_specs)
+    registry.check(merged)
+    check_layer_values(merged)
+    global_groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry)
+    worker_groups = [project_groups_to_worker(global_groups, specs) for specs in per_worker_specs]
+    memory = list(per_worker_available_bytes)
+    if num_blocks_override is not None:
+        memory = [num_blocks_override * bytes_per_block(g) for g in worker_groups]
+    configs: list[KVCacheConfig] = []
+    for rank, (groups, avail) in enumerate(zip(worker_groups, memory)):
+        live = [g for g in groups if g.layer_names]
+        check_enough_kv_cache_memory(live, avail, limits, worker=f"worker {rank}" if len(memory) > 1 else "")
+        config = get_kv_cache_config_from_groups(groups, avail, num_blocks_override=num_blocks_override)
+        assigned = {n for g in config.kv_cache_groups for n in g.layer_names}
+        missing = set(per_worker_specs[rank]) - assigned
+        if missing:
+            raise PlanningError(f"Some layers are not assigned to any group: {sorted(missing)}.")
+        configs.append(config)
+    if not configs:
+        return configs
+    min_blocks = min(c.num_blocks for c in configs)
+    out: list[KVCacheConfig] = []
+    for config in configs:
+        old = config.num_blocks
+        tensors = tuple(
+            KVCacheTensor(size=(t.size // old * min_blocks) if old else 0, shared_by=t.shared_by)
+            for t in config.kv_cache_tensors
+        )
+        out.append(dataclasses.replace(config, num_blocks=min_blocks, kv_cache_tensors=tensors))
+    return out
+
+
+def get_kv_cache_config(
+    layer_specs: Mapping[str, KVCacheSpec],
+    available_memory: int,
+    limits: SchedulerLimits,
+    *,
+    num_blocks_override: int | None = None,
+    hybrid: bool = True,
+    registry: AnyRegistry | None = None,
+) -> KVCacheConfig:
+    """The layout for a single worker (see :func:`get_kv_cache_configs`)."""
+    return get_kv_cache_configs(
+        [layer_specs],
+        [available_memory],
+        limits,
+        num_blocks_override=num_blocks_override,
+        hybrid=hybrid,
+        registry=registry,
+    )[0]
+
+
+def generate_scheduler_kv_cache_config(configs: Sequence[KVCacheConfig]) -> KVCacheConfig:
+    """The scheduler's view: workers agree on num_blocks; uniform-type groups run by their first spec."""
+    if not configs:
+        raise PlanningError("generate_scheduler_kv_cache_config needs at least one worker config.")
+    if len({c.num_blocks for c in configs}) != 1:
+        raise PlanningError(f"Workers disagree on num_blocks: {[c.num_blocks for c in configs]}.")
+    first = configs[0]
+    groups = tuple(
+        dataclasses.replace(g, kv_cache_spec=scheduler_spec(g.kv_cache_spec)) for g in first.kv_cache_groups
+    )
+    return dataclasses.replace(first, kv_cache_groups=groups)
+
+
+def get_max_concurrency(config: KVCacheConfig, limits: SchedulerLimits) -> float:
+    """How many requests of ``limits.max_model_len`` tokens fit in ``config`` at once."""
+    groups = config.kv_cache_groups
+    if not groups:
+        return float("inf")
+    layers = max(len(g.layer_names) for g in groups)
+    per_request = layers * sum(g.kv_cache_spec.max_memory_usage_bytes(limits) for g in groups)
+    per_block = groups[0].kv_cache_spec.page_size_bytes * layers
+    return config.num_blocks / cdiv(per_request, per_block)
+
+
+def auto_fit_max_model_len(
+    per_worker_specs: Sequence[Mapping[str, KVCacheSpec]],
+    per_worker_available_bytes: Sequence[int],
+    limits: SchedulerLimits,
+    *,
+    hybrid: bool = True,
+    registry: AnyRegistry | None = None,
+) -> int:
+    """The largest max_model_len every worker can serve one request of (vLLM's max_model_len=-1)."""
+    registry = default_registry if registry is None else registry
+    merged = merge_worker_specs(per_worker_specs)
+    groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry)
+    fitted = min(
+        estimate_max_model_len(
+            [g for g in project_groups_to_worker(groups, specs) if g.layer_names], avail, limits
+        )
+        for specs, avail in zip(per_worker_specs, per_worker_available_bytes)
+    )
+    if fitted <= 0:
+        raise InsufficientKVCacheMemoryError(
+            "Cannot auto-fit max_model_len: not enough memory to serve even a single token. "
+            + CONSERVING_MEMORY_HINT,
+            needed_bytes=max_memory_usage_bytes_from_groups(
+                groups, dataclasses.replace(limits, max_model_len=1)
+            ),
+            available_bytes=min(per_worker_available_bytes),
+            max_model_len=limits.max_model_len,
+            estimated_max_model_len=0,
+        )
+    return fitted
+
+
+def add_kv_sharing_layers(
+    kv_cache_groups: Sequence[KVCacheGroupSpec], shared_kv_cache_layers: Mapping[str, str]
+) -> tuple[KVCacheGroupSpec, ...]:
+    """The groups with every KV-sharing layer added to its target layer's group.
+
+    ``shared_kv_cache_layers`` maps a layer that allocates no KV cache of its own to the layer whose cache
+    it reads (cross-layer KV sharing); the sharing layer joins that group's ``layer_names`` (after the
+    group's own layers, in mapping order) so workers give it the group's block table. Blocks and page
+    sizes do not change. A target in no group, a target that itself shares, or a sharing layer that
+    already has a group is a PlanningError (nothing is returned half-done: the groups are values).
+    """
+    owner = {layer: gid for gid, group in enumerate(kv_cache_groups) for layer in group.layer_names}
+    added: list[list[str]] = [[] for _ in kv_cache_groups]
+    for layer, target in shared_kv_cache_layers.items():
+        if layer in owner:
+            raise PlanningError(
+                f"Layer {layer!r} shares {target!r}'s KV cache but already belongs to KV cache group "
+                f"{owner[layer]}; a sharing layer allocates no cache of its own."
+            )
+        if target in shared_kv_cache_layers:
+            raise PlanningError(
+                f"Layer {layer!r} shares {target!r}'s KV cache, which itself shares "
+                f"{shared_kv_cache_layers[target]!r}'s; point {layer!r} at the layer that owns the cache."
+            )
+        gid = owner.get(target)
+        if gid is None:
+            raise PlanningError(
+                f"Layer {layer!r} shares {target!r}'s KV cache, but {target!r} is in no KV cache group."
+            )
+        added[gid].append(layer)
+    return tuple(
+        dataclasses.replace(group, layer_names=(*group.layer_names, *extra)) if extra else group
+        for group, extra in zip(kv_cache_groups, added, strict=True)
+    )

@@ -391,7 +391,9 @@ def check_layer_values(layer_specs: Mapping[str, KVCacheSpec]) -> None:
     """Every layer's ``block_size`` and ``page_size_bytes`` are positive ints (a plugin returning a float
     would otherwise plan a fractional number of blocks); SpecValidationError names the layer."""
     for name, spec in layer_specs.items():
-        block_size, page = spec.block_size, spec.page_size_bytes
+        # getattr, not the attributes: the protocol says int, and compiled code would unbox a plugin's
+        # float with a bare TypeError before this test could name the layer.
+        block_size, page = getattr(spec, "block_size"), getattr(spec, "page_size_bytes")  # noqa: B009
         if type(block_size) is int and type(page) is int and block_size > 0 and page > 0:
             continue
         for member in ("block_size", "page_size_bytes"):

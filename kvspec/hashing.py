@@ -147,7 +147,8 @@ class BlockHasher:
         if start + bs > num_tokens:
             return []
         end = num_tokens - (num_tokens - start) % bs
-        raw = _token_bytes(tokens[start:end])
+        # A new prompt is hashed whole: no slice copy of its token list.
+        raw = _token_bytes(tokens if start == 0 and end == num_tokens else tokens[start:end])
         step = self._token_bytes
         parent: bytes = hashes[-1] if hashes else self.root_hash
         new: list[bytes] = []

@@ -61,7 +61,7 @@ class Request:
         self.num_preemptions = 0
         self.lora_name = lora_name
         self.lora_id = lora_id
-        self.mm_features = tuple(sorted(mm_features, key=lambda f: f.offset))
+        self.mm_features = tuple(sorted(mm_features, key=lambda f: f.offset)) if mm_features else ()
         self.cache_salt = cache_salt
         self.prompt_embeds = prompt_embeds
         self.skip_reading_prefix_cache = skip_reading_prefix_cache

@@ -166,6 +166,10 @@ class FreeKVCacheBlockQueue:
         return out
 
 
+#: The 4-byte big-endian group ids that follow a block hash in the prefix-cache map, for the first 256 groups.
+_GROUP_SUFFIXES: tuple[bytes, ...] = tuple(gid.to_bytes(4, "big") for gid in range(256))
+
+
 class BlockHashToBlockMap:
     """Prefix-cache map: key -> one block, or a dict of blocks when several hold the same content.
 
@@ -182,6 +186,19 @@ class BlockHashToBlockMap:
         if entry is None or isinstance(entry, KVCacheBlock):
             return entry
         return next(iter(entry.values()))
+
+    def first_blocks(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
+        """The block cached under ``block_hash`` for every group (the first of any duplicates), or None at
+        the first group that misses (most positions of a sliding-window search miss in the first group)."""
+        cache = self._cache
+        suffixes = _GROUP_SUFFIXES
+        out: list[KVCacheBlock] = []
+        for gid in kv_cache_group_ids:
+            entry = cache.get(block_hash + (suffixes[gid] if 0 <= gid < 256 else gid.to_bytes(4, "big")))
+            if entry is None:
+                return None
+            out.append(entry if entry.__class__ is KVCacheBlock else next(iter(entry.values())))  # type: ignore[union-attr]
+        return out
 
     def longest_chain(self, hashes: Sequence[bytes], suffix: bytes, limit: int) -> list[KVCacheBlock]:
         """Blocks cached under ``hashes[i] + suffix`` for i = 0, 1, ... up to the first miss (at most
@@ -277,6 +294,13 @@ class AllBlocksCleared:
 KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
+def group_suffix(kv_cache_group_id: int) -> bytes:
+    """The map-key suffix of a group (see kvspec.hashing.make_block_hash_with_group_id)."""
+    if 0 <= kv_cache_group_id < 256:
+        return _GROUP_SUFFIXES[kv_cache_group_id]
+    return kv_cache_group_id.to_bytes(4, "big")
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # integrations and tests subclass it in plain Python
 class BlockPool:
     """All physical blocks of the KV cache, shared by every group; block 0 is the null block.
@@ -314,17 +338,13 @@ class BlockPool:
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
     ) -> list[KVCacheBlock] | None:
         """One cached block per group for ``block_hash``, or None if any group misses."""
-        lookup = self.cached_block_hash_to_block.get_one_block
         if len(kv_cache_group_ids) == 1:
-            block = lookup(block_hash + kv_cache_group_ids[0].to_bytes(4, "big"))
+            gid = kv_cache_group_ids[0]
+            block = self.cached_block_hash_to_block.get_one_block(block_hash + group_suffix(gid))
             return None if block is None else [block]
-        out: list[KVCacheBlock] = []
-        for gid in kv_cache_group_ids:
-            block = lookup(block_hash + gid.to_bytes(4, "big"))
-            if block is None:
-                return None
-            out.append(block)
-        return out
+        # A sliding-window hit asks this for every block of the window and every group of the spec: the
+        # group suffixes come from a table, and the map is called once per position, not once per group.
+        return self.cached_block_hash_to_block.first_blocks(block_hash, kv_cache_group_ids)
 
     def cache_full_blocks(
         self,
@@ -352,7 +372,7 @@ class BlockPool:
                 f"fewer than the {num_full_blocks} full blocks to cache; was it built with a BlockHasher "
                 f"of block size {self.hash_block_size}?"
             )
-        suffix = kv_cache_group_id.to_bytes(4, "big")
+        suffix = group_suffix(kv_cache_group_id)
         block_map = self.cached_block_hash_to_block
         cache = block_map._cache
         events = self.enable_kv_cache_events

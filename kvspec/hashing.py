@@ -67,9 +67,20 @@ def _process_seed() -> bytes:
 PROCESS_SEED = _process_seed()
 
 
+#: group_suffix of the first 256 groups, computed once: hit searches ask for it per block and group.
+GROUP_SUFFIXES: tuple[bytes, ...] = tuple(gid.to_bytes(4, "big") for gid in range(256))
+
+
+def group_suffix(group_id: int) -> bytes:
+    """What follows a block hash in a prefix-cache map key: the 4-byte big-endian group id."""
+    if 0 <= group_id < 256:
+        return GROUP_SUFFIXES[group_id]
+    return group_id.to_bytes(4, "big")
+
+
 def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> BlockHashWithGroupId:
     """Key of a block in the prefix-cache map: the hash followed by the 4-byte big-endian group id."""
-    return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
+    return BlockHashWithGroupId(block_hash + group_suffix(group_id))
 
 
 def get_block_hash(key: bytes) -> BlockHash:

@@ -20,9 +20,11 @@ from mypy_extensions import mypyc_attr
 from kvspec.block_metrics import BlockMetricsObserver
 from kvspec.errors import BlockPoolError, InvariantViolationError, NotEnoughFreeBlocksError
 from kvspec.hashing import (
+    GROUP_SUFFIXES,
     BlockHashListWithBlockSize,
     get_block_hash,
     get_group_id,
+    group_suffix,
     make_block_hash_with_group_id,
 )
 from kvspec.request_view import RequestView
@@ -166,10 +168,6 @@ class FreeKVCacheBlockQueue:
         return out
 
 
-#: The 4-byte big-endian group ids that follow a block hash in the prefix-cache map, for the first 256 groups.
-_GROUP_SUFFIXES: tuple[bytes, ...] = tuple(gid.to_bytes(4, "big") for gid in range(256))
-
-
 class BlockHashToBlockMap:
     """Prefix-cache map: key -> one block, or a dict of blocks when several hold the same content.
 
@@ -191,10 +189,11 @@ class BlockHashToBlockMap:
         """The block cached under ``block_hash`` for every group (the first of any duplicates), or None at
         the first group that misses (most positions of a sliding-window search miss in the first group)."""
         cache = self._cache
-        suffixes = _GROUP_SUFFIXES
+        suffixes = GROUP_SUFFIXES
         out: list[KVCacheBlock] = []
         for gid in kv_cache_group_ids:
-            entry = cache.get(block_hash + (suffixes[gid] if 0 <= gid < 256 else gid.to_bytes(4, "big")))
+            # group_suffix inlined: this runs per window block and group, and a call per group shows
+            entry = cache.get(block_hash + (suffixes[gid] if 0 <= gid < 256 else group_suffix(gid)))
             if entry is None:
                 return None
             out.append(entry if entry.__class__ is KVCacheBlock else next(iter(entry.values())))  # type: ignore[union-attr]
@@ -292,13 +291,6 @@ class AllBlocksCleared:
 
 
 KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
-
-
-def group_suffix(kv_cache_group_id: int) -> bytes:
-    """The map-key suffix of a group (see kvspec.hashing.make_block_hash_with_group_id)."""
-    if 0 <= kv_cache_group_id < 256:
-        return _GROUP_SUFFIXES[kv_cache_group_id]
-    return kv_cache_group_id.to_bytes(4, "big")
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # integrations and tests subclass it in plain Python

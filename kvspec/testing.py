@@ -34,7 +34,7 @@ from kvspec.config import KVCacheConfig, scheduler_spec
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.device.kv_cache import allocate_kv_caches, page_views_of
 from kvspec.errors import KVSpecError, PluginContractError
-from kvspec.hashing import BlockHashListWithBlockSize
+from kvspec.hashing import BlockHashListWithBlockSize, make_block_hash_with_group_id
 from kvspec.manager_api import KVCacheManager
 from kvspec.planning import get_kv_cache_config
 from kvspec.pool import BlockStored, KVCacheBlock
@@ -253,7 +253,7 @@ class CoordinatorChecker:
             for i, block in enumerate(group):
                 if block.is_null:
                     continue
-                if block.block_hash != view[i] + gid.to_bytes(4, "big"):
+                if block.block_hash != make_block_hash_with_group_id(view[i], gid):
                     raise _fail(
                         f"group {gid}'s hit puts block {block.block_id} at position {i}, but it is not cached "
                         "under this request's hash for that position (find_longest_cache_hit matched the "

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from mypy_extensions import mypyc_attr
 
 from kvspec.errors import SpecValidationError
+from kvspec.hashing import group_suffix
 from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
 from kvspec.pool import KVCacheBlock
@@ -28,7 +29,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         max_num_blocks = min(query.max_length // block_size, len(block_hashes))
         lookup = block_pool.get_cached_block
         if len(kv_cache_group_ids) == 1:
-            suffix = kv_cache_group_ids[0].to_bytes(4, "big")
+            suffix = group_suffix(kv_cache_group_ids[0])
             computed = (
                 block_pool.cached_block_hash_to_block.longest_chain(block_hashes, suffix, max_num_blocks),
             )

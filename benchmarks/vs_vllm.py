@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -406,8 +407,16 @@ def _plan_seconds(adapter: Any) -> float:
     return time.perf_counter() - t0
 
 
+# Made once per process and shared by every round and library (as a single run always did): generating
+# them (0.5-1 M random tokens) took longer than some of the runs that use them.
+@functools.cache
 def _w3_prompts(quick: bool) -> list[list[int]]:
     return make_prompts(128 if quick else 512, 2048, 0, seed=1)  # x 2,048 tokens: 1,048,576 in full mode
+
+
+@functools.cache
+def _w12_prompts(quick: bool) -> list[list[int]]:
+    return make_prompts(64 if quick else 256, 2048, 1024)
 
 
 class LocalRunner:
@@ -420,7 +429,7 @@ class LocalRunner:
 
     def drive(self, model: str, blocks: int, quick: bool, trace: bool) -> tuple[RunResult, list[Any] | None]:
         out: list[Any] | None = [] if trace else None
-        result = drive(self.adapter, model, blocks, make_prompts(64 if quick else 256, 2048, 1024), out)
+        result = drive(self.adapter, model, blocks, _w12_prompts(quick), out)
         return result, None if out is None else json.loads(json.dumps(_normalise(out)))
 
     def hash_seconds(self, algorithm: str, quick: bool) -> float:

@@ -99,7 +99,7 @@ def _compiled_copy(session: nox.Session) -> str:
     workdir = os.environ.get("KVSPEC_COMPILED_DIR") or tempfile.mkdtemp(prefix="kvspec-compiled-")
     tracked = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
     names = [t.decode() for t in tracked if t]
-    same = bool(glob.glob(f"{workdir}/kvspec/*.so")) and all(
+    same = bool(glob.glob(f"{workdir}/kvspec/**/*.so", recursive=True)) and all(
         os.path.exists(f"{workdir}/{n}") and filecmp.cmp(n, f"{workdir}/{n}", shallow=False) for n in names
     )
     if same:

@@ -42,7 +42,7 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 import torch
 
 import kvspec
-from kvspec.hashing import BlockHasher
+from kvspec.blocks.hashing import BlockHasher
 from kvspec.planning import generate_scheduler_kv_cache_config, get_kv_cache_configs
 
 BLOCK = 16

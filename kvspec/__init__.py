@@ -1,10 +1,14 @@
 """kvspec: typed, pluggable KV cache specs, registry, planning, block management and block tables.
 
-Data flows one way: spec -> registry -> plan -> manager (coordinator) -> block table. This module is the
-public API in one place. Names load on first use (PEP 562), so ``import kvspec`` and ``kvspec --help`` do
-not pay for torch; the first name used registers the built-in specs (kvspec.builtins) before it is
-returned. Code that imports submodules directly (``from kvspec.registry import default_registry``) should
-``import kvspec.builtins`` (or any name from ``kvspec``) before it relies on the built-ins.
+Data flows one way: spec -> registry -> plan -> manager (coordinator) -> block table; ``docs/ARCHITECTURE.md``
+shows which folder holds which layer. This module is the public API in one place: ``_API`` below is the one
+declaration (module -> names), ``__all__`` is derived from it, and the ``TYPE_CHECKING`` imports repeat it
+for type checkers (``tests/unit/test_public_api.py`` keeps the two equal). Names load on first use
+(PEP 562), so ``import kvspec`` and ``kvspec --help`` do not pay for torch; the first name used registers the
+built-in specs (``kvspec.registry.builtins``) before it is returned. Code that imports submodules directly
+(``from kvspec.registry import default_registry``) should ``import kvspec.builtins`` (or use any name from
+``kvspec``) before it relies on the built-ins. Every exception class is in ``kvspec.errors``; the ones here
+are the bases a caller catches.
 """
 
 from __future__ import annotations
@@ -13,341 +17,346 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvspec.config import (
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        KVCacheTensor,
+    from kvspec.blocks.events import (
+        AllBlocksCleared as AllBlocksCleared,
+    )
+    from kvspec.blocks.events import (
+        BlockRemoved as BlockRemoved,
+    )
+    from kvspec.blocks.events import (
+        BlockStored as BlockStored,
+    )
+    from kvspec.blocks.events import (
+        KVCacheEvent as KVCacheEvent,
+    )
+    from kvspec.blocks.hashing import BlockHash as BlockHash
+    from kvspec.blocks.hashing import BlockHasher as BlockHasher
+    from kvspec.blocks.hashing import MultiModalFeature as MultiModalFeature
+    from kvspec.blocks.pool import (
+        BlockId as BlockId,
+    )
+    from kvspec.blocks.pool import (
+        BlockPool as BlockPool,
+    )
+    from kvspec.blocks.pool import (
+        KVCacheBlock as KVCacheBlock,
+    )
+    from kvspec.blocks.request import (
+        Request as Request,
+    )
+    from kvspec.blocks.request_view import (
+        RequestView as RequestView,
+    )
+    from kvspec.contracts.manager import (
+        HitQuery as HitQuery,
+    )
+    from kvspec.contracts.manager import (
+        HitResult as HitResult,
+    )
+    from kvspec.contracts.manager import (
+        KVCacheManager as KVCacheManager,
+    )
+    from kvspec.contracts.manager import (
+        ManagerContext as ManagerContext,
+    )
+    from kvspec.contracts.spec import (
+        KVCacheSpec as KVCacheSpec,
+    )
+    from kvspec.contracts.spec import (
+        SchedulerLimits as SchedulerLimits,
+    )
+    from kvspec.contracts.spec import (
+        SpecCollection as SpecCollection,
+    )
+    from kvspec.contracts.spec import (
+        as_spec_list as as_spec_list,
+    )
+    from kvspec.contracts.traits import (
+        PageView as PageView,
+    )
+    from kvspec.contracts.traits import (
+        SpecHooks as SpecHooks,
+    )
+    from kvspec.contracts.traits import (
+        SpecTraits as SpecTraits,
+    )
+    from kvspec.contracts.traits import (
+        traits_of as traits_of,
     )
     from kvspec.coordinator import (
-        KVCacheBlocks,
-        KVCacheCoordinator,
+        KVCacheBlocks as KVCacheBlocks,
+    )
+    from kvspec.coordinator import (
+        KVCacheCoordinator as KVCacheCoordinator,
+    )
+    from kvspec.coordinator.stats import (
+        PrefixCacheStats as PrefixCacheStats,
     )
     from kvspec.errors import (
-        BlockPoolError,
-        CapabilityError,
-        CapacityError,
-        ConflictingLayerSpecError,
-        ConflictingRegistrationError,
-        DeviceError,
-        HybridUnificationError,
-        InsufficientKVCacheMemoryError,
-        InvariantError,
-        InvariantViolationError,
-        KVSpecError,
-        KVSpecTypeError,
-        ManagerProtocolError,
-        ManagerSignatureError,
-        MissingManagerError,
-        ModelConfigError,
-        NotEnoughFreeBlocksError,
-        PageSizeUnificationError,
-        PlanningError,
-        PluginContractError,
-        PluginError,
-        RegistrationError,
-        SchedulingError,
-        SpecClassError,
-        SpecMergeError,
-        SpecProtocolError,
-        SpecValidationError,
-        TraitsError,
-        UniformBaseError,
-        UnregisteredSpecError,
-        UnsupportedConfigurationError,
-        WindowSizeMismatchError,
+        CapacityError as CapacityError,
     )
-    from kvspec.hashing import (
-        BlockHash,
-        BlockHasher,
-        MultiModalFeature,
+    from kvspec.errors import (
+        InvariantError as InvariantError,
     )
-    from kvspec.manager_api import (
-        HitQuery,
-        HitResult,
-        KVCacheManager,
-        ManagerContext,
+    from kvspec.errors import (
+        KVSpecError as KVSpecError,
+    )
+    from kvspec.errors import (
+        PlanningError as PlanningError,
+    )
+    from kvspec.errors import (
+        PluginError as PluginError,
+    )
+    from kvspec.errors import (
+        RegistrationError as RegistrationError,
+    )
+    from kvspec.errors import (
+        SchedulingError as SchedulingError,
+    )
+    from kvspec.errors import (
+        SpecValidationError as SpecValidationError,
+    )
+    from kvspec.errors import (
+        UnsupportedConfigurationError as UnsupportedConfigurationError,
     )
     from kvspec.managers import (
-        ChunkedLocalAttentionManager,
-        CrossAttentionManager,
-        FullAttentionManager,
-        MambaManager,
-        SingleTypeKVCacheManager,
-        SinkFullAttentionManager,
-        SlidingWindowManager,
+        ChunkedLocalAttentionManager as ChunkedLocalAttentionManager,
     )
-    from kvspec.pool import (
-        AllBlocksCleared,
-        BlockId,
-        BlockPool,
-        BlockRemoved,
-        BlockStored,
-        KVCacheBlock,
+    from kvspec.managers import (
+        CrossAttentionManager as CrossAttentionManager,
     )
-    from kvspec.protocols import (
-        KVCacheSpec,
-        SchedulerLimits,
-        SpecCollection,
-        as_spec_list,
+    from kvspec.managers import (
+        FullAttentionManager as FullAttentionManager,
+    )
+    from kvspec.managers import (
+        MambaManager as MambaManager,
+    )
+    from kvspec.managers import (
+        SingleTypeKVCacheManager as SingleTypeKVCacheManager,
+    )
+    from kvspec.managers import (
+        SinkFullAttentionManager as SinkFullAttentionManager,
+    )
+    from kvspec.managers import (
+        SlidingWindowManager as SlidingWindowManager,
+    )
+    from kvspec.planning.config import (
+        KVCacheConfig as KVCacheConfig,
+    )
+    from kvspec.planning.config import (
+        KVCacheGroupSpec as KVCacheGroupSpec,
+    )
+    from kvspec.planning.config import (
+        KVCacheTensor as KVCacheTensor,
     )
     from kvspec.registry import (
-        AnyRegistry,
-        Capabilities,
-        Registration,
-        Registry,
-        apply_platform_hook,
-        default_registry,
-        load_plugins,
-        register_kv_cache_spec,
+        AnyRegistry as AnyRegistry,
     )
-    from kvspec.request import (
-        Request,
+    from kvspec.registry import (
+        Capabilities as Capabilities,
     )
-    from kvspec.request_view import (
-        RequestView,
+    from kvspec.registry import (
+        Registration as Registration,
+    )
+    from kvspec.registry import (
+        Registry as Registry,
+    )
+    from kvspec.registry import (
+        apply_platform_hook as apply_platform_hook,
+    )
+    from kvspec.registry import (
+        default_registry as default_registry,
+    )
+    from kvspec.registry import (
+        load_plugins as load_plugins,
+    )
+    from kvspec.registry import (
+        register_kv_cache_spec as register_kv_cache_spec,
     )
     from kvspec.specs import (
-        AttentionSpec,
-        ChunkedLocalAttentionSpec,
-        CrossAttentionSpec,
-        EncoderOnlyAttentionSpec,
-        FullAttentionSpec,
-        HiddenStateCacheSpec,
-        KVCacheSpecKind,
-        KVQuantMode,
-        MambaSpec,
-        MLAAttentionSpec,
-        SinkFullAttentionSpec,
-        SlidingWindowMLASpec,
-        SlidingWindowSpec,
-        TQFullAttentionSpec,
-        UniformTypeKVCacheSpecs,
-        get_kv_cache_spec_kind,
-        get_kv_cache_spec_sliding_window,
-        get_kv_quant_mode,
+        AttentionSpec as AttentionSpec,
     )
-    from kvspec.stats_events import (
-        PrefixCacheStats,
+    from kvspec.specs import (
+        ChunkedLocalAttentionSpec as ChunkedLocalAttentionSpec,
     )
-    from kvspec.traits import (
-        PageView,
-        SpecHooks,
-        SpecTraits,
-        traits_of,
+    from kvspec.specs import (
+        CrossAttentionSpec as CrossAttentionSpec,
+    )
+    from kvspec.specs import (
+        EncoderOnlyAttentionSpec as EncoderOnlyAttentionSpec,
+    )
+    from kvspec.specs import (
+        FullAttentionSpec as FullAttentionSpec,
+    )
+    from kvspec.specs import (
+        HiddenStateCacheSpec as HiddenStateCacheSpec,
+    )
+    from kvspec.specs import (
+        KVCacheSpecKind as KVCacheSpecKind,
+    )
+    from kvspec.specs import (
+        KVQuantMode as KVQuantMode,
+    )
+    from kvspec.specs import (
+        MambaSpec as MambaSpec,
+    )
+    from kvspec.specs import (
+        MLAAttentionSpec as MLAAttentionSpec,
+    )
+    from kvspec.specs import (
+        SinkFullAttentionSpec as SinkFullAttentionSpec,
+    )
+    from kvspec.specs import (
+        SlidingWindowMLASpec as SlidingWindowMLASpec,
+    )
+    from kvspec.specs import (
+        SlidingWindowSpec as SlidingWindowSpec,
+    )
+    from kvspec.specs import (
+        TQFullAttentionSpec as TQFullAttentionSpec,
+    )
+    from kvspec.specs import (
+        UniformTypeKVCacheSpecs as UniformTypeKVCacheSpecs,
+    )
+    from kvspec.specs import (
+        get_kv_cache_spec_kind as get_kv_cache_spec_kind,
+    )
+    from kvspec.specs import (
+        get_kv_cache_spec_sliding_window as get_kv_cache_spec_sliding_window,
+    )
+    from kvspec.specs import (
+        get_kv_quant_mode as get_kv_quant_mode,
     )
 
 __version__ = "0.1.0"
 
-#: Public name -> the module that defines it.
-_EXPORTS: dict[str, str] = {
-    "AllBlocksCleared": "kvspec.pool",
-    "AnyRegistry": "kvspec.registry",
-    "AttentionSpec": "kvspec.specs",
-    "BlockHash": "kvspec.hashing",
-    "BlockHasher": "kvspec.hashing",
-    "BlockId": "kvspec.pool",
-    "BlockPool": "kvspec.pool",
-    "BlockPoolError": "kvspec.errors",
-    "BlockRemoved": "kvspec.pool",
-    "BlockStored": "kvspec.pool",
-    "Capabilities": "kvspec.registry",
-    "CapabilityError": "kvspec.errors",
-    "CapacityError": "kvspec.errors",
-    "ChunkedLocalAttentionManager": "kvspec.managers",
-    "ChunkedLocalAttentionSpec": "kvspec.specs",
-    "ConflictingLayerSpecError": "kvspec.errors",
-    "ConflictingRegistrationError": "kvspec.errors",
-    "CrossAttentionManager": "kvspec.managers",
-    "CrossAttentionSpec": "kvspec.specs",
-    "DeviceError": "kvspec.errors",
-    "EncoderOnlyAttentionSpec": "kvspec.specs",
-    "FullAttentionManager": "kvspec.managers",
-    "FullAttentionSpec": "kvspec.specs",
-    "HiddenStateCacheSpec": "kvspec.specs",
-    "HitQuery": "kvspec.manager_api",
-    "HitResult": "kvspec.manager_api",
-    "HybridUnificationError": "kvspec.errors",
-    "InsufficientKVCacheMemoryError": "kvspec.errors",
-    "InvariantError": "kvspec.errors",
-    "InvariantViolationError": "kvspec.errors",
-    "KVCacheBlock": "kvspec.pool",
-    "KVCacheBlocks": "kvspec.coordinator",
-    "KVCacheConfig": "kvspec.config",
-    "KVCacheCoordinator": "kvspec.coordinator",
-    "KVCacheGroupSpec": "kvspec.config",
-    "KVCacheManager": "kvspec.manager_api",
-    "KVCacheSpec": "kvspec.protocols",
-    "KVCacheSpecKind": "kvspec.specs",
-    "KVCacheTensor": "kvspec.config",
-    "KVQuantMode": "kvspec.specs",
-    "KVSpecError": "kvspec.errors",
-    "KVSpecTypeError": "kvspec.errors",
-    "MLAAttentionSpec": "kvspec.specs",
-    "MambaManager": "kvspec.managers",
-    "MambaSpec": "kvspec.specs",
-    "ManagerContext": "kvspec.manager_api",
-    "ManagerProtocolError": "kvspec.errors",
-    "ManagerSignatureError": "kvspec.errors",
-    "MissingManagerError": "kvspec.errors",
-    "ModelConfigError": "kvspec.errors",
-    "MultiModalFeature": "kvspec.hashing",
-    "NotEnoughFreeBlocksError": "kvspec.errors",
-    "PageSizeUnificationError": "kvspec.errors",
-    "PageView": "kvspec.traits",
-    "PlanningError": "kvspec.errors",
-    "PluginContractError": "kvspec.errors",
-    "PluginError": "kvspec.errors",
-    "PrefixCacheStats": "kvspec.stats_events",
-    "Registration": "kvspec.registry",
-    "RegistrationError": "kvspec.errors",
-    "Registry": "kvspec.registry",
-    "Request": "kvspec.request",
-    "RequestView": "kvspec.request_view",
-    "SchedulerLimits": "kvspec.protocols",
-    "SchedulingError": "kvspec.errors",
-    "SingleTypeKVCacheManager": "kvspec.managers",
-    "SinkFullAttentionManager": "kvspec.managers",
-    "SinkFullAttentionSpec": "kvspec.specs",
-    "SlidingWindowMLASpec": "kvspec.specs",
-    "SlidingWindowManager": "kvspec.managers",
-    "SlidingWindowSpec": "kvspec.specs",
-    "SpecClassError": "kvspec.errors",
-    "SpecCollection": "kvspec.protocols",
-    "SpecHooks": "kvspec.traits",
-    "SpecMergeError": "kvspec.errors",
-    "SpecProtocolError": "kvspec.errors",
-    "SpecTraits": "kvspec.traits",
-    "SpecValidationError": "kvspec.errors",
-    "TQFullAttentionSpec": "kvspec.specs",
-    "TraitsError": "kvspec.errors",
-    "UniformBaseError": "kvspec.errors",
-    "UniformTypeKVCacheSpecs": "kvspec.specs",
-    "UnregisteredSpecError": "kvspec.errors",
-    "UnsupportedConfigurationError": "kvspec.errors",
-    "WindowSizeMismatchError": "kvspec.errors",
-    "apply_platform_hook": "kvspec.registry",
-    "as_spec_list": "kvspec.protocols",
-    "default_registry": "kvspec.registry",
-    "get_kv_cache_spec_kind": "kvspec.specs",
-    "get_kv_cache_spec_sliding_window": "kvspec.specs",
-    "get_kv_quant_mode": "kvspec.specs",
-    "load_plugins": "kvspec.registry",
-    "register_kv_cache_spec": "kvspec.registry",
-    "traits_of": "kvspec.traits",
+if TYPE_CHECKING:
+    #: "pure", "compiled" or "mixed": which build of kvspec runs (kvspec.build_info).
+    __build__: str
+
+#: The public API: defining module -> the names it exports.
+_API: dict[str, tuple[str, ...]] = {
+    "kvspec.blocks.events": (
+        "AllBlocksCleared",
+        "BlockRemoved",
+        "BlockStored",
+        "KVCacheEvent",
+    ),
+    "kvspec.blocks.hashing": (
+        "BlockHash",
+        "BlockHasher",
+        "MultiModalFeature",
+    ),
+    "kvspec.blocks.pool": (
+        "BlockId",
+        "BlockPool",
+        "KVCacheBlock",
+    ),
+    "kvspec.blocks.request": ("Request",),
+    "kvspec.blocks.request_view": ("RequestView",),
+    "kvspec.contracts.manager": (
+        "HitQuery",
+        "HitResult",
+        "KVCacheManager",
+        "ManagerContext",
+    ),
+    "kvspec.contracts.spec": (
+        "KVCacheSpec",
+        "SchedulerLimits",
+        "SpecCollection",
+        "as_spec_list",
+    ),
+    "kvspec.contracts.traits": (
+        "PageView",
+        "SpecHooks",
+        "SpecTraits",
+        "traits_of",
+    ),
+    "kvspec.coordinator": (
+        "KVCacheBlocks",
+        "KVCacheCoordinator",
+    ),
+    "kvspec.coordinator.stats": ("PrefixCacheStats",),
+    "kvspec.errors": (
+        "CapacityError",
+        "InvariantError",
+        "KVSpecError",
+        "PlanningError",
+        "PluginError",
+        "RegistrationError",
+        "SchedulingError",
+        "SpecValidationError",
+        "UnsupportedConfigurationError",
+    ),
+    "kvspec.managers": (
+        "ChunkedLocalAttentionManager",
+        "CrossAttentionManager",
+        "FullAttentionManager",
+        "MambaManager",
+        "SingleTypeKVCacheManager",
+        "SinkFullAttentionManager",
+        "SlidingWindowManager",
+    ),
+    "kvspec.planning.config": (
+        "KVCacheConfig",
+        "KVCacheGroupSpec",
+        "KVCacheTensor",
+    ),
+    "kvspec.registry": (
+        "AnyRegistry",
+        "Capabilities",
+        "Registration",
+        "Registry",
+        "apply_platform_hook",
+        "default_registry",
+        "load_plugins",
+        "register_kv_cache_spec",
+    ),
+    "kvspec.specs": (
+        "AttentionSpec",
+        "ChunkedLocalAttentionSpec",
+        "CrossAttentionSpec",
+        "EncoderOnlyAttentionSpec",
+        "FullAttentionSpec",
+        "HiddenStateCacheSpec",
+        "KVCacheSpecKind",
+        "KVQuantMode",
+        "MLAAttentionSpec",
+        "MambaSpec",
+        "SinkFullAttentionSpec",
+        "SlidingWindowMLASpec",
+        "SlidingWindowSpec",
+        "TQFullAttentionSpec",
+        "UniformTypeKVCacheSpecs",
+        "get_kv_cache_spec_kind",
+        "get_kv_cache_spec_sliding_window",
+        "get_kv_quant_mode",
+    ),
 }
 
+#: Public name -> the module that defines it.
+_EXPORTS: dict[str, str] = {name: module for module, names in _API.items() for name in names}
 
-def __getattr__(name: str) -> Any:
-    if name == "__build__":
-        from kvspec.build_info import build_info
+__all__ = sorted(_EXPORTS)
 
-        return build_info().build
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kvspec' has no attribute {name!r}")
-    importlib.import_module("kvspec.builtins")  # the built-ins are registered before any name is used
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+
+if not TYPE_CHECKING:  # type checkers see the imports above; an unknown name stays an error for them
+
+    def __getattr__(name: str) -> Any:
+        if name == "__build__":
+            from kvspec.build_info import build_info
+
+            return build_info().build
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'kvspec' has no attribute {name!r}")
+        importlib.import_module(
+            "kvspec.registry.builtins"
+        )  # the built-ins are registered before any name is used
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
-
-
-__all__ = [
-    "AllBlocksCleared",
-    "AnyRegistry",
-    "AttentionSpec",
-    "BlockHash",
-    "BlockHasher",
-    "BlockId",
-    "BlockPool",
-    "BlockPoolError",
-    "BlockRemoved",
-    "BlockStored",
-    "Capabilities",
-    "CapabilityError",
-    "CapacityError",
-    "ChunkedLocalAttentionManager",
-    "ChunkedLocalAttentionSpec",
-    "ConflictingLayerSpecError",
-    "ConflictingRegistrationError",
-    "CrossAttentionManager",
-    "CrossAttentionSpec",
-    "DeviceError",
-    "EncoderOnlyAttentionSpec",
-    "FullAttentionManager",
-    "FullAttentionSpec",
-    "HiddenStateCacheSpec",
-    "HitQuery",
-    "HitResult",
-    "HybridUnificationError",
-    "InsufficientKVCacheMemoryError",
-    "InvariantError",
-    "InvariantViolationError",
-    "KVCacheBlock",
-    "KVCacheBlocks",
-    "KVCacheConfig",
-    "KVCacheCoordinator",
-    "KVCacheGroupSpec",
-    "KVCacheManager",
-    "KVCacheSpec",
-    "KVCacheSpecKind",
-    "KVCacheTensor",
-    "KVQuantMode",
-    "KVSpecError",
-    "KVSpecTypeError",
-    "MLAAttentionSpec",
-    "MambaManager",
-    "MambaSpec",
-    "ManagerContext",
-    "ManagerProtocolError",
-    "ManagerSignatureError",
-    "MissingManagerError",
-    "ModelConfigError",
-    "MultiModalFeature",
-    "NotEnoughFreeBlocksError",
-    "PageSizeUnificationError",
-    "PageView",
-    "PlanningError",
-    "PluginContractError",
-    "PluginError",
-    "PrefixCacheStats",
-    "Registration",
-    "RegistrationError",
-    "Registry",
-    "Request",
-    "RequestView",
-    "SchedulerLimits",
-    "SchedulingError",
-    "SingleTypeKVCacheManager",
-    "SinkFullAttentionManager",
-    "SinkFullAttentionSpec",
-    "SlidingWindowMLASpec",
-    "SlidingWindowManager",
-    "SlidingWindowSpec",
-    "SpecClassError",
-    "SpecCollection",
-    "SpecHooks",
-    "SpecMergeError",
-    "SpecProtocolError",
-    "SpecTraits",
-    "SpecValidationError",
-    "TQFullAttentionSpec",
-    "TraitsError",
-    "UniformBaseError",
-    "UniformTypeKVCacheSpecs",
-    "UnregisteredSpecError",
-    "UnsupportedConfigurationError",
-    "WindowSizeMismatchError",
-    "apply_platform_hook",
-    "as_spec_list",
-    "default_registry",
-    "get_kv_cache_spec_kind",
-    "get_kv_cache_spec_sliding_window",
-    "get_kv_quant_mode",
-    "load_plugins",
-    "register_kv_cache_spec",
-    "traits_of",
-]

@@ -13,12 +13,12 @@ from typing import Literal
 
 #: Source paths, relative to the project root, of the modules ``KVSPEC_COMPILE=1`` compiles.
 COMPILED_MODULES: tuple[str, ...] = (
-    "kvspec/pool.py",
-    "kvspec/hashing.py",
-    "kvspec/hit_search.py",
-    "kvspec/request.py",
-    "kvspec/coordinator_core.py",
-    "kvspec/planning_core.py",
+    "kvspec/blocks/pool.py",
+    "kvspec/blocks/hashing.py",
+    "kvspec/coordinator/hit_search.py",
+    "kvspec/blocks/request.py",
+    "kvspec/coordinator/_core.py",
+    "kvspec/planning/_core.py",
     "kvspec/managers/base.py",
     "kvspec/managers/full.py",
     "kvspec/managers/sliding_window.py",

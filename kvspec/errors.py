@@ -135,10 +135,6 @@ class BlockPoolError(KVSpecError, RuntimeError):
     """The block pool was used in a way that breaks its invariants."""
 
 
-class InvariantViolationError(BlockPoolError, InvariantError):
-    """``check_invariants`` found ref counts, the free queue or the cache map inconsistent (a bug)."""
-
-
 class NotEnoughFreeBlocksError(BlockPoolError, CapacityError):
     """More blocks were requested than the pool has free."""
 
@@ -153,3 +149,34 @@ class PlotPathError(KVSpecError, ValueError):
 
 class DeviceError(KVSpecError, RuntimeError):
     """A device backend is unknown or its hardware/runtime is unavailable."""
+
+
+# Raised by kvspec.blocks.hashing, kvspec.device and kvspec.integrations (vLLM's exception bases).
+
+
+class UnknownHashFunctionError(KVSpecError, ValueError):
+    """The requested hash algorithm does not exist or its package is missing."""
+
+
+class BlockTableError(KVSpecError, ValueError):
+    """A block table was given sizes or rows that do not fit it."""
+
+
+class VllmRegistrationError(RegistrationError, AssertionError):
+    """A registration vLLM refuses with an assertion (kvspec's message, vLLM's exception base)."""
+
+
+class VllmSpecLookupError(KVSpecError, ValueError):
+    """``check_kv_cache_spec_registry`` found a layer whose spec type has no registration."""
+
+
+class SpecConversionError(KVSpecError, TypeError):
+    """A spec of a class the other library does not define (or not as a dataclass) cannot be converted."""
+
+
+class VllmConflictingLayerSpecError(ConflictingLayerSpecError, AssertionError):
+    """Workers report different specs for one layer (vLLM asserts; kvspec's message)."""
+
+
+class VllmPageSizeUnificationError(PageSizeUnificationError, NotImplementedError):
+    """Page sizes that block sizes cannot unify (vLLM raises NotImplementedError; kvspec's message)."""

@@ -29,21 +29,22 @@ from typing import Any
 
 import torch
 
-from kvspec.builtins import default_registry, register_builtins
-from kvspec.config import KVCacheConfig, scheduler_spec
+from kvspec.blocks.events import BlockStored
+from kvspec.blocks.hashing import BlockHashListWithBlockSize, make_block_hash_with_group_id
+from kvspec.blocks.pool import KVCacheBlock
+from kvspec.blocks.request import Request
+from kvspec.blocks.request_view import RequestView
+from kvspec.contracts.manager import KVCacheManager
+from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
+from kvspec.contracts.traits import SpecTraits, event_kind, traits_of
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.device.kv_cache import allocate_kv_caches, page_views_of
 from kvspec.errors import KVSpecError, PluginContractError
-from kvspec.hashing import BlockHashListWithBlockSize, make_block_hash_with_group_id
-from kvspec.manager_api import KVCacheManager
 from kvspec.planning import get_kv_cache_config
-from kvspec.pool import BlockStored, KVCacheBlock
-from kvspec.protocols import KVCacheSpec, SchedulerLimits
-from kvspec.registry import AnyRegistry, Registry
-from kvspec.request import Request
-from kvspec.request_view import RequestView
+from kvspec.planning.config import KVCacheConfig, scheduler_spec
+from kvspec.registry.builtins import default_registry, register_builtins
+from kvspec.registry.core import AnyRegistry, Registry
 from kvspec.specs.attention import FullAttentionSpec
-from kvspec.traits import SpecTraits, event_kind, traits_of
 
 __all__ = [
     "ConformanceReport",

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvspec.builtins import default_registry
+from kvspec.registry.builtins import default_registry
 
 
 @pytest.fixture(autouse=True)

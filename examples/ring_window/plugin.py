@@ -23,11 +23,11 @@ from kvspec import (
     SchedulerLimits,
     SlidingWindowManager,
     SpecCollection,
-    SpecMergeError,
     SpecTraits,
     SpecValidationError,
     as_spec_list,
 )
+from kvspec.errors import SpecMergeError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

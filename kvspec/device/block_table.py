@@ -14,17 +14,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvspec._checking import check_api
+from kvspec.contracts.checking import check_api
 from kvspec.device.backends import DeviceBackend, get_backend
-from kvspec.errors import KVSpecError
-from kvspec.specs._common import cdiv
+from kvspec.errors import BlockTableError
+from kvspec.intmath import cdiv
 
 PAD_SLOT_ID = -1
 IntArray = npt.NDArray[np.int64] | npt.NDArray[np.int32]
-
-
-class BlockTableError(KVSpecError, ValueError):
-    """A block table was given sizes or rows that do not fit it."""
 
 
 class HostDeviceBuffer:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from kvspec.config import KVCacheConfig
+from kvspec.contracts.spec import KVCacheSpec
+from kvspec.contracts.traits import PageView, traits_of
 from kvspec.errors import DeviceError
-from kvspec.protocols import KVCacheSpec
+from kvspec.planning.config import KVCacheConfig
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
-from kvspec.traits import PageView, traits_of
 
 LayerCache = torch.Tensor | tuple[torch.Tensor, ...]
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvspec.config import KVCacheConfig
+from kvspec.blocks.request import Request
+from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.coordinator import KVCacheCoordinator
 from kvspec.engine.model import TinyDecoder, TinyModelConfig
 from kvspec.engine.runner import ModelRunner
@@ -21,8 +22,7 @@ from kvspec.planning import (
     get_kv_cache_config_from_groups,
     get_kv_cache_groups,
 )
-from kvspec.protocols import KVCacheSpec, SchedulerLimits
-from kvspec.request import Request
+from kvspec.planning.config import KVCacheConfig
 
 
 @dataclass(kw_only=True, slots=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from kvspec.contracts.spec import KVCacheSpec
 from kvspec.device.kv_cache import gather_kv, write_kv
-from kvspec.protocols import KVCacheSpec
 from kvspec.specs.attention import FullAttentionSpec, SlidingWindowSpec
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvspec.config import KVCacheConfig
 from kvspec.device.block_table import MultiGroupBlockTable
 from kvspec.device.kv_cache import allocate_kv_caches
 from kvspec.engine.model import PagedBatch, TinyDecoder
 from kvspec.engine.scheduler import SchedulerOutput
 from kvspec.errors import KVSpecError
+from kvspec.planning.config import KVCacheConfig
 
 
 class ModelRunner:

@@ -8,8 +8,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvspec.blocks.request import Request
 from kvspec.coordinator import KVCacheCoordinator
-from kvspec.request import Request
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -21,12 +21,18 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from kvspec import specs as kvspec_specs
-from kvspec.builtins import default_registry
-from kvspec.errors import KVSpecError, RegistrationError, UnregisteredSpecError
-from kvspec.manager_api import KVCacheManager
-from kvspec.protocols import KVCacheSpec, SchedulerLimits
-from kvspec.registry import AnyRegistry, Registration
-from kvspec.specs._common import KVQuantMode
+from kvspec.contracts.manager import KVCacheManager
+from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
+from kvspec.errors import (
+    RegistrationError,
+    SpecConversionError,
+    UnregisteredSpecError,
+    VllmRegistrationError,
+    VllmSpecLookupError,
+)
+from kvspec.registry.builtins import default_registry
+from kvspec.registry.core import AnyRegistry, Registration
+from kvspec.specs.dtypes import KVQuantMode
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
 
 VLLM_SPECS_MODULE = "vllm.v1.kv_cache_interface"
@@ -46,18 +52,6 @@ SPEC_CLASS_NAMES = (
 )
 
 _C = TypeVar("_C", bound=type)
-
-
-class VllmRegistrationError(RegistrationError, AssertionError):
-    """A registration vLLM refuses with an assertion (kvspec's message, vLLM's exception base)."""
-
-
-class VllmSpecLookupError(KVSpecError, ValueError):
-    """``check_kv_cache_spec_registry`` found a layer whose spec type has no registration."""
-
-
-class SpecConversionError(KVSpecError, TypeError):
-    """A spec of a class the other library does not define (or not as a dataclass) cannot be converted."""
 
 
 # -- specs, both ways -------------------------------------------------------------------------------
@@ -315,8 +309,8 @@ def add_kv_sharing_layers_to_kv_cache_groups(
     """vLLM's worker utility, decided by ``kvspec.planning.add_kv_sharing_layers``: each sharing layer joins
     its target's group. vLLM's form mutates: the groups' ``layer_names`` lists are extended in place, and
     sharing layers are added to ``runner_only_attn_layers`` when given."""
-    from kvspec.config import KVCacheGroupSpec
     from kvspec.planning import add_kv_sharing_layers
+    from kvspec.planning.config import KVCacheGroupSpec
 
     if not shared_kv_cache_layers:
         return

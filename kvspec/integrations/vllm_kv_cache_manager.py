@@ -30,15 +30,16 @@ import importlib
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
+from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvspec.blocks.hashing import BlockHash, BlockHasher
+from kvspec.blocks.pool import BlockPool, KVCacheBlock
+from kvspec.blocks.request import Request
+from kvspec.blocks.request_view import RequestView
+from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
-from kvspec.hashing import BlockHash, BlockHasher
+from kvspec.coordinator.stats import PrefixCacheStats
 from kvspec.integrations.vllm_planning import config_from_vllm
-from kvspec.pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, KVCacheBlock
-from kvspec.protocols import SchedulerLimits
-from kvspec.registry import AnyRegistry
-from kvspec.request import Request
-from kvspec.request_view import RequestView
-from kvspec.stats_events import PrefixCacheStats
+from kvspec.registry.core import AnyRegistry
 
 __all__ = [
     "VllmBlockPool",

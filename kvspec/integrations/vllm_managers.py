@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from kvspec.blocks.pool import BlockPool, KVCacheBlock
+from kvspec.contracts.manager import HitQuery, ManagerContext
+from kvspec.contracts.traits import traits_of
 from kvspec.integrations.vllm import as_kvspec
-from kvspec.manager_api import HitQuery, ManagerContext
 from kvspec.managers.base import SingleTypeKVCacheManager
-from kvspec.pool import BlockPool, KVCacheBlock
-from kvspec.traits import traits_of
 
 __all__ = ["VllmStyleManager", "vllm_style"]
 

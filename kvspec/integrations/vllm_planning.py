@@ -13,14 +13,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvspec import planning
-from kvspec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
-from kvspec.errors import ConflictingLayerSpecError, PageSizeUnificationError
+from kvspec.contracts.spec import SchedulerLimits
+from kvspec.errors import (
+    ConflictingLayerSpecError,
+    PageSizeUnificationError,
+    VllmConflictingLayerSpecError,
+    VllmPageSizeUnificationError,
+)
 from kvspec.integrations.vllm import as_kvspec, to_kvspec_layers, to_vllm
-from kvspec.protocols import SchedulerLimits
+from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 
 __all__ = [
-    "VllmConflictingLayerSpecError",
-    "VllmPageSizeUnificationError",
     "config_from_vllm",
     "config_to_vllm",
     "estimate_max_model_len",
@@ -32,14 +35,6 @@ __all__ = [
     "project_kv_cache_groups_to_worker",
     "unify_hybrid_kv_cache_specs",
 ]
-
-
-class VllmConflictingLayerSpecError(ConflictingLayerSpecError, AssertionError):
-    """Workers report different specs for one layer (vLLM asserts; kvspec's message)."""
-
-
-class VllmPageSizeUnificationError(PageSizeUnificationError, NotImplementedError):
-    """Page sizes that block sizes cannot unify (vLLM raises NotImplementedError; kvspec's message)."""
 
 
 def limits_from_vllm_config(vllm_config: Any, max_model_len: int | None = None) -> SchedulerLimits:

@@ -1,4 +1,4 @@
-"""One manager per built-in spec family (registered by kvspec.builtins)."""
+"""One manager per built-in spec family (registered by kvspec.registry.builtins)."""
 
 from __future__ import annotations
 

@@ -34,11 +34,11 @@ from collections.abc import Iterator, Sequence
 
 from mypy_extensions import mypyc_attr
 
+from kvspec.blocks.pool import KVCacheBlock
+from kvspec.blocks.request_view import RequestView
+from kvspec.contracts.manager import HitQuery, HitResult, ManagerContext
 from kvspec.errors import SchedulingError
-from kvspec.manager_api import HitQuery, HitResult, ManagerContext
-from kvspec.pool import KVCacheBlock
-from kvspec.request_view import RequestView
-from kvspec.specs._common import cdiv
+from kvspec.intmath import cdiv
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass it in plain Python (compiled build)

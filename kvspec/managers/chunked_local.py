@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from kvspec.blocks.pool import KVCacheBlock
+from kvspec.contracts.manager import HitQuery, HitResult
+from kvspec.contracts.spec import KVCacheSpec
+from kvspec.contracts.traits import SpecTraits
 from kvspec.errors import UnsupportedConfigurationError
-from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager
-from kvspec.pool import KVCacheBlock
-from kvspec.protocols import KVCacheSpec
-from kvspec.traits import SpecTraits
 
 
 def _chunk(spec: KVCacheSpec, traits: SpecTraits) -> int:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvspec.blocks.pool import KVCacheBlock
+from kvspec.blocks.request_view import RequestView
+from kvspec.contracts.manager import HitQuery, HitResult
 from kvspec.errors import SchedulingError, UnsupportedConfigurationError
-from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager
-from kvspec.pool import KVCacheBlock
-from kvspec.request_view import RequestView
 
 
 class CrossAttentionManager(SingleTypeKVCacheManager):

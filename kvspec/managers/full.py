@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 from mypy_extensions import mypyc_attr
 
+from kvspec.blocks.hashing import group_suffix
+from kvspec.blocks.pool import KVCacheBlock
+from kvspec.contracts.manager import HitQuery, HitResult
 from kvspec.errors import SpecValidationError
-from kvspec.hashing import group_suffix
-from kvspec.manager_api import HitQuery, HitResult
 from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
-from kvspec.pool import KVCacheBlock
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass it in plain Python (compiled build)

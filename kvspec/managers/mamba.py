@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvspec.blocks.pool import KVCacheBlock
+from kvspec.blocks.request_view import RequestView
+from kvspec.contracts.manager import HitQuery, HitResult
+from kvspec.contracts.spec import MAMBA_CACHE_MODES, MambaCacheMode
 from kvspec.errors import UnsupportedConfigurationError
-from kvspec.manager_api import HitQuery, HitResult
+from kvspec.intmath import cdiv
 from kvspec.managers.base import SingleTypeKVCacheManager
-from kvspec.pool import KVCacheBlock
-from kvspec.protocols import MAMBA_CACHE_MODES, MambaCacheMode
-from kvspec.request_view import RequestView
-from kvspec.specs._common import cdiv
 
 
 class MambaManager(SingleTypeKVCacheManager):

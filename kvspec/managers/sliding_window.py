@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from mypy_extensions import mypyc_attr
 
+from kvspec.blocks.pool import KVCacheBlock
+from kvspec.blocks.request_view import RequestView
+from kvspec.contracts.manager import HitQuery, HitResult
+from kvspec.contracts.spec import KVCacheSpec
+from kvspec.contracts.traits import SpecTraits
 from kvspec.errors import UnsupportedConfigurationError
-from kvspec.manager_api import HitQuery, HitResult
+from kvspec.intmath import cdiv
 from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
-from kvspec.pool import KVCacheBlock
-from kvspec.protocols import KVCacheSpec
-from kvspec.request_view import RequestView
-from kvspec.specs._common import cdiv
-from kvspec.traits import SpecTraits
 
 
 def _window(spec: KVCacheSpec, traits: SpecTraits) -> int:

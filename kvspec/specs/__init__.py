@@ -1,29 +1,7 @@
 """Concrete KV cache specs, one module per family. All are frozen keyword-only dataclasses."""
 
-from kvspec.specs._common import (
-    KVQuantMode as KVQuantMode,
-)
-from kvspec.specs._common import (
-    cdiv as cdiv,
-)
-from kvspec.specs._common import (
-    dtype_size as dtype_size,
-)
-from kvspec.specs._common import (
-    get_kv_quant_mode as get_kv_quant_mode,
-)
-from kvspec.specs._common import (
-    is_quantized_kv_cache as is_quantized_kv_cache,
-)
-from kvspec.specs._common import (
-    kv_cache_uses_per_token_head_scales as kv_cache_uses_per_token_head_scales,
-)
-from kvspec.specs._common import (
-    nvfp4_full as nvfp4_full,
-)
-from kvspec.specs._common import (
-    round_up as round_up,
-)
+from kvspec.intmath import cdiv as cdiv
+from kvspec.intmath import round_up as round_up
 from kvspec.specs.attention import (
     AttentionSpec as AttentionSpec,
 )
@@ -48,6 +26,12 @@ from kvspec.specs.attention import (
 from kvspec.specs.attention import (
     TQFullAttentionSpec as TQFullAttentionSpec,
 )
+from kvspec.specs.dtypes import KVQuantMode as KVQuantMode
+from kvspec.specs.dtypes import dtype_size as dtype_size
+from kvspec.specs.dtypes import get_kv_quant_mode as get_kv_quant_mode
+from kvspec.specs.dtypes import is_quantized_kv_cache as is_quantized_kv_cache
+from kvspec.specs.dtypes import kv_cache_uses_per_token_head_scales as kv_cache_uses_per_token_head_scales
+from kvspec.specs.dtypes import nvfp4_full as nvfp4_full
 from kvspec.specs.kinds import (
     KVCacheSpecKind as KVCacheSpecKind,
 )

@@ -14,24 +14,18 @@ from typing import Any, ClassVar
 import torch
 from typing_extensions import Self
 
-from kvspec._checking import check_construction
+from kvspec.contracts.checking import check_construction
+from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits, SpecCollection, as_spec_list
+from kvspec.contracts.traits import PageView, SpecTraits, admission_cap, attention_page_views, cached_traits
 from kvspec.errors import (
     SpecMergeError,
     SpecValidationError,
     UnsupportedConfigurationError,
     WindowSizeMismatchError,
 )
-from kvspec.protocols import KVCacheSpec, SchedulerLimits, SpecCollection, as_spec_list
-from kvspec.specs._common import (
-    KVQuantMode,
-    cdiv,
-    dtype_size,
-    nvfp4_full,
-    require_dtype,
-    require_optional_positive,
-    require_positive,
-)
-from kvspec.traits import PageView, SpecTraits, admission_cap, attention_page_views, cached_traits
+from kvspec.intmath import cdiv
+from kvspec.specs._validate import require_dtype, require_optional_positive, require_positive
+from kvspec.specs.dtypes import KVQuantMode, dtype_size, nvfp4_full
 
 #: Fields that FullAttentionSpec.merge combines instead of requiring equality.
 _WINDOW_FIELDS = frozenset({"sliding_window", "attention_chunk_size"})
@@ -179,7 +173,7 @@ class AttentionSpec:
         )
 
     def kv_cache_traits(self) -> SpecTraits:
-        """The traits this spec declares (see kvspec.traits); subclasses override ``_declare_traits``."""
+        """The traits this spec declares (see kvspec.contracts.traits); subclasses override ``_declare_traits``."""
         return cached_traits(self, self._declare_traits)
 
     def _declare_traits(self) -> SpecTraits:

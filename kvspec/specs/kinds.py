@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from kvspec.traits import traits_of
+from kvspec.contracts.traits import traits_of
 
 
 class KVCacheSpecKind(str, Enum):

@@ -7,25 +7,20 @@ from dataclasses import dataclass, field
 import torch
 from typing_extensions import Self
 
-from kvspec._checking import check_construction
-from kvspec.errors import SpecValidationError
-from kvspec.protocols import (
+from kvspec.contracts.checking import check_construction
+from kvspec.contracts.spec import (
     MAMBA_CACHE_MODES,
     MambaCacheMode,
     SchedulerLimits,
     SpecCollection,
     as_spec_list,
 )
-from kvspec.specs._common import (
-    cdiv,
-    dtype_size,
-    prod,
-    require_dtype,
-    require_optional_positive,
-    require_positive,
-)
+from kvspec.contracts.traits import PageView, SpecTraits, cached_traits, is_count
+from kvspec.errors import SpecValidationError
+from kvspec.intmath import cdiv, prod
+from kvspec.specs._validate import require_dtype, require_optional_positive, require_positive
 from kvspec.specs.attention import merge_equal_specs
-from kvspec.traits import PageView, SpecTraits, cached_traits, is_count
+from kvspec.specs.dtypes import dtype_size
 
 
 @check_construction

@@ -11,12 +11,14 @@ from typing import ClassVar
 
 from typing_extensions import Self
 
-from kvspec._checking import check_construction
+from kvspec.contracts.checking import check_construction
+from kvspec.contracts.spec import KVCacheSpec, SpecCollection, as_spec_list
+from kvspec.contracts.traits import PageView, SpecTraits, attention_page_views
 from kvspec.errors import SpecValidationError
-from kvspec.protocols import KVCacheSpec, SpecCollection, as_spec_list
-from kvspec.specs._common import dtype_size, require_optional_positive, require_positive, round_up
+from kvspec.intmath import round_up
+from kvspec.specs._validate import require_optional_positive, require_positive
 from kvspec.specs.attention import AttentionSpec, FullAttentionSpec, SlidingWindowSpec
-from kvspec.traits import PageView, SpecTraits, attention_page_views
+from kvspec.specs.dtypes import dtype_size
 
 
 def _latent_views(spec: AttentionSpec) -> tuple[PageView, ...]:

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 from typing_extensions import Self
 
-from kvspec._checking import check_construction
+from kvspec.contracts.checking import check_construction
+from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits, SpecCollection
+from kvspec.contracts.traits import SpecTraits, common_value, traits_of
 from kvspec.errors import SpecValidationError
-from kvspec.protocols import KVCacheSpec, SchedulerLimits, SpecCollection
-from kvspec.specs._common import cdiv, require_positive
+from kvspec.intmath import cdiv
+from kvspec.specs._validate import require_positive
 from kvspec.specs.attention import merge_equal_specs
-from kvspec.traits import SpecTraits, common_value, traits_of
 
 
 @check_construction

@@ -19,7 +19,7 @@ from kvspec import (
     default_registry,
     register_kv_cache_spec,
 )
-from kvspec.registry import Registration
+from kvspec.registry.core import Registration
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -12,7 +12,6 @@ from kvspec import (
     BlockHasher,
     KVCacheBlocks,
     KVSpecError,
-    KVSpecTypeError,
     MambaSpec,
     Request,
     SchedulerLimits,
@@ -20,6 +19,7 @@ from kvspec import (
     SpecValidationError,
 )
 from kvspec.coordinator import as_count
+from kvspec.errors import KVSpecTypeError
 from tests.helpers import full_spec, make_coordinator, make_request, schedule, sw_spec
 
 
@@ -186,7 +186,7 @@ def test_mamba_shapes_are_checked_element_by_element() -> None:
 
 def test_coordinator_refuses_bad_hash_settings_at_construction() -> None:
     from kvspec import KVCacheCoordinator, UnsupportedConfigurationError
-    from kvspec.hashing import UnknownHashFunctionError
+    from kvspec.errors import UnknownHashFunctionError
     from tests.helpers import make_config
 
     config = make_config([full_spec()], 16)

@@ -8,9 +8,9 @@ from unittest.mock import patch
 
 import pytest
 
-from kvspec.block_metrics import KVCacheMetricsCollector
+from kvspec.blocks.metrics import KVCacheMetricsCollector
+from kvspec.blocks.pool import BlockPool
 from kvspec.errors import UnsupportedConfigurationError
-from kvspec.pool import BlockPool
 
 S = 1_000_000_000
 

@@ -8,8 +8,8 @@ import os
 import pytest
 
 import kvspec
+from kvspec.blocks.pool import BlockPool, KVCacheBlock
 from kvspec.build_info import COMPILED_MODULES, build_info
-from kvspec.pool import BlockPool, KVCacheBlock
 
 
 def test_build_is_reported_consistently() -> None:
@@ -38,7 +38,7 @@ def test_pure_python_subclass_of_the_block_pool_overrides_a_hot_method() -> None
 
 
 def test_inspect_names_the_build(capsys: pytest.CaptureFixture[str]) -> None:
-    from kvspec.cli import main
+    from kvspec.cli.main import main
 
     assert main(["inspect"]) == 0
     assert f"build: {build_info().build}" in capsys.readouterr().out
@@ -74,7 +74,7 @@ def test_pure_python_subclass_of_request_and_an_engines_own_request_type_both_ru
             self.lora_id: int | None = None
             self.cache_salt: str | None = None
             self.needs_extra_keys = False
-            self.block_hashes: list[kvspec.hashing.BlockHash] = []
+            self.block_hashes: list[kvspec.BlockHash] = []
             self.block_extra_keys: list[tuple[object, ...] | None] = []
             hasher.hash_new_blocks(self)
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.cli import main
-from kvspec.cli_args import parse_bytes
+from kvspec.cli.args import parse_bytes
+from kvspec.cli.main import main
 
 
 def kvspec(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kvspec.cli", *args],
+        [sys.executable, "-m", "kvspec.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -183,7 +183,7 @@ NO_EXTRAS = """
 import sys
 sys.modules["rich"] = None  # what `pip install kvspec` without the cli extra looks like
 sys.modules["matplotlib"] = None
-from kvspec.cli import main
+from kvspec.cli.main import main
 code = main(sys.argv[1:])
 raise SystemExit(code)
 """
@@ -244,9 +244,9 @@ def test_help_does_not_load_torch_or_the_library(argv: list[str]) -> None:
     """Help is answered from the parser alone (benchmarks/cli_startup.py times it)."""
     code = (
         "import sys\n"
-        "from kvspec.cli import main\n"
+        "from kvspec.cli.main import main\n"
         f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in ('torch', 'kvspec.coordinator', 'kvspec.builtins') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'kvspec.coordinator', 'kvspec.registry.builtins') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvspec import KVSpecError, ModelConfigError
-from kvspec.cli import make_parser
+from kvspec import KVSpecError
+from kvspec.cli.main import make_parser
+from kvspec.errors import ModelConfigError
 from kvspec.models import layout_from_config, load_model_config
 
 KVSPEC = Path(sys.executable).parent / "kvspec"
@@ -189,7 +190,7 @@ def test_tp_that_replicates_kv_heads_is_accepted_and_each_rank_holds_one() -> No
 
 CLOSED_PIPE = """
 import io, sys
-from kvspec.cli import main
+from kvspec.cli.main import main
 
 class ClosedPipe(io.TextIOWrapper):
     def write(self, text):

@@ -32,7 +32,6 @@ from kvspec import (
     MambaManager,
     MambaSpec,
     MLAAttentionSpec,
-    PluginContractError,
     SchedulerLimits,
     SinkFullAttentionManager,
     SinkFullAttentionSpec,
@@ -45,10 +44,11 @@ from kvspec import (
     get_kv_cache_spec_kind,
     traits_of,
 )
-from kvspec.cli import main
+from kvspec.cli.main import main
+from kvspec.contracts.spec import MambaCacheMode
 from kvspec.device.kv_cache import allocate_kv_caches
+from kvspec.errors import PluginContractError
 from kvspec.planning import get_kv_cache_config, get_kv_cache_groups, unify_hybrid_kv_cache_specs
-from kvspec.protocols import MambaCacheMode
 from kvspec.testing import check_plugin, plugin_state_machine
 from tests.helpers import make_config, make_request, schedule
 

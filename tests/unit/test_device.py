@@ -8,11 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec import DeviceError, FullAttentionSpec, SchedulerLimits, SlidingWindowSpec
+from kvspec import FullAttentionSpec, SchedulerLimits, SlidingWindowSpec
 from kvspec.device import (
     PAD_SLOT_ID,
     BlockTable,
-    BlockTableError,
     MultiGroupBlockTable,
     allocate_kv_caches,
     gather_kv,
@@ -21,6 +20,7 @@ from kvspec.device import (
     query_start_loc_to_req_indices,
     write_kv,
 )
+from kvspec.errors import BlockTableError, DeviceError
 from kvspec.planning import get_kv_cache_config
 
 

@@ -73,7 +73,7 @@ def test_simulate_command(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "kvspec.cli",
+            "kvspec.cli.main",
             "simulate",
             "tiny-hybrid",
             "--requests",
@@ -100,7 +100,7 @@ def test_simulate_command(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "kvspec.cli",
+            "kvspec.cli.main",
             "simulate",
             "llama-3.1-8b",
             "--requests",
@@ -117,7 +117,7 @@ def test_simulate_command(tmp_path: Path) -> None:
     data = json.loads(big.stdout)
     assert data["requests"] == 20 and data["prefix_cache_hit_rate"] > 0.5
     bad = subprocess.run(
-        [sys.executable, "-m", "kvspec.cli", "simulate", "no-such-model"],
+        [sys.executable, "-m", "kvspec.cli.main", "simulate", "no-such-model"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from kvspec import BlockHasher, MultiModalFeature, Request
-from kvspec.hashing import (
+from kvspec.blocks.hashing import (
     BlockHashListWithBlockSize,
-    UnknownHashFunctionError,
     generate_block_hash_extra_keys,
     get_block_hash,
     get_group_id,
     make_block_hash_with_group_id,
 )
+from kvspec.errors import UnknownHashFunctionError
 
 
 def extra(

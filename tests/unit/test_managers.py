@@ -19,7 +19,7 @@ from kvspec import (
     SlidingWindowSpec,
     UnsupportedConfigurationError,
 )
-from kvspec.hashing import BlockHash
+from kvspec.blocks.hashing import BlockHash
 from tests.helpers import ids
 
 BS = 2

@@ -15,9 +15,9 @@ from kvspec import (
     FullAttentionSpec,
     MambaSpec,
     MLAAttentionSpec,
-    ModelConfigError,
     SlidingWindowSpec,
 )
+from kvspec.errors import ModelConfigError
 from kvspec.models import build_model_layout, layout_from_config, load_model_config, preset_names
 
 B = 16

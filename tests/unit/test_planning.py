@@ -9,22 +9,24 @@ import torch
 
 from kvspec import (
     ChunkedLocalAttentionSpec,
-    ConflictingLayerSpecError,
     FullAttentionSpec,
     HiddenStateCacheSpec,
-    HybridUnificationError,
-    InsufficientKVCacheMemoryError,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     KVCacheTensor,
-    PageSizeUnificationError,
     SchedulerLimits,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
+)
+from kvspec.errors import (
+    ConflictingLayerSpecError,
+    HybridUnificationError,
+    InsufficientKVCacheMemoryError,
+    PageSizeUnificationError,
+    PlanningError,
     UnregisteredSpecError,
 )
-from kvspec.errors import PlanningError
 from kvspec.planning import (
     add_kv_sharing_layers,
     auto_fit_max_model_len,

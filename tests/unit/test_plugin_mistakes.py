@@ -14,35 +14,38 @@ from typing_extensions import Self
 
 from kvspec import (
     BlockPool,
-    ConflictingRegistrationError,
     FullAttentionManager,
     FullAttentionSpec,
     HitQuery,
     HitResult,
     KVCacheBlock,
     KVSpecError,
-    KVSpecTypeError,
     ManagerContext,
-    ManagerProtocolError,
-    ManagerSignatureError,
-    MissingManagerError,
-    PluginContractError,
     Registry,
     Request,
     SchedulerLimits,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
-    SpecClassError,
     SpecCollection,
-    SpecProtocolError,
     SpecTraits,
-    TraitsError,
-    UniformBaseError,
     default_registry,
 )
-from kvspec.builtins import register_builtins
 from kvspec.device.kv_cache import page_views_of
-from kvspec.errors import DeviceError, RegistrationError
+from kvspec.errors import (
+    ConflictingRegistrationError,
+    DeviceError,
+    KVSpecTypeError,
+    ManagerProtocolError,
+    ManagerSignatureError,
+    MissingManagerError,
+    PluginContractError,
+    RegistrationError,
+    SpecClassError,
+    SpecProtocolError,
+    TraitsError,
+    UniformBaseError,
+)
+from kvspec.registry.builtins import register_builtins
 from kvspec.testing import check_plugin
 
 ATTN: dict[str, Any] = dict(block_size=16, num_kv_heads=2, head_size=8, dtype=torch.float16)
@@ -560,7 +563,7 @@ def test_is_uniform_with_collection_accepts_vllms_dict_for_every_builtin() -> No
 
 
 def test_unknown_typecheck_mode_lists_the_valid_ones() -> None:
-    from kvspec._checking import typecheck_mode
+    from kvspec.contracts.checking import typecheck_mode
     from kvspec.errors import UnsupportedConfigurationError
 
     assert typecheck_mode(None) == "api" and typecheck_mode(" FULL ") == "full"

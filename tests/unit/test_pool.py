@@ -6,14 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec import BlockPool, BlockPoolError, KVCacheBlock, NotEnoughFreeBlocksError, Request
-from kvspec.pool import (
-    AllBlocksCleared,
-    BlockHashToBlockMap,
-    BlockRemoved,
-    BlockStored,
-    FreeKVCacheBlockQueue,
-)
+from kvspec import BlockPool, KVCacheBlock, Request
+from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvspec.blocks.pool import BlockHashToBlockMap, FreeKVCacheBlockQueue
+from kvspec.errors import BlockPoolError, NotEnoughFreeBlocksError
 from tests.helpers import ids
 
 
@@ -221,7 +217,8 @@ class TestBlockPool:
 def test_capacity_errors_are_apart_from_invariant_breaks() -> None:
     """Running out of blocks is a caller's normal condition (CapacityError); a corrupt pool is a bug
     (InvariantError); a caller can handle the first without swallowing the second."""
-    from kvspec import CapacityError, InvariantError, InvariantViolationError, NotEnoughFreeBlocksError
+    from kvspec import CapacityError, InvariantError
+    from kvspec.errors import NotEnoughFreeBlocksError
 
     pool = BlockPool(4)
     with pytest.raises(NotEnoughFreeBlocksError) as info:
@@ -231,7 +228,7 @@ def test_capacity_errors_are_apart_from_invariant_breaks() -> None:
     assert not isinstance(error, InvariantError)
     (block,) = pool.get_new_blocks(1)
     block.ref_cnt = 0  # corrupt: held by nobody, yet not in the free queue
-    with pytest.raises(InvariantViolationError) as broken:
+    with pytest.raises(InvariantError) as broken:
         pool.check_invariants()
     bug: Exception = broken.value
     assert isinstance(bug, InvariantError)

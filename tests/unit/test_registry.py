@@ -15,21 +15,16 @@ from typing_extensions import Self
 
 from kvspec import (
     Capabilities,
-    CapabilityError,
     ChunkedLocalAttentionManager,
     ChunkedLocalAttentionSpec,
-    ConflictingRegistrationError,
     CrossAttentionManager,
     CrossAttentionSpec,
     FullAttentionManager,
     FullAttentionSpec,
     HiddenStateCacheSpec,
     KVCacheSpec,
-    KVSpecTypeError,
     MambaManager,
     MambaSpec,
-    ManagerProtocolError,
-    MissingManagerError,
     MLAAttentionSpec,
     PluginError,
     Registry,
@@ -40,16 +35,23 @@ from kvspec import (
     SlidingWindowMLASpec,
     SlidingWindowSpec,
     SpecCollection,
-    SpecProtocolError,
     TQFullAttentionSpec,
-    UniformBaseError,
-    UnregisteredSpecError,
     apply_platform_hook,
     default_registry,
     load_plugins,
     register_kv_cache_spec,
 )
-from kvspec.builtins import register_builtins
+from kvspec.errors import (
+    CapabilityError,
+    ConflictingRegistrationError,
+    KVSpecTypeError,
+    ManagerProtocolError,
+    MissingManagerError,
+    SpecProtocolError,
+    UniformBaseError,
+    UnregisteredSpecError,
+)
+from kvspec.registry.builtins import register_builtins
 from tests.helpers import ForeignSpec
 
 BF16 = torch.bfloat16

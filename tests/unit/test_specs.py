@@ -14,21 +14,19 @@ from kvspec import (
     FullAttentionSpec,
     HiddenStateCacheSpec,
     KVQuantMode,
-    KVSpecTypeError,
     MambaSpec,
     MLAAttentionSpec,
     SchedulerLimits,
     SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
-    SpecMergeError,
     SpecValidationError,
     TQFullAttentionSpec,
     UniformTypeKVCacheSpecs,
     UnsupportedConfigurationError,
-    WindowSizeMismatchError,
     get_kv_quant_mode,
 )
+from kvspec.errors import KVSpecTypeError, SpecMergeError, WindowSizeMismatchError
 from kvspec.specs import (
     KVCacheSpecKind,
     get_kv_cache_spec_kind,

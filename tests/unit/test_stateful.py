@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvspec import KVCacheCoordinator, KVCacheSpec, MambaSpec, Request, RequestView
-from kvspec.hashing import BlockHashListWithBlockSize
+from kvspec.blocks.hashing import BlockHashListWithBlockSize
 from tests.helpers import full_spec, make_coordinator, make_request, sw_spec
 
 CONFIGS: dict[str, Callable[[], list[KVCacheSpec]]] = {

@@ -11,18 +11,16 @@ import torch
 
 from kvspec import FullAttentionManager, FullAttentionSpec, Registry, SlidingWindowManager, default_registry
 from kvspec import SlidingWindowSpec as SlidingWindowSpecOfKvspec
-from kvspec.builtins import register_builtins
+from kvspec.errors import SpecConversionError, VllmRegistrationError, VllmSpecLookupError
 from kvspec.integrations.vllm import (
     KVCacheSpecRegistry,
-    SpecConversionError,
-    VllmRegistrationError,
-    VllmSpecLookupError,
     apply_vllm_platform_hook,
     check_kv_cache_spec_registry,
     register_kv_cache_spec,
     to_kvspec,
     to_vllm,
 )
+from kvspec.registry.builtins import register_builtins
 from tests.helpers import ForeignSpec
 
 A: dict[str, Any] = dict(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)

@@ -28,7 +28,7 @@ def test_same_scheduling_outputs_as_stock_vllm_with_preemptions() -> None:
 
 def test_a_wrong_block_id_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison sees block ids: kvspec handing out blocks in another order fails it."""
-    from kvspec.pool import BlockPool
+    from kvspec.blocks.pool import BlockPool
 
     original = BlockPool.get_new_blocks
 

@@ -10,9 +10,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kvspec import managers, specs
-from kvspec.builtins import default_registry
 from kvspec.integrations.vllm import KVCacheSpecRegistry, register_kv_cache_spec
-from kvspec.registry import RegistrySnapshot
+from kvspec.registry.builtins import default_registry
+from kvspec.registry.core import RegistrySnapshot
 
 SPEC_NAMES = (
     "ChunkedLocalAttentionSpec",

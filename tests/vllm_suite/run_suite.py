@@ -51,7 +51,7 @@ ROUTED = {
     "tests/v1/core/test_single_type_kv_cache_manager.py": "BlockPool, KVCacheBlock, the managers (vLLM-style)",
     "tests/v1/test_kv_cache_spec_registry.py": "specs, managers, the registry (kvspec's facade)",
     "tests/v1/core/test_kv_sharing.py": "add_kv_sharing_layers_to_kv_cache_groups (kvspec.planning decides)",
-    "tests/v1/core/test_kv_cache_metrics.py": "BlockMetricsState, KVCacheMetricsCollector (kvspec.block_metrics)",
+    "tests/v1/core/test_kv_cache_metrics.py": "BlockMetricsState, KVCacheMetricsCollector (kvspec.blocks.metrics)",
     "tests/v1/core/test_kv_cache_utils.py": (
         "KVCacheBlock, FreeKVCacheBlockQueue, KVCacheManager, the planning functions (kvspec.integrations."
         "vllm_planning); the block-hash functions stay vLLM's (under the adapter vLLM's engine hashes)"

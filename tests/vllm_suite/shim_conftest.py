@@ -41,7 +41,7 @@ def _vllm_names_on_kvspec_blocks() -> None:
     """vLLM's names for the same things on kvspec's block and free queue (the queue is the same sentinel-
     bounded linked list; vLLM calls its sentinels fake_free_list_head/tail, a block's hash reset
     reset_hash()). Names only: the objects are kvspec's."""
-    from kvspec import pool
+    from kvspec.blocks import pool
 
     pool.FreeKVCacheBlockQueue.fake_free_list_head = property(lambda q: q._head)  # type: ignore[attr-defined]
     pool.FreeKVCacheBlockQueue.fake_free_list_tail = property(lambda q: q._tail)  # type: ignore[attr-defined]
@@ -94,7 +94,8 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 def _module_routes() -> dict[str, dict[str, object]]:
     """Per test file: the names its module imported from vLLM, bound to kvspec's instead (after import,
     so vLLM's own modules and the other files keep vLLM's classes)."""
-    from kvspec import hashing, managers, pool
+    from kvspec import managers
+    from kvspec.blocks import hashing, pool
     from kvspec.integrations.vllm_managers import vllm_style
 
     pool_names = {
@@ -105,7 +106,7 @@ def _module_routes() -> dict[str, dict[str, object]]:
         "get_block_hash": hashing.get_block_hash,
         "get_group_id": hashing.get_group_id,
     }
-    from kvspec import block_metrics
+    from kvspec.blocks import metrics as block_metrics
     from kvspec.integrations import vllm as vllm_integration
     from kvspec.integrations import vllm_planning
 

@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from kvspec.builtins import default_registry
+from kvspec.contracts.spec import KVCacheSpec
 from kvspec.errors import KVSpecError, ModelConfigError, PluginError
-from kvspec.protocols import KVCacheSpec
-from kvspec.registry import AnyRegistry, Registration
+from kvspec.registry.builtins import default_registry
+from kvspec.registry.core import AnyRegistry, Registration
 
 LAYOUT_KEY = "kvspec_layout"
 MAX_LAYERS = 100_000

@@ -24,19 +24,20 @@ from typing import Final, SupportsIndex
 
 from mypy_extensions import mypyc_attr
 
-from kvspec.builtins import default_registry
-from kvspec.config import KVCacheConfig, scheduler_spec
-from kvspec.errors import InvariantViolationError, SchedulingError, UnsupportedConfigurationError
-from kvspec.hashing import BlockHasher, get_hash_fn_by_name
-from kvspec.hit_search import PrefixHitSearch, split_spec_groups
-from kvspec.manager_api import KVCacheManager, ManagerContext
+from kvspec.blocks.events import KVCacheEvent
+from kvspec.blocks.hashing import BlockHasher, get_hash_fn_by_name
+from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
+from kvspec.blocks.request_view import RequestView
+from kvspec.contracts.manager import KVCacheManager, ManagerContext
+from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
+from kvspec.contracts.traits import SpecTraits, traits_of
+from kvspec.coordinator.hit_search import PrefixHitSearch, split_spec_groups
+from kvspec.coordinator.stats import PrefixCacheStats, annotate_events, group_event_metadata
+from kvspec.errors import InvariantError, SchedulingError, UnsupportedConfigurationError
 from kvspec.managers.base import SingleTypeKVCacheManager
-from kvspec.pool import BlockId, BlockPool, KVCacheBlock, KVCacheEvent
-from kvspec.protocols import KVCacheSpec, SchedulerLimits
-from kvspec.registry import AnyRegistry
-from kvspec.request_view import RequestView
-from kvspec.stats_events import PrefixCacheStats, annotate_events, group_event_metadata
-from kvspec.traits import SpecTraits, traits_of
+from kvspec.planning.config import KVCacheConfig, scheduler_spec
+from kvspec.registry.builtins import default_registry
+from kvspec.registry.core import AnyRegistry
 
 
 class KVCacheBlocks:
@@ -280,7 +281,7 @@ class CoordinatorCore:
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        """(blocks per group, hit tokens) for at most ``max_length`` tokens (see kvspec.hit_search)."""
+        """(blocks per group, hit tokens) for at most ``max_length`` tokens (see kvspec.coordinator.hit_search)."""
         return self.hit_search.find(block_hashes, max_length)
 
     # -- allocation ---------------------------------------------------------------------------
@@ -503,7 +504,7 @@ class CoordinatorCore:
                 holders[block.block_id] += 1
         for block in self.block_pool.blocks:
             if not block.is_null and block.ref_cnt != holders[block.block_id]:
-                raise InvariantViolationError(
+                raise InvariantError(
                     f"block {block.block_id} has ref_cnt {block.ref_cnt} but {holders[block.block_id]} holders"
                 )
 

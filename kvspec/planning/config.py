@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvspec.protocols import KVCacheSpec
+from kvspec.contracts.spec import KVCacheSpec
+from kvspec.contracts.traits import traits_of
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
-from kvspec.traits import traits_of
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

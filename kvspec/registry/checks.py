@@ -20,6 +20,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+from kvspec.contracts.manager import KVCacheManager
+from kvspec.contracts.spec import KVCacheSpec, missing_members
 from kvspec.errors import (
     KVSpecTypeError,
     ManagerProtocolError,
@@ -29,8 +31,6 @@ from kvspec.errors import (
     SpecProtocolError,
     UniformBaseError,
 )
-from kvspec.manager_api import KVCacheManager
-from kvspec.protocols import KVCacheSpec, missing_members
 
 #: KVCacheSpec members that hold data (property or field), and the methods with their parameter names.
 SPEC_DATA_MEMBERS = ("block_size", "page_size_bytes")
@@ -40,7 +40,7 @@ SPEC_METHODS: dict[str, tuple[str, ...]] = {
     "merge": ("specs",),
     "is_uniform_with_collection": ("specs",),
 }
-#: Optional spec hooks (kvspec.traits) and their parameter counts.
+#: Optional spec hooks (kvspec.contracts.traits) and their parameter counts.
 SPEC_OPTIONAL_METHODS: dict[str, int] = {"kv_cache_traits": 0, "to_full_attention": 1, "with_page_size": 1}
 CLASSMETHODS_SPEC = frozenset({"merge"})
 CLASSMETHODS_MANAGER = frozenset({"find_longest_cache_hit"})
@@ -94,7 +94,7 @@ def check_spec_class(spec_cls: type) -> None:
             continue
         if not _is_callable_member(raw):
             raise SpecClassError(
-                f"{name}.{member} must be a method (kvspec.traits hook), got {type(raw).__name__}."
+                f"{name}.{member} must be a method (kvspec.contracts.traits hook), got {type(raw).__name__}."
             )
         _check_arity(spec_cls, member, count, SpecClassError)
     if getattr(spec_cls, "__hash__", None) is None:
@@ -165,7 +165,7 @@ def _check_arity(cls: type, member: str, count: int, error: type[Exception]) -> 
     if len(required) > count or (len(params) < count and not has_varargs):
         raise error(
             f"{qualified_name(cls)}.{member}{sig} must take {count} argument(s) besides self "
-            f"({', '.join(SPEC_METHODS.get(member, ())) or 'see kvspec.traits'})."
+            f"({', '.join(SPEC_METHODS.get(member, ())) or 'see kvspec.contracts.traits'})."
         )
 
 

@@ -8,14 +8,14 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from kvspec.cli_args import bounded_int, check_plot_path, parse_bytes
-from kvspec.cli_args import positive_int as _positive
+from kvspec.cli.args import bounded_int, check_plot_path, parse_bytes
+from kvspec.cli.args import positive_int as _positive
+from kvspec.cli.terminal import has_rich
 
 # Only light modules at import time (the parser is built for `kvspec --help`); the command imports
 # the engine, torch and the library when it runs.
 from kvspec.engine.workloads import WORKLOADS, make_workload
 from kvspec.errors import DeviceError, KVSpecError, ModelConfigError, PlotPathError
-from kvspec.terminal import has_rich
 
 if TYPE_CHECKING:
     from kvspec.engine.engine import Engine, EngineStats
@@ -80,11 +80,11 @@ def add_simulate_parser(sub: Any) -> None:
 
 
 def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
+    from kvspec.contracts.spec import SchedulerLimits
+    from kvspec.contracts.traits import traits_of
     from kvspec.engine.engine import Engine
     from kvspec.engine.model import TINY_FULL, TINY_HYBRID
     from kvspec.models import build_model_layout
-    from kvspec.protocols import SchedulerLimits
-    from kvspec.traits import traits_of
 
     tiny_models = {"tiny-full": TINY_FULL, "tiny-hybrid": TINY_HYBRID}
     caching = not args.no_prefix_caching

@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, NewType
 
 from mypy_extensions import mypyc_attr
 
-from kvspec.block_metrics import BlockMetricsObserver
-from kvspec.errors import BlockPoolError, InvariantViolationError, NotEnoughFreeBlocksError
-from kvspec.hashing import (
+from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvspec.blocks.hashing import (
     GROUP_SUFFIXES,
     BlockHashListWithBlockSize,
     get_block_hash,
     get_group_id,
     group_suffix,
-    make_block_hash_with_group_id,
 )
-from kvspec.request_view import RequestView
+from kvspec.blocks.metrics import BlockMetricsObserver
+from kvspec.blocks.request_view import RequestView
+from kvspec.errors import BlockPoolError, InvariantError, NotEnoughFreeBlocksError
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +83,7 @@ class FreeKVCacheBlockQueue:
             raise NotEnoughFreeBlocksError("No free blocks available")
         nxt = first.next_free_block
         if nxt is None:
-            raise InvariantViolationError(f"Free queue is corrupt at block {first.block_id}")
+            raise InvariantError(f"Free queue is corrupt at block {first.block_id}")
         self._head.next_free_block = nxt
         nxt.prev_free_block = self._head
         first.prev_free_block = first.next_free_block = None
@@ -255,44 +254,6 @@ class BlockHashToBlockMap:
         return len(self._cache)
 
 
-ExternalBlockHash = bytes
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BlockStored:
-    """Full blocks were published in the prefix cache (for KV-aware routers)."""
-
-    block_hashes: list[ExternalBlockHash]
-    parent_block_hash: ExternalBlockHash | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str
-    lora_name: str | None
-    cache_salt: str | None = None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BlockRemoved:
-    """Cached blocks were evicted (their content is gone)."""
-
-    block_hashes: list[ExternalBlockHash]
-    medium: str
-    group_idx: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AllBlocksCleared:
-    """The prefix cache was reset."""
-
-
-KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
-
-
 @mypyc_attr(allow_interpreted_subclasses=True)  # integrations and tests subclass it in plain Python
 class BlockPool:
     """All physical blocks of the KV cache, shared by every group; block 0 is the null block.
@@ -323,7 +284,7 @@ class BlockPool:
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.kv_event_queue: list[KVCacheEvent] = []
-        #: Told when blocks are allocated, hit and evicted (kvspec.block_metrics); None: nothing is told.
+        #: Told when blocks are allocated, hit and evicted (kvspec.blocks.metrics); None: nothing is told.
         self.metrics_collector = metrics_collector
 
     def get_cached_block(
@@ -557,40 +518,28 @@ class BlockPool:
         """Raise BlockPoolError if the free queue, ref counts or cache map disagree (for tests/debug)."""
         free = self.free_block_queue.get_all_free_blocks()
         if len(free) != self.free_block_queue.num_free_blocks:
-            raise InvariantViolationError("free queue length and counter disagree")
+            raise InvariantError("free queue length and counter disagree")
         free_ids = {b.block_id for b in free}
         if len(free_ids) != len(free):
-            raise InvariantViolationError("a block is in the free queue twice")
+            raise InvariantError("a block is in the free queue twice")
         for block in self.blocks:
             if block.is_null:
                 if block.block_id in free_ids or block.block_hash is not None:
-                    raise InvariantViolationError("the null block is free or hashed")
+                    raise InvariantError("the null block is free or hashed")
                 continue
             if (block.ref_cnt == 0) != (block.block_id in free_ids):
-                raise InvariantViolationError(
+                raise InvariantError(
                     f"block {block.block_id}: ref_cnt={block.ref_cnt} but free={block.block_id in free_ids}"
                 )
             if block.ref_cnt < 0:
-                raise InvariantViolationError(f"block {block.block_id} has ref_cnt {block.ref_cnt}")
+                raise InvariantError(f"block {block.block_id} has ref_cnt {block.ref_cnt}")
             if block.block_hash is not None and block not in self.cached_block_hash_to_block.blocks_for(
                 block.block_hash
             ):
-                raise InvariantViolationError(
-                    f"block {block.block_id} has a hash the cache map does not hold"
-                )
+                raise InvariantError(f"block {block.block_id} has a hash the cache map does not hold")
         for key, block in self.cached_block_hash_to_block.items():
             if block.block_hash != key:
-                raise InvariantViolationError(f"cache map holds block {block.block_id} under a foreign hash")
+                raise InvariantError(f"cache map holds block {block.block_id} under a foreign hash")
 
 
-__all__ = [
-    "AllBlocksCleared",
-    "BlockHashToBlockMap",
-    "BlockPool",
-    "BlockRemoved",
-    "BlockStored",
-    "FreeKVCacheBlockQueue",
-    "KVCacheBlock",
-    "KVCacheEvent",
-    "make_block_hash_with_group_id",
-]
+__all__ = ["BlockHashToBlockMap", "BlockId", "BlockPool", "FreeKVCacheBlockQueue", "KVCacheBlock"]

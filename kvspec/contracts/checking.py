@@ -15,8 +15,8 @@ from typing import TypeVar
 
 from beartype import BeartypeConf, BeartypeStrategy, FrozenDict, beartype
 
+from kvspec.contracts.spec import KVCacheSpec, _KVCacheSpecCallables
 from kvspec.errors import KVSpecTypeError, UnsupportedConfigurationError
-from kvspec.protocols import KVCacheSpec, _KVCacheSpecCallables
 
 MODES = ("off", "api", "full")
 

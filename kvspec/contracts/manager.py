@@ -11,10 +11,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
-from kvspec.pool import BlockPool, KVCacheBlock
-from kvspec.protocols import KVCacheSpec
-from kvspec.request_view import RequestView
-from kvspec.traits import SpecTraits, traits_of
+from kvspec.blocks.pool import BlockPool, KVCacheBlock
+from kvspec.blocks.request_view import RequestView
+from kvspec.contracts.spec import KVCacheSpec
+from kvspec.contracts.traits import SpecTraits, traits_of
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from mypy_extensions import mypyc_attr
 
-from kvspec.hashing import BlockHash, BlockHasher, MultiModalFeature, generate_block_hash_extra_keys
+from kvspec.blocks.hashing import BlockHash, BlockHasher, MultiModalFeature, generate_block_hash_extra_keys
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # engines may extend it in plain Python (compiled build)

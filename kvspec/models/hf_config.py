@@ -18,20 +18,21 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 
+from kvspec.contracts.spec import KVCacheSpec, MambaCacheMode
 from kvspec.errors import KVSpecError, ModelConfigError
-from kvspec.layout_file import is_layout_file, layer_specs_from_layout
-from kvspec.model_names import DEFAULT_MODEL as DEFAULT_MODEL
-from kvspec.model_names import KV_CACHE_DTYPES as KV_CACHE_DTYPES
-from kvspec.model_names import _preset_files
-from kvspec.model_names import preset_names as preset_names
-from kvspec.protocols import KVCacheSpec, MambaCacheMode
-from kvspec.specs._common import KVQuantMode, cdiv, dtype_size, get_kv_quant_mode
+from kvspec.intmath import cdiv
+from kvspec.models.layout_file import is_layout_file, layer_specs_from_layout
+from kvspec.presets import DEFAULT_MODEL as DEFAULT_MODEL
+from kvspec.presets import KV_CACHE_DTYPES as KV_CACHE_DTYPES
+from kvspec.presets import _preset_files
+from kvspec.presets import preset_names as preset_names
 from kvspec.specs.attention import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     SlidingWindowSpec,
 )
+from kvspec.specs.dtypes import KVQuantMode, dtype_size, get_kv_quant_mode
 from kvspec.specs.mamba import MambaSpec
 from kvspec.specs.mla import FP8_DS_MLA, MLAAttentionSpec
 
@@ -265,7 +266,7 @@ def build_model_layout(
     mamba_cache_mode: MambaCacheMode = "none",
 ) -> ModelLayout:
     """Per-layer specs of ``model`` (preset, config.json or kvspec layout file) as one TP rank of each PP
-    stage sees them. A layout file (kvspec.layout_file) gives its layers' specs directly, as one TP rank
+    stage sees them. A layout file (kvspec.models.layout_file) gives its layers' specs directly, as one TP rank
     holds them; ``block_size``, ``dtype`` and ``kv_cache_dtype`` do not apply to it."""
     name, cfg = load_model_config(model)
     if is_layout_file(cfg):

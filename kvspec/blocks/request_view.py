@@ -1,6 +1,6 @@
 """What the coordinator, the managers and the block pool read from a request: a Protocol.
 
-kvspec's own :class:`kvspec.request.Request` satisfies it; so does an engine's adapter that reads its own
+kvspec's own :class:`kvspec.blocks.request.Request` satisfies it; so does an engine's adapter that reads its own
 request objects in place (the vLLM adapter's ``VllmRequestView``). Typing the hot path against this
 Protocol rather than the class is what lets the compiled build compile ``Request`` as a native class
 while adapters stay plain Python classes (a compiled class's attributes cannot be replaced by an
@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from kvspec.hashing import BlockHash, BlockHasher
+from kvspec.blocks.hashing import BlockHash, BlockHasher
 
 
-# The hasher's members (kvspec.hashing.HashedRequest) are declared again rather than inherited: that
+# The hasher's members (kvspec.blocks.hashing.HashedRequest) are declared again rather than inherited: that
 # protocol lives in a module the compiled build compiles, and mypyc gives its classes __getstate__,
 # __setstate__ and __mypyc_attrs__, which isinstance() against a protocol deriving from it would require.
 @runtime_checkable

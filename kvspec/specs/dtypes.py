@@ -1,25 +1,12 @@
-"""Helpers shared by the spec families: integer math, dtype sizes, quantisation modes, validation."""
+"""Dtypes of KV cache specs: bytes per element, quantisation modes and the engine's cache-dtype strings."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from enum import IntEnum
 from typing import Final
 
 import torch
-
-from kvspec.errors import SpecValidationError
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division of non-negative ints."""
-    return -(a // -b)
-
-
-def round_up(x: int, multiple: int) -> int:
-    """Smallest multiple of ``multiple`` that is >= ``x``."""
-    return cdiv(x, multiple) * multiple
 
 
 def nvfp4_full(head_size: int) -> int:
@@ -85,25 +72,3 @@ def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
 
 def kv_cache_uses_per_token_head_scales(kv_cache_dtype: str) -> bool:
     return get_kv_quant_mode(kv_cache_dtype).is_per_token_head
-
-
-def require_positive(spec: object, field: str, value: object) -> None:
-    """Raise SpecValidationError unless ``value`` is a positive int."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecValidationError(f"{type(spec).__name__}.{field} must be a positive int, got {value!r}.")
-
-
-def require_optional_positive(spec: object, field: str, value: object) -> None:
-    if value is not None:
-        require_positive(spec, field, value)
-
-
-def require_dtype(spec: object, field: str, value: object) -> None:
-    if not isinstance(value, torch.dtype):
-        raise SpecValidationError(
-            f"{type(spec).__name__}.{field} must be a torch.dtype (e.g. torch.bfloat16), got {value!r}."
-        )
-
-
-def prod(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)

@@ -6,8 +6,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvspec.pool import BlockStored, KVCacheEvent
-from kvspec.traits import SpecTraits, event_kind
+from kvspec.blocks.events import BlockStored, KVCacheEvent
+from kvspec.contracts.traits import SpecTraits, event_kind
 
 logger = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvspec.hashing import BlockHashListWithBlockSize
-from kvspec.manager_api import HitQuery, KVCacheManager
-from kvspec.pool import BlockPool, KVCacheBlock
-from kvspec.protocols import KVCacheSpec
-from kvspec.traits import SpecTraits
+from kvspec.blocks.hashing import BlockHashListWithBlockSize
+from kvspec.blocks.pool import BlockPool, KVCacheBlock
+from kvspec.contracts.manager import HitQuery, KVCacheManager
+from kvspec.contracts.spec import KVCacheSpec
+from kvspec.contracts.traits import SpecTraits
 
 #: One block list per KV cache group (outer index = group id).
 GroupBlocks = tuple[list[KVCacheBlock], ...]

@@ -11,7 +11,7 @@ Grouping (vLLM 0.23 rules):
    spec, and buckets are split into groups of ``group_size`` layers with a stride (so pipeline stages
    balance); hidden-state layers each get a group of their own.
 
-The functions are :mod:`kvspec.planning_core`'s (compiled in the compiled build); the public entry
+The functions are :mod:`kvspec.planning._core`'s (compiled in the compiled build); the public entry
 points that check their arguments with beartype are defined here, in plain Python, around them.
 """
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kvspec import planning_core as _core
-from kvspec._checking import check_api
-from kvspec.config import KVCacheConfig, KVCacheGroupSpec
-from kvspec.planning_core import (
+from kvspec.contracts.checking import check_api
+from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
+from kvspec.planning import _core
+from kvspec.planning._core import (
     CONSERVING_MEMORY_HINT,
     GiB,
     bytes_per_block,
@@ -40,8 +40,8 @@ from kvspec.planning_core import (
     unify_hybrid_kv_cache_specs,
     unify_kv_cache_spec_page_size,
 )
-from kvspec.protocols import KVCacheSpec, SchedulerLimits
-from kvspec.registry import AnyRegistry
+from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec
+from kvspec.registry.core import AnyRegistry
 
 __all__ = [
     "CONSERVING_MEMORY_HINT",

@@ -19,17 +19,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NewType, Protocol, cast, overload
 
-from kvspec.errors import KVSpecError
+from kvspec.errors import KVSpecError, UnknownHashFunctionError
 
 BlockHash = NewType("BlockHash", bytes)
 BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
 
 #: Algorithms by name; values build a digest of a bytes message.
 HASH_ALGORITHMS = ("sha256", "xxhash")
-
-
-class UnknownHashFunctionError(KVSpecError, ValueError):
-    """The requested hash algorithm does not exist or its package is missing."""
 
 
 def _sha256(data: bytes) -> bytes:
@@ -101,7 +97,7 @@ class MultiModalFeature:
 
 
 class HashedRequest(Protocol):
-    """What the hasher reads from (and appends to) a request; kvspec.request.Request satisfies it."""
+    """What the hasher reads from (and appends to) a request; kvspec.blocks.request.Request satisfies it."""
 
     @property
     def all_token_ids(self) -> Sequence[int]: ...

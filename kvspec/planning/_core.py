@@ -15,8 +15,8 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 
-from kvspec.builtins import default_registry
-from kvspec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor, scheduler_spec
+from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
+from kvspec.contracts.traits import full_attention_form, resized_to_page, traits_of
 from kvspec.errors import (
     ConflictingLayerSpecError,
     HybridUnificationError,
@@ -26,11 +26,11 @@ from kvspec.errors import (
     SpecMergeError,
     SpecValidationError,
 )
-from kvspec.protocols import KVCacheSpec, SchedulerLimits
-from kvspec.registry import AnyRegistry
-from kvspec.specs._common import cdiv
+from kvspec.intmath import cdiv
+from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor, scheduler_spec
+from kvspec.registry.builtins import default_registry
+from kvspec.registry.core import AnyRegistry
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
-from kvspec.traits import full_attention_form, resized_to_page, traits_of
 
 logger = logging.getLogger("kvspec.planning")  # the public module's name, in both builds
 

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 # Only light modules at import time: `kvspec --help` must not load torch. The commands import the
 # library when they run.
-from kvspec.cli_args import check_plot_path, parse_bytes
-from kvspec.cli_args import positive_int as _positive
+from kvspec.cli.args import check_plot_path, parse_bytes
+from kvspec.cli.args import positive_int as _positive
+from kvspec.cli.terminal import print_line, print_table
 from kvspec.errors import InsufficientKVCacheMemoryError, KVSpecError, ModelConfigError, PlotPathError
-from kvspec.model_names import DEFAULT_MODEL, KV_CACHE_DTYPES, preset_names
-from kvspec.terminal import print_line, print_table
+from kvspec.presets import DEFAULT_MODEL, KV_CACHE_DTYPES, preset_names
 
 if TYPE_CHECKING:
-    from kvspec.config import KVCacheConfig
-    from kvspec.protocols import SchedulerLimits
+    from kvspec.contracts.spec import SchedulerLimits
+    from kvspec.planning.config import KVCacheConfig
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -66,10 +66,10 @@ def _group_rows(config: KVCacheConfig, limits: SchedulerLimits) -> list[dict[str
 
 
 def build_plan(args: argparse.Namespace) -> dict[str, Any]:
-    from kvspec.config import KVCacheConfig
+    from kvspec.contracts.spec import SchedulerLimits
     from kvspec.models import build_model_layout
     from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memory_usage_bytes_from_groups
-    from kvspec.protocols import SchedulerLimits
+    from kvspec.planning.config import KVCacheConfig
 
     layout = build_model_layout(
         args.model,
@@ -302,8 +302,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from kvspec.build_info import build_info
-    from kvspec.builtins import default_registry
-    from kvspec.registry import load_plugins
+    from kvspec.registry.builtins import default_registry
+    from kvspec.registry.plugins import load_plugins
 
     loaded = load_plugins() if args.plugins else []
     rows: list[dict[str, Any]] = []
@@ -410,7 +410,7 @@ def make_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--plugins", action="store_true", help="load kvspec.plugins entry points first")
     inspect.set_defaults(func=cmd_inspect)
     try:
-        from kvspec.engine.cli import add_simulate_parser
+        from kvspec.cli.simulate import add_simulate_parser
     except ImportError:  # pragma: no cover - the engine ships with kvspec
         pass
     else:

@@ -1,7 +1,7 @@
 """The scheduler-facing facade: one block pool, one manager per KV cache group, prefix-cache hits
 that agree across groups, and the ``allocate_slots`` / ``free`` calls an engine makes every step.
 
-:class:`KVCacheCoordinator` is :class:`kvspec.coordinator_core.CoordinatorCore` (compiled in the compiled
+:class:`KVCacheCoordinator` is :class:`kvspec.coordinator._core.CoordinatorCore` (compiled in the compiled
 build) with a constructor whose arguments beartype checks (``KVSPEC_TYPECHECK``): a compiled constructor
 would refuse a wrong argument with mypyc's bare ``TypeError`` instead of kvspec's ``KVSpecTypeError``.
 It runs once per engine, so this plain-Python layer costs nothing per step.
@@ -13,11 +13,11 @@ are released first, which is what the request would do next step anyway).
 
 from __future__ import annotations
 
-from kvspec._checking import check_api
-from kvspec.config import KVCacheConfig
-from kvspec.coordinator_core import CoordinatorCore, KVCacheBlocks, as_count, resolve_block_sizes
-from kvspec.protocols import SchedulerLimits
-from kvspec.registry import AnyRegistry
+from kvspec.contracts.checking import check_api
+from kvspec.contracts.spec import SchedulerLimits
+from kvspec.coordinator._core import CoordinatorCore, KVCacheBlocks, as_count, resolve_block_sizes
+from kvspec.planning.config import KVCacheConfig
+from kvspec.registry.core import AnyRegistry
 
 __all__ = ["KVCacheBlocks", "KVCacheCoordinator", "as_count", "resolve_block_sizes"]
 
@@ -26,7 +26,7 @@ class KVCacheCoordinator(CoordinatorCore):
     """Scheduler API over all KV cache groups of one model (vLLM's KVCacheManager + coordinator).
 
     Per-step methods (``get_computed_blocks``, ``allocate_slots``, ``free``, ...) and their invariants are
-    documented on :class:`~kvspec.coordinator_core.CoordinatorCore`.
+    documented on :class:`~kvspec.coordinator._core.CoordinatorCore`.
     """
 
     @check_api

@@ -21,8 +21,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from kvspec.contracts.spec import KVCacheSpec
 from kvspec.errors import SpecValidationError, TraitsError
-from kvspec.protocols import KVCacheSpec
 
 
 def _cdiv(a: int, b: int) -> int:

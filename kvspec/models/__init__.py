@@ -1,0 +1,33 @@
+"""Models: Hugging Face ``config.json`` files, embedded presets and kvspec layout files -> per-layer specs.
+
+``build_model_layout(model)`` takes a preset name, a ``config.json`` path or a layout file and returns the
+layer -> spec map the planner groups. Importing this package loads torch; the light names the CLI shows
+before any work (presets, default model, cache dtypes) live in :mod:`kvspec.presets`.
+"""
+
+from kvspec.models.hf_config import (
+    MODEL_DTYPES,
+    ModelLayout,
+    build_model_layout,
+    check_tensor_parallel,
+    layout_from_config,
+    load_model_config,
+    resolve_model_dtype,
+)
+from kvspec.models.layout_file import is_layout_file, layer_specs_from_layout
+from kvspec.presets import DEFAULT_MODEL, KV_CACHE_DTYPES, preset_names
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "KV_CACHE_DTYPES",
+    "MODEL_DTYPES",
+    "ModelLayout",
+    "build_model_layout",
+    "check_tensor_parallel",
+    "is_layout_file",
+    "layer_specs_from_layout",
+    "layout_from_config",
+    "load_model_config",
+    "preset_names",
+    "resolve_model_dtype",
+]

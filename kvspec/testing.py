@@ -195,39 +195,61 @@ class CoordinatorChecker:
             for block in group:
                 self._own_block(block, f"{where} group {gid}")
 
-    def predicted_blocks(self, request: RequestView, num_new_tokens: int) -> int:
-        """What the managers say the next step of a running request takes (each value validated)."""
-        total = min(request.num_computed_tokens, self.coord.max_model_len)
-        main = total + num_new_tokens
-        need = min(main, self.coord.max_model_len)
-        out = 0
-        for gid, manager in enumerate(self.coord.managers):
-            n = manager.get_num_blocks_to_allocate(request.request_id, need, (), total, main)
-            out += _require_count(n, f"{type(manager).__name__}.get_num_blocks_to_allocate (group {gid})")
-        return out
-
-    def predicted_admission_blocks(
-        self, request: RequestView, num_hit_tokens: int, computed: KVCacheBlocks, num_encoder_tokens: int
+    def predicted_blocks(
+        self,
+        request: RequestView,
+        num_new_tokens: int,
+        *,
+        num_hit_tokens: int | None = None,
+        computed: KVCacheBlocks | None = None,
+        num_encoder_tokens: int = 0,
     ) -> int:
-        """What the managers say admitting ``request`` after its hit takes (each value validated). Asked
-        before allocate_slots so that a bad value is named here, not met inside a compiled coordinator
-        (whose unboxing of a manager's answer raises a bare TypeError)."""
+        """What the managers say the next allocate_slots takes (each value validated): a running request's
+        step, or with ``num_hit_tokens`` its admission after a hit of ``computed`` blocks. Token targets
+        follow the coordinator's rule: an encoder-sized group counts ``num_encoder_tokens`` (none on a
+        running step), every other group the request's tokens. Asked before allocate_slots so that a bad
+        value is named here, not met inside a compiled coordinator (whose unboxing of a manager's answer
+        raises a bare TypeError)."""
         coord = self.coord
-        total = min(num_hit_tokens, coord.max_model_len)
-        main = total + request.num_tokens - num_hit_tokens
+        done = request.num_computed_tokens if num_hit_tokens is None else num_hit_tokens
+        total = min(done, coord.max_model_len)
+        main = total + num_new_tokens
         need = min(main, coord.max_model_len)
+        hits = computed.blocks if computed is not None else tuple(() for _ in coord.managers)
         out = 0
         for gid, manager in enumerate(coord.managers):
             if coord.traits[gid].allocate_per_encoder_input:
+                if not num_encoder_tokens:
+                    continue
                 n = manager.get_num_blocks_to_allocate(
                     request.request_id, num_encoder_tokens, (), 0, num_encoder_tokens
                 )
             else:
-                n = manager.get_num_blocks_to_allocate(
-                    request.request_id, need, computed.blocks[gid], total, main
-                )
+                n = manager.get_num_blocks_to_allocate(request.request_id, need, hits[gid], total, main)
             out += _require_count(n, f"{type(manager).__name__}.get_num_blocks_to_allocate (group {gid})")
         return out
+
+    def check_encoder_groups_unchanged(
+        self, request: RequestView, new_blocks: KVCacheBlocks, held_at_admission: Sequence[int], where: str
+    ) -> None:
+        """An encoder-sized group gets its blocks when the request is admitted and none after: a running
+        step hands it no block and its holding stays what admission gave it."""
+        coord = self.coord
+        for gid, manager in enumerate(coord.managers):
+            if not coord.traits[gid].allocate_per_encoder_input:
+                continue
+            if new_blocks.blocks[gid]:
+                raise _fail(
+                    f"{where}: encoder-sized group {gid} ({type(manager).__name__}) got "
+                    f"{len(new_blocks.blocks[gid])} new block(s) on a running step; it is sized by the "
+                    "encoder input once, at admission."
+                )
+            held = len(manager.get_blocks(request.request_id))
+            if held != held_at_admission[gid]:
+                raise _fail(
+                    f"{where}: encoder-sized group {gid} holds {held} blocks of {request.request_id!r}, "
+                    f"{held_at_admission[gid]} at admission."
+                )
 
     def check_hit(self, request: RequestView, computed: KVCacheBlocks, num_hit_tokens: int) -> None:
         coord = self.coord
@@ -386,7 +408,9 @@ class _Scenario:
         computed, hit = coord.get_computed_blocks(request)
         self.checker.check_hit(request, computed, hit)
         enc = 2 * coord.scheduler_block_size if self.encoder else 0
-        self.checker.predicted_admission_blocks(request, hit, computed, enc)
+        self.checker.predicted_blocks(
+            request, request.num_tokens - hit, num_hit_tokens=hit, computed=computed, num_encoder_tokens=enc
+        )
         new = coord.allocate_slots(request, request.num_tokens - hit, hit, computed, num_encoder_tokens=enc)
         if new is None:
             raise _fail(
@@ -404,6 +428,7 @@ class _Scenario:
         return hit
 
     def decode(self, request: Request, steps: int) -> None:
+        held = [len(m.get_blocks(request.request_id)) for m in self.coord.managers]
         for _ in range(steps):
             self.coord.new_step_starts()
             request.append_output_token_ids(self.rng.randrange(1, 50))
@@ -412,6 +437,7 @@ class _Scenario:
             if new is None:
                 raise _fail(f"[{self.label}] a one-token decode step was refused with free blocks left.")
             self.checker.check_blocks(new, "allocate_slots (decode)")
+            self.checker.check_encoder_groups_unchanged(request, new, held, f"[{self.label}] decode")
             # The step about to run reads the last computed token's block: check before advancing.
             self.checker.after_step(self.running)
             request.num_computed_tokens += 1

@@ -35,7 +35,7 @@ from kvspec.coordinator.hit_search import PrefixHitSearch, split_spec_groups
 from kvspec.coordinator.stats import PrefixCacheStats, annotate_events, group_event_metadata
 from kvspec.errors import InvariantError, SchedulingError, UnsupportedConfigurationError
 from kvspec.managers.base import SingleTypeKVCacheManager
-from kvspec.planning.config import KVCacheConfig, scheduler_spec
+from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec, scheduler_spec
 from kvspec.registry.builtins import default_registry
 from kvspec.registry.core import AnyRegistry
 
@@ -149,16 +149,9 @@ class CoordinatorCore:
         registry: AnyRegistry | None = None,
         prefix_cache_retention_interval: int | None = None,
     ) -> None:
-        """``prefix_cache_retention_interval`` (tokens, a multiple of the scheduler block; None: cache
-        every full block) keeps windowed groups' cached tails only once per interval plus at the prompt's
-        replay boundary (vLLM's VLLM_PREFIX_CACHE_RETENTION_INTERVAL); it needs a sliding-window group."""
+        # Documented on kvspec.coordinator.KVCacheCoordinator.__init__, the checked public door.
         registry = default_registry if registry is None else registry
-        hbs: object = hash_block_size
-        if hbs is not None and (isinstance(hbs, bool) or not isinstance(hbs, int) or hbs <= 0):
-            raise UnsupportedConfigurationError(
-                f"hash_block_size must be a positive int (tokens) or None, got {hash_block_size!r}."
-            )
-        get_hash_fn_by_name(hash_algorithm)  # an unknown algorithm is refused here, not at the first request
+        _check_hash_settings(hash_block_size, hash_algorithm)
         self.kv_cache_config = kv_cache_config
         self.limits = limits
         self.max_model_len = limits.max_model_len
@@ -169,26 +162,17 @@ class CoordinatorCore:
         self.specs: tuple[KVCacheSpec, ...] = tuple(scheduler_spec(g.kv_cache_spec) for g in groups)
         self.traits: tuple[SpecTraits, ...] = tuple(traits_of(s) for s in self.specs)
         registrations = [registry.require(spec, f"group {gid}") for gid, spec in enumerate(self.specs)]
-        for spec, traits in zip(self.specs, self.traits, strict=True):
-            if enable_caching and not traits.supports_prefix_caching:
-                raise UnsupportedConfigurationError(
-                    f"{type(spec).__name__} does not support prefix caching (encoder-decoder models with "
-                    "cross attention, for one); run with enable_caching=False."
-                )
-            if enable_caching and use_eagle and not traits.supports_eagle_with_prefix_caching:
-                raise UnsupportedConfigurationError(
-                    f"EAGLE with prefix caching is not supported for {type(spec).__name__} layers "
-                    "(e.g. Mamba); turn off one of them."
-                )
+        _check_caching_settings(self.specs, self.traits, enable_caching, use_eagle)
         self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(
             kv_cache_config, limits, enable_caching, hash_block_size
         )
-        for spec in self.specs:
-            if enable_caching and spec.block_size % self.hash_block_size and len(self.specs) > 1:
-                raise UnsupportedConfigurationError(
-                    f"Group block size {spec.block_size} is not a multiple of hash_block_size "
-                    f"{self.hash_block_size}."
-                )
+        if enable_caching and len(self.specs) > 1:
+            for spec in self.specs:
+                if spec.block_size % self.hash_block_size:
+                    raise UnsupportedConfigurationError(
+                        f"Group block size {spec.block_size} is not a multiple of hash_block_size "
+                        f"{self.hash_block_size}."
+                    )
         _check_retention_interval(prefix_cache_retention_interval, self.scheduler_block_size, self.traits)
         self.block_pool = BlockPool(
             kv_cache_config.num_blocks,
@@ -196,14 +180,7 @@ class CoordinatorCore:
             hash_block_size=self.hash_block_size,
             enable_kv_cache_events=enable_kv_cache_events,
         )
-        eagle_ids = {i for i, g in enumerate(groups) if g.is_eagle_group}
-        if use_eagle and not eagle_ids:
-            eagle_ids = set(range(len(groups)))
-        # Groups of one spec are searched as one (siblings); an EAGLE group makes its siblings cache and
-        # search like EAGLE groups too, so their cached blocks line up (the lookahead block included).
-        eagle_ids |= {i for i, spec in enumerate(self.specs) if any(spec == self.specs[e] for e in eagle_ids)}
-        self._eagle_group_ids: Final = frozenset(eagle_ids if use_eagle else ())
-        mnbt, mml = limits.batched_tokens, limits.max_model_len
+        self._eagle_group_ids: Final = _eagle_groups(groups, self.specs, use_eagle)
         self.managers: list[KVCacheManager] = [
             registration.manager_cls(
                 ManagerContext(
@@ -215,7 +192,9 @@ class CoordinatorCore:
                     enable_caching=enable_caching,
                     dcp_world_size=limits.decode_context_parallel_size,
                     pcp_world_size=limits.prefill_context_parallel_size,
-                    max_admission_blocks_per_request=traits.admission_cap_blocks(spec.block_size, mnbt, mml),
+                    max_admission_blocks_per_request=traits.admission_cap_blocks(
+                        spec.block_size, limits.batched_tokens, limits.max_model_len
+                    ),
                     use_eagle=gid in self._eagle_group_ids,
                     prefix_cache_retention_interval=prefix_cache_retention_interval,
                 )
@@ -224,7 +203,14 @@ class CoordinatorCore:
                 zip(self.specs, self.traits, registrations, strict=True)
             )
         ]
+        # Each group's token target in allocate_slots: decoder groups follow the request's tokens; a group
+        # sized by the encoder input (cross attention) gets num_encoder_tokens when the request is admitted
+        # and nothing after (vLLM's one static allocation).
         self._is_cross = tuple(t.allocate_per_encoder_input for t in self.traits)
+        self._decoder_groups: Final = tuple(
+            (g, m) for g, m in enumerate(self.managers) if not self._is_cross[g]
+        )
+        self._encoder_groups: Final = tuple((g, m) for g, m in enumerate(self.managers) if self._is_cross[g])
         self.hit_search = PrefixHitSearch(
             spec_groups=split_spec_groups(self.specs, self.traits, self.managers, self._eagle_group_ids),
             num_groups=len(self.specs),
@@ -307,7 +293,8 @@ class CoordinatorCore:
         ints >= 0 (any integer type; anything else is a SchedulingError before anything changes).
         """
         request_id = request.request_id
-        if not (
+        computed: tuple[Sequence[KVCacheBlock], ...]
+        if (
             type(num_new_tokens) is int
             and num_new_tokens > 0
             and type(num_lookahead_tokens) is int
@@ -321,45 +308,72 @@ class CoordinatorCore:
             and num_encoder_tokens == 0
             and not full_sequence_must_fit
         ):
-            # Admission, or counts to convert (numpy integers) or refuse: checked in full there.
-            return _allocate_other(
-                self,
-                request,
-                num_new_tokens,
-                num_new_computed_tokens,
-                new_computed_blocks,
-                num_lookahead_tokens,
-                num_external_computed_tokens,
-                delay_cache_blocks,
-                num_encoder_tokens,
-                full_sequence_must_fit,
-                reserved_blocks,
-            )
-        # The per-step call of a running request, inline: the counts were tested above without a call
-        # per count (the pure build pays for every Python call here, every step), and their narrowing to
-        # int spares the compiled build an unboxing.
+            # A running request's step, the call made every step: its counts are tested above without a
+            # call per count (the pure build pays for every Python call here) and narrowed to int.
+            new_tokens, lookahead, reserved = num_new_tokens, num_lookahead_tokens, reserved_blocks
+            new_computed = external = encoder = 0
+            computed = self._empty.blocks
+            attach = False
+        else:
+            # Admission, or counts of another integer type: every count checked before anything changes.
+            new_tokens = as_count("num_new_tokens", num_new_tokens)
+            new_computed = as_count("num_new_computed_tokens", num_new_computed_tokens)
+            lookahead = as_count("num_lookahead_tokens", num_lookahead_tokens)
+            external = as_count("num_external_computed_tokens", num_external_computed_tokens)
+            encoder = as_count("num_encoder_tokens", num_encoder_tokens)
+            reserved = as_count("reserved_blocks", reserved_blocks)
+            attach = request_id not in self._admitted or new_computed_blocks is not None
+            if attach and self.enable_caching and request_id not in self._admitted:
+                self._check_hasher(request)
+            if new_computed_blocks is not None:
+                self._check_blocks_are_ours(new_computed_blocks)
+            if new_tokens == 0 and external == 0:
+                raise SchedulingError("num_new_tokens must be greater than 0 (or tokens must be external).")
+            computed = self._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
+        # The token targets, computed once for every group (see _count_new_blocks for encoder groups).
         mml = self.max_model_len
-        total = request.num_computed_tokens
+        local = request.num_computed_tokens + new_computed
+        total = local + external
         if total > mml:
             total = mml
-        main = total + num_new_tokens
-        need = main + num_lookahead_tokens
+        main = total + new_tokens
+        need = main + lookahead
         if need > mml:
             need = mml
+        if full_sequence_must_fit:
+            whole = min(request.num_tokens, mml)
+            free = self.block_pool.free_block_queue.num_free_blocks
+            if _count_new_blocks(self, request_id, whole, whole, computed, total, encoder, True) > free:
+                return None
         for manager in self._skipping_managers:
             manager.remove_skipped_blocks(request_id, total)
-        managers = self.managers
-        num_blocks = 0
-        for manager in managers:
-            num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
-        if num_blocks > self.block_pool.free_block_queue.num_free_blocks - reserved_blocks:
+        num_blocks = _count_new_blocks(self, request_id, need, main, computed, total, encoder, False)
+        if num_blocks > self.block_pool.free_block_queue.num_free_blocks - reserved:
             return None
-        if num_blocks:
-            result: KVCacheBlocks = KVCacheBlocks(
-                tuple([manager.allocate_new_blocks(request_id, need, main) for manager in managers])
+        if attach:
+            for gid, manager in self._decoder_groups:
+                manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)
+            for _, manager in self._encoder_groups:
+                manager.allocate_new_computed_blocks(request_id, (), 0, 0)
+            self._admitted.add(request_id)
+        if not num_blocks:
+            result = self._empty
+        elif not self._encoder_groups:
+            result = KVCacheBlocks(
+                tuple([manager.allocate_new_blocks(request_id, need, main) for manager in self.managers])
             )
         else:
-            result = self._empty
+            cross = self._is_cross
+            result = KVCacheBlocks(
+                tuple(
+                    [
+                        (manager.allocate_new_blocks(request_id, encoder, encoder) if encoder else [])
+                        if cross[gid]
+                        else manager.allocate_new_blocks(request_id, need, main)
+                        for gid, manager in enumerate(self.managers)
+                    ]
+                )
+            )
         if self.enable_caching and not delay_cache_blocks:
             num_tokens = len(request.all_token_ids)
             if main < num_tokens:
@@ -409,25 +423,19 @@ class CoordinatorCore:
         apply_admission_cap: bool = False,
     ) -> int:
         """Blocks the request needs (all groups) to hold ``num_tokens`` tokens, given the hit blocks
-        ``computed`` it is about to attach and ``total_computed`` tokens already computed. With
-        ``apply_admission_cap``, groups that recycle blocks (windows) count at most their admission cap."""
-        total = 0
-        cross = self._is_cross
-        for gid, manager in enumerate(self.managers):
-            if cross[gid]:
-                total += manager.get_num_blocks_to_allocate(
-                    request_id, num_encoder_tokens, (), 0, num_encoder_tokens, apply_admission_cap
-                )
-            else:
-                total += manager.get_num_blocks_to_allocate(
-                    request_id,
-                    num_tokens,
-                    computed[gid],
-                    total_computed,
-                    num_tokens_main_model,
-                    apply_admission_cap,
-                )
-        return total
+        ``computed`` it is about to attach and ``total_computed`` tokens already computed; encoder-sized
+        groups count ``num_encoder_tokens``. With ``apply_admission_cap``, groups that recycle blocks
+        (windows) count at most their admission cap."""
+        return _count_new_blocks(
+            self,
+            request_id,
+            num_tokens,
+            num_tokens_main_model,
+            computed,
+            total_computed,
+            num_encoder_tokens,
+            apply_admission_cap,
+        )
 
     def cache_blocks(self, request: RequestView, num_computed_tokens: int) -> None:
         """Publish the request's full blocks up to ``num_computed_tokens`` (aligned for hybrids)."""
@@ -509,88 +517,30 @@ class CoordinatorCore:
                 )
 
 
-def _allocate_other(
+def _count_new_blocks(
     coord: CoordinatorCore,
-    request: RequestView,
-    num_new_tokens: SupportsIndex,
-    num_new_computed_tokens: SupportsIndex,
-    new_computed_blocks: KVCacheBlocks | None,
-    num_lookahead_tokens: SupportsIndex,
-    num_external_computed_tokens: SupportsIndex,
-    delay_cache_blocks: bool,
-    num_encoder_tokens: SupportsIndex,
-    full_sequence_must_fit: bool,
-    reserved_blocks: SupportsIndex,
-) -> KVCacheBlocks | None:
-    """allocate_slots for everything but a running request's plain step: admission (with or without a
-    prefix hit, external or encoder tokens), and counts that are not plain ints (converted, or refused
-    before anything changes)."""
-    request_id = request.request_id
-    # Anything else (admission, or a bad count) is checked in full before anything changes.
-    new_tokens = as_count("num_new_tokens", num_new_tokens)
-    new_computed = as_count("num_new_computed_tokens", num_new_computed_tokens)
-    lookahead = as_count("num_lookahead_tokens", num_lookahead_tokens)
-    external = as_count("num_external_computed_tokens", num_external_computed_tokens)
-    encoder = as_count("num_encoder_tokens", num_encoder_tokens)
-    reserved = as_count("reserved_blocks", reserved_blocks)
-    if request_id in coord._admitted and new_tokens > 0 and new_computed_blocks is None:
-        if not (new_computed or external or encoder or full_sequence_must_fit):
-            # A running request's step with integer counts of another type: the inline path, now ints.
-            return coord.allocate_slots(
-                request, new_tokens, 0, None, lookahead, 0, delay_cache_blocks, 0, False, reserved
+    request_id: str,
+    num_tokens: int,
+    num_tokens_main_model: int,
+    computed: tuple[Sequence[KVCacheBlock], ...],
+    total_computed: int,
+    num_encoder_tokens: int,
+    apply_admission_cap: bool,
+) -> int:
+    """Free-queue blocks allocate_slots would take: decoder groups up to ``num_tokens`` (with the hit blocks
+    ``computed`` attached), encoder-sized groups up to ``num_encoder_tokens`` with no hit (nothing when it
+    is 0: the encoder input was allocated at admission)."""
+    total = 0
+    for gid, manager in coord._decoder_groups:
+        total += manager.get_num_blocks_to_allocate(
+            request_id, num_tokens, computed[gid], total_computed, num_tokens_main_model, apply_admission_cap
+        )
+    if num_encoder_tokens:
+        for _, manager in coord._encoder_groups:
+            total += manager.get_num_blocks_to_allocate(
+                request_id, num_encoder_tokens, (), 0, num_encoder_tokens, apply_admission_cap
             )
-    if coord.enable_caching and request_id not in coord._admitted:
-        coord._check_hasher(request)
-    if new_computed_blocks is not None:
-        coord._check_blocks_are_ours(new_computed_blocks)
-    if new_tokens == 0 and external == 0:
-        raise SchedulingError("num_new_tokens must be greater than 0 (or tokens must be external).")
-    computed = coord._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
-    mml = coord.max_model_len
-    local = request.num_computed_tokens + new_computed
-    total = min(local + external, mml)
-    managers = coord.managers
-    free = coord.block_pool.get_num_free_blocks()
-    if full_sequence_must_fit:
-        need_all = coord.get_num_blocks_to_allocate(
-            request_id,
-            min(request.num_tokens, mml),
-            computed,
-            total,
-            min(request.num_tokens, mml),
-            encoder,
-            apply_admission_cap=True,
-        )
-        if need_all > free:
-            return None
-    main = total + new_tokens
-    need_tokens = min(main + lookahead, mml)
-    for manager in managers:
-        manager.remove_skipped_blocks(request_id, total)
-    free = coord.block_pool.get_num_free_blocks()
-    num_blocks = coord.get_num_blocks_to_allocate(request_id, need_tokens, computed, total, main, encoder)
-    if num_blocks > free - reserved:
-        return None
-    cross = coord._is_cross
-    for gid, manager in enumerate(managers):
-        if cross[gid]:
-            manager.allocate_new_computed_blocks(request_id, (), 0, 0)
-        else:
-            manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)
-    new_blocks = tuple(
-        manager.allocate_new_blocks(
-            request_id,
-            encoder if cross[gid] else need_tokens,
-            encoder if cross[gid] else main,
-        )
-        for gid, manager in enumerate(managers)
-    )
-    coord._admitted.add(request_id)
-    if coord.enable_caching and not delay_cache_blocks:
-        _cache_blocks(coord, request, min(total + new_tokens, request.num_tokens))
-    if not any(new_blocks):
-        return coord._empty
-    return KVCacheBlocks(new_blocks)
+    return total
 
 
 def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tokens: int) -> None:
@@ -621,6 +571,48 @@ def _free_request_id(coord: CoordinatorCore, request_id: str) -> None:
     coord._cached_tokens.pop(request_id, None)
     for manager in coord.managers:
         manager.free(request_id)
+
+
+def _check_hash_settings(hash_block_size: object, hash_algorithm: str) -> None:
+    if hash_block_size is not None and (
+        isinstance(hash_block_size, bool) or not isinstance(hash_block_size, int) or hash_block_size <= 0
+    ):
+        raise UnsupportedConfigurationError(
+            f"hash_block_size must be a positive int (tokens) or None, got {hash_block_size!r}."
+        )
+    get_hash_fn_by_name(hash_algorithm)  # an unknown algorithm is refused here, not at the first request
+
+
+def _check_caching_settings(
+    specs: Sequence[KVCacheSpec], traits: Sequence[SpecTraits], enable_caching: bool, use_eagle: bool
+) -> None:
+    if not enable_caching:
+        return
+    for spec, spec_traits in zip(specs, traits, strict=True):
+        if not spec_traits.supports_prefix_caching:
+            raise UnsupportedConfigurationError(
+                f"{type(spec).__name__} does not support prefix caching (encoder-decoder models with "
+                "cross attention, for one); run with enable_caching=False."
+            )
+        if use_eagle and not spec_traits.supports_eagle_with_prefix_caching:
+            raise UnsupportedConfigurationError(
+                f"EAGLE with prefix caching is not supported for {type(spec).__name__} layers "
+                "(e.g. Mamba); turn off one of them."
+            )
+
+
+def _eagle_groups(
+    groups: Sequence[KVCacheGroupSpec], specs: Sequence[KVCacheSpec], use_eagle: bool
+) -> frozenset[int]:
+    """Groups that cache and search like EAGLE groups (the lookahead block dropped from hits): the declared
+    EAGLE groups (all of them if none is declared), and every group of the same spec as one of them (groups
+    of one spec are searched as one, so their cached blocks must line up)."""
+    if not use_eagle:
+        return frozenset()
+    eagle_ids = {i for i, g in enumerate(groups) if g.is_eagle_group} or set(range(len(groups)))
+    return frozenset(
+        eagle_ids | {i for i, spec in enumerate(specs) if any(spec == specs[e] for e in eagle_ids)}
+    )
 
 
 def _check_retention_interval(

@@ -299,3 +299,25 @@ def test_mixed_uniform_group_picks_the_most_derived_manager_in_either_order(orde
     coord = KVCacheCoordinator(config, SchedulerLimits(max_model_len=256))
     assert type(coord.managers[0]) is SubclassManager
     assert coord.specs[0] == child
+
+
+def test_kit_fails_an_encoder_sized_group_that_grows_after_admission() -> None:
+    """An encoder-sized group holds what admission gave it: a plugin manager that takes a block on every
+    step (here in remove_skipped_blocks) fails the kit, naming the group."""
+
+    class GrowingEncoderManager(CrossAttentionManager):
+        def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+            return 0
+
+        def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+            blocks = self.get_blocks(request_id)
+            if blocks and isinstance(blocks, list):
+                blocks.extend(self.block_pool.get_new_blocks(1))
+
+    @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+    class EncoderCacheSpec(CrossAttentionSpec):
+        """A platform's encoder cache: cross attention's sizing, its own manager."""
+
+    check_plugin(EncoderCacheSpec(**ATTN), CrossAttentionManager)  # the built-in behaviour passes
+    with pytest.raises(PluginContractError, match=r"encoder-sized group 0 holds 3 blocks of 'r1', 2 at admission"):
+        check_plugin(EncoderCacheSpec(**ATTN), GrowingEncoderManager)

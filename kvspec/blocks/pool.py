@@ -158,6 +158,34 @@ class FreeKVCacheBlockQueue:
         first.prev_free_block = prev
         self.num_free_blocks += len(blocks)
 
+    def release(self, ordered_blocks: Iterable[KVCacheBlock], prepend: bool = False) -> None:
+        """Drop one reference on each block; blocks reaching 0 (never the null block) join the queue in the
+        given order, at the tail (evicted last) or with ``prepend`` at the head (reused first). One pass:
+        this runs for every finished request."""
+        if prepend:
+            released: list[KVCacheBlock] = []
+            for block in ordered_blocks:
+                block.ref_cnt -= 1
+                if block.ref_cnt == 0 and not block.is_null:
+                    released.append(block)
+            self.prepend_n(released)
+            return
+        tail = self._tail
+        last = tail.prev_free_block
+        assert last is not None
+        count = 0
+        for block in ordered_blocks:
+            ref_cnt = block.ref_cnt - 1
+            block.ref_cnt = ref_cnt
+            if ref_cnt == 0 and not block.is_null:
+                last.next_free_block = block
+                block.prev_free_block = last
+                last = block
+                count += 1
+        last.next_free_block = tail
+        tail.prev_free_block = last
+        self.num_free_blocks += count
+
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         out: list[KVCacheBlock] = []
         cur = self._head.next_free_block
@@ -287,10 +315,24 @@ class BlockPool:
         #: Told when blocks are allocated, hit and evicted (kvspec.blocks.metrics); None: nothing is told.
         self.metrics_collector = metrics_collector
 
+    # -- the lookup API a hit search uses (kvspec.contracts.manager.HitQuery.block_pool); it never
+    # changes the pool. The map itself (cached_block_hash_to_block) is the pool's to write.
+
+    def get_cached_prefix(
+        self, block_hashes: Sequence[bytes], kv_cache_group_id: int, max_num_blocks: int
+    ) -> list[KVCacheBlock]:
+        """The cached blocks of group ``kv_cache_group_id`` under ``block_hashes[0]``, ``[1]``, ... up to
+        the first miss, at most ``max_num_blocks`` (one block per hash: the first of any duplicates).
+        A left-to-right prefix search (full attention) is one call."""
+        return self.cached_block_hash_to_block.longest_chain(
+            block_hashes, group_suffix(kv_cache_group_id), max_num_blocks
+        )
+
     def get_cached_block(
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
     ) -> list[KVCacheBlock] | None:
-        """One cached block per group for ``block_hash``, or None if any group misses."""
+        """One cached block per group for ``block_hash``, or None if any group misses (a search that
+        tests positions one by one, sliding windows and states)."""
         if len(kv_cache_group_ids) == 1:
             gid = kv_cache_group_ids[0]
             block = self.cached_block_hash_to_block.get_one_block(block_hash + group_suffix(gid))
@@ -326,8 +368,7 @@ class BlockPool:
                 f"of block size {self.hash_block_size}?"
             )
         suffix = group_suffix(kv_cache_group_id)
-        block_map = self.cached_block_hash_to_block
-        cache = block_map._cache
+        insert = self.cached_block_hash_to_block.insert
         events = self.enable_kv_cache_events
         stored: list[bytes] = []
         for i, block, block_hash in zip(
@@ -341,10 +382,7 @@ class BlockPool:
                 raise BlockPoolError(f"Block {block.block_id} already has a hash; it cannot be cached again.")
             key = block_hash + suffix
             block.block_hash = key
-            if key in cache:
-                block_map.insert(key, block)  # a duplicate of cached content: kept beside it
-            else:
-                cache[key] = block
+            insert(key, block)
             if events:
                 stored.append(block_hash)
         if self.enable_kv_cache_events and stored:
@@ -374,32 +412,11 @@ class BlockPool:
         queue = self.free_block_queue
         if num_blocks > queue.num_free_blocks:
             raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
-        if num_blocks == 0:
-            return []
-        # One walk unlinks, evicts and references each block (popleft_n + eviction fused: hot path).
-        cache = self.cached_block_hash_to_block._cache
-        plain_evict = self.enable_caching and not self.enable_kv_cache_events
-        blocks: list[KVCacheBlock] = []
-        append = blocks.append
-        block = queue._head.next_free_block
-        for _ in range(num_blocks):
-            assert block is not None
-            nxt = block.next_free_block
-            block.prev_free_block = block.next_free_block = None
-            key = block.block_hash
-            if key is not None:
-                if plain_evict and cache.get(key) is block:
-                    del cache[key]  # the common eviction: the only block under its hash
-                    block.block_hash = None
-                else:
-                    self._maybe_evict_cached_block(block)
+        blocks = queue.popleft_n(num_blocks)
+        for block in blocks:
+            if block.block_hash is not None:
+                self._maybe_evict_cached_block(block)
             block.ref_cnt = 1
-            append(block)
-            block = nxt
-        assert block is not None
-        queue._head.next_free_block = block
-        block.prev_free_block = queue._head
-        queue.num_free_blocks -= num_blocks
         observer = self.metrics_collector
         if observer is not None:
             # Reallocation ends the block's previous residency and starts a new one.
@@ -439,31 +456,7 @@ class BlockPool:
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], prepend: bool = False) -> None:
         """Drop one reference on each block; blocks reaching 0 join the free queue in the given order
         (at the tail, or at the head with ``prepend`` so they are reused first)."""
-        if prepend:
-            released: list[KVCacheBlock] = []
-            for block in ordered_blocks:
-                block.ref_cnt -= 1
-                if block.ref_cnt == 0 and not block.is_null:
-                    released.append(block)
-            self.free_block_queue.prepend_n(released)
-            return
-        # The common case (a finished request) links released blocks at the tail in one pass.
-        queue = self.free_block_queue
-        tail = queue._tail
-        last = tail.prev_free_block
-        assert last is not None
-        count = 0
-        for block in ordered_blocks:
-            ref_cnt = block.ref_cnt - 1
-            block.ref_cnt = ref_cnt
-            if ref_cnt == 0 and not block.is_null:
-                last.next_free_block = block
-                block.prev_free_block = last
-                last = block
-                count += 1
-        last.next_free_block = tail
-        tail.prev_free_block = last
-        queue.num_free_blocks += count
+        self.free_block_queue.release(ordered_blocks, prepend)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop cached content of blocks (a KV connector found it stale); the blocks stay where they are."""

@@ -6,7 +6,6 @@ from collections.abc import Iterator
 
 from mypy_extensions import mypyc_attr
 
-from kvspec.blocks.hashing import group_suffix
 from kvspec.blocks.pool import KVCacheBlock
 from kvspec.contracts.manager import HitQuery, HitResult
 from kvspec.errors import SpecValidationError
@@ -29,10 +28,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         max_num_blocks = min(query.max_length // block_size, len(block_hashes))
         lookup = block_pool.get_cached_block
         if len(kv_cache_group_ids) == 1:
-            suffix = group_suffix(kv_cache_group_ids[0])
-            computed = (
-                block_pool.cached_block_hash_to_block.longest_chain(block_hashes, suffix, max_num_blocks),
-            )
+            computed = (block_pool.get_cached_prefix(block_hashes, kv_cache_group_ids[0], max_num_blocks),)
         else:
             for i in range(max_num_blocks):
                 hits = lookup(block_hashes[i], kv_cache_group_ids)

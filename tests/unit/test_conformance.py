@@ -319,5 +319,7 @@ def test_kit_fails_an_encoder_sized_group_that_grows_after_admission() -> None:
         """A platform's encoder cache: cross attention's sizing, its own manager."""
 
     check_plugin(EncoderCacheSpec(**ATTN), CrossAttentionManager)  # the built-in behaviour passes
-    with pytest.raises(PluginContractError, match=r"encoder-sized group 0 holds 3 blocks of 'r1', 2 at admission"):
+    with pytest.raises(
+        PluginContractError, match=r"encoder-sized group 0 holds 3 blocks of 'r1', 2 at admission"
+    ):
         check_plugin(EncoderCacheSpec(**ATTN), GrowingEncoderManager)

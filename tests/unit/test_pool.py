@@ -61,40 +61,93 @@ class TestFreeQueue:
         with pytest.raises(BlockPoolError, match="not free"):
             q.remove(blocks[0])
 
-    @settings(max_examples=200, deadline=None)
+    @settings(max_examples=300, deadline=None)
     @given(
         st.lists(
-            st.tuples(st.sampled_from(["pop", "popn", "remove", "append", "prepend"]), st.integers(0, 7)),
+            st.tuples(
+                st.sampled_from(
+                    ["pop", "popn", "remove", "append", "appendn", "prepend", "share", "release"]
+                ),
+                st.integers(0, 7),
+                st.booleans(),
+            ),
             max_size=60,
         )
     )
-    def test_matches_a_list_model(self, ops: list[tuple[str, int]]) -> None:
+    def test_matches_a_list_model(self, ops: list[tuple[str, int, bool]]) -> None:
+        """The queue operations the pool runs (popleft_n for allocation, release for frees, remove for
+        hits, prepend for scratch blocks) against a list model with reference counts."""
         blocks, q = queue_of(8)
         model = list(range(8))
-        for op, k in ops:
+        refs = [0] * 8  # a block out of the queue holds >= 1 reference, as the pool keeps it
+
+        def taken(ids_: list[int]) -> None:
+            for i in ids_:
+                refs[i] = blocks[i].ref_cnt = 1
+
+        for op, k, flag in ops:
+            out = [i for i in range(8) if i not in model]
             if op == "pop" and model:
-                assert q.popleft().block_id == model.pop(0)
+                got = q.popleft().block_id
+                assert got == model.pop(0)
+                taken([got])
             elif op == "popn" and model:
                 n = min(k, len(model))
                 got = ids(q.popleft_n(n))
                 assert got == model[:n]
                 del model[:n]
+                taken(got)
             elif op == "remove" and model:
                 victim = model[k % len(model)]
                 q.remove(blocks[victim])
                 model.remove(victim)
-            elif op == "append":
-                out = [i for i in range(8) if i not in model]
-                if out:
-                    b = out[k % len(out)]
-                    q.append(blocks[b])
-                    model.append(b)
-            elif op == "prepend":
-                out = [i for i in range(8) if i not in model][: k % 3 + 1]
-                q.prepend_n([blocks[i] for i in out])
-                model[:0] = out
+                taken([victim])
+            elif op == "append" and out:
+                b = out[k % len(out)]
+                refs[b] = blocks[b].ref_cnt = 0
+                q.append(blocks[b])
+                model.append(b)
+            elif op == "appendn" and out:
+                chosen = out[k % len(out) :][:3]
+                for b in chosen:
+                    refs[b] = blocks[b].ref_cnt = 0
+                q.append_n([blocks[b] for b in chosen])
+                model.extend(chosen)
+            elif op == "prepend" and out:
+                chosen = out[: k % 3 + 1]
+                for b in chosen:
+                    refs[b] = blocks[b].ref_cnt = 0
+                q.prepend_n([blocks[i] for i in chosen])
+                model[:0] = chosen
+            elif op == "share" and out:
+                b = out[k % len(out)]
+                refs[b] += 1
+                blocks[b].ref_cnt += 1
+            elif op == "release" and out:
+                # A request's blocks, tail first; a shared block stays held by its other holders.
+                chosen = list(reversed(out[k % len(out) :]))
+                reached_zero = []
+                for b in chosen:
+                    refs[b] -= 1
+                    if refs[b] == 0:
+                        reached_zero.append(b)
+                q.release([blocks[b] for b in chosen], prepend=flag)
+                if flag:
+                    model[:0] = reached_zero
+                else:
+                    model.extend(reached_zero)
             assert ids(q.get_all_free_blocks()) == model
             assert q.num_free_blocks == len(model)
+            assert [b.ref_cnt for b in blocks] == refs
+
+    def test_release_never_queues_the_null_block(self) -> None:
+        _, q = queue_of(3)
+        taken = q.popleft_n(3)
+        for b in taken:
+            b.ref_cnt = 1
+        taken[1].is_null = True
+        q.release(taken)
+        assert ids(q.get_all_free_blocks()) == [0, 2]
 
 
 class TestHashMap:

@@ -23,10 +23,7 @@ import torch
 
 from kvspec.contracts.spec import KVCacheSpec
 from kvspec.errors import SpecValidationError, TraitsError
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(a // -b)
+from kvspec.intmath import cdiv
 
 
 def is_count(value: object, minimum: int) -> bool:
@@ -182,7 +179,7 @@ def admission_cap(
     """Blocks a request holds at most when it reads ``lookback_tokens`` back (tokens in, blocks out):
     ``cdiv(min(lookback + max_num_batched_tokens, max_model_len), block_size) + extra_blocks``."""
     tokens = min(lookback_tokens + max_num_batched_tokens, max_model_len)
-    return _cdiv(tokens, block_size) + extra_blocks
+    return cdiv(tokens, block_size) + extra_blocks
 
 
 DEFAULT_TRAITS = SpecTraits()

@@ -38,6 +38,7 @@ from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.coordinator.stats import PrefixCacheStats
+from kvspec.integrations.vllm_managers import VllmManagerView
 from kvspec.integrations.vllm_planning import config_from_vllm
 from kvspec.registry.core import AnyRegistry
 
@@ -171,8 +172,9 @@ class _CoordinatorFacade:
 
     @property
     def single_type_managers(self) -> list[Any]:
-        """vLLM's name for the per-group managers (kvspec's keep ``req_to_blocks``/``num_cached_block``)."""
-        return list(self._coordinator.managers)
+        """vLLM's name for the per-group managers, each seen with vLLM's state names (``req_to_blocks``,
+        ``num_cached_block``: private fields on kvspec's managers)."""
+        return [VllmManagerView(m) for m in self._coordinator.managers]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._coordinator, name)

@@ -21,7 +21,7 @@ from kvspec.contracts.traits import traits_of
 from kvspec.integrations.vllm import as_kvspec
 from kvspec.managers.base import SingleTypeKVCacheManager
 
-__all__ = ["VllmStyleManager", "vllm_style"]
+__all__ = ["VLLM_STATE_NAMES", "VllmManagerView", "VllmStyleManager", "vllm_style"]
 
 
 class VllmStyleManager:
@@ -86,10 +86,39 @@ class VllmStyleManager:
         return cls.kvspec_manager_cls.find_longest_cache_hit(query).blocks
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.kvspec_manager, name)
+        return getattr(self.kvspec_manager, VLLM_STATE_NAMES.get(name, name))
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.kvspec_manager, name, value)
+        setattr(self.kvspec_manager, VLLM_STATE_NAMES.get(name, name), value)
+
+
+#: vLLM's public names for a manager's per-request state -> kvspec's private fields (vLLM's tests read and
+#: write them; kvspec's plugins go through get_blocks / num_cached_blocks instead).
+VLLM_STATE_NAMES: dict[str, str] = {
+    "req_to_blocks": "_req_to_blocks",
+    "num_cached_block": "_num_cached_block",
+    "new_block_ids": "_new_block_ids",
+}
+
+
+class VllmManagerView:
+    """One of kvspec's managers as vLLM's coordinator lists it (``single_type_managers``): every attribute is
+    the manager's, vLLM's state names included, and ``isinstance`` sees the manager's class."""
+
+    __slots__ = ("_manager",)
+
+    def __init__(self, manager: object) -> None:
+        object.__setattr__(self, "_manager", manager)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # isinstance(view, SlidingWindowManager) answers for the manager
+        return type(self._manager)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._manager, VLLM_STATE_NAMES.get(name, name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._manager, VLLM_STATE_NAMES.get(name, name), value)
 
 
 _cache: dict[type[SingleTypeKVCacheManager], type[VllmStyleManager]] = {}

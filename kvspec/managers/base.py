@@ -1,8 +1,10 @@
 """Shared bookkeeping of the per-spec-type managers (vLLM's SingleTypeKVCacheManager), and the plugin surface.
 
-State per request: its block list (``req_to_blocks``; null blocks mark positions freed early) and how many
-of its leading blocks are already published in the prefix cache (``num_cached_block``; presence there
-means the request was admitted). No runtime type checks here: these methods run per step and per block.
+Settings come from one ``ManagerContext`` (``self.context``; read-only properties such as ``block_size`` and
+``block_pool`` read it). Per-request state (each request's block list, how many of its blocks are cached)
+is private: a hook reads it through ``get_blocks``, ``num_requests``, ``is_admitted`` and
+``num_cached_blocks``, and changes it only through the inherited methods. No runtime type checks here:
+these methods run per step and per block.
 
 The hooks a plugin manager overrides (everything else is bookkeeping it inherits):
 
@@ -34,9 +36,11 @@ from collections.abc import Iterator, Sequence
 
 from mypy_extensions import mypyc_attr
 
-from kvspec.blocks.pool import KVCacheBlock
+from kvspec.blocks.pool import BlockPool, KVCacheBlock
 from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.manager import HitQuery, HitResult, ManagerContext
+from kvspec.contracts.spec import KVCacheSpec
+from kvspec.contracts.traits import SpecTraits
 from kvspec.errors import SchedulingError
 from kvspec.intmath import cdiv
 
@@ -46,27 +50,79 @@ class SingleTypeKVCacheManager:
     """Base class with the behaviour most managers share; subclasses define the hit search."""
 
     def __init__(self, context: ManagerContext) -> None:
-        spec = context.kv_cache_spec
         block_pool = context.block_pool
+        #: Every setting of this manager (spec, traits, pool, group id, block sizes, caching, EAGLE, caps);
+        #: the read-only properties below read it. The underscored fields are the per-step copies.
         self.context = context
-        self.kv_cache_spec = spec
-        self.traits = context.traits
-        self.block_size = context.block_size
-        self.block_pool = block_pool
-        self.enable_caching = context.enable_caching
-        self.kv_cache_group_id = context.kv_cache_group_id
-        self.scheduler_block_size = context.scheduler_block_size
-        self.dcp_world_size = context.dcp_world_size
-        self.pcp_world_size = context.pcp_world_size
-        self.max_admission_blocks_per_request = context.max_admission_blocks_per_request
-        self.use_eagle = context.use_eagle
-        #: Whether new blocks are reported by take_new_block_ids (for zeroing): the spec's trait.
-        self.tracks_new_block_ids = context.traits.zero_new_blocks
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        self.num_cached_block: dict[str, int] = {}
-        self.new_block_ids: list[int] = []
+        self._block_size = context.block_size
+        self._pool = block_pool
+        self._caching = context.enable_caching
+        self._cap = context.max_admission_blocks_per_request
+        self._group_id = context.kv_cache_group_id
+        self._track_new_block_ids = context.traits.zero_new_blocks
+        # Per request: its blocks in order (null blocks mark positions freed early), and how many of its
+        # leading blocks are published in the prefix cache (presence there: the request was admitted).
+        self._req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._num_cached_block: dict[str, int] = {}
+        self._new_block_ids: list[int] = []
         self._null_block = block_pool.null_block
         self.setup()
+
+    # -- settings, read from the context ------------------------------------------------------
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return self.context.kv_cache_spec
+
+    @property
+    def traits(self) -> SpecTraits:
+        return self.context.traits
+
+    @property
+    def block_pool(self) -> BlockPool:
+        return self._pool
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block of this group: the spec's block size times the context-parallel sizes."""
+        return self._block_size
+
+    @property
+    def kv_cache_group_id(self) -> int:
+        return self._group_id
+
+    @property
+    def enable_caching(self) -> bool:
+        return self._caching
+
+    @property
+    def scheduler_block_size(self) -> int:
+        """Tokens per scheduler block (the LCM of the groups' block sizes in a hybrid)."""
+        return self.context.scheduler_block_size
+
+    @property
+    def use_eagle(self) -> bool:
+        return self.context.use_eagle
+
+    @property
+    def tracks_new_block_ids(self) -> bool:
+        """Whether new blocks are reported by take_new_block_ids (for zeroing): the spec's trait."""
+        return self._track_new_block_ids
+
+    # -- what a plugin hook may read about requests (the state itself is the base class's) ------
+
+    @property
+    def num_requests(self) -> int:
+        """Requests holding blocks of this group (admitted and not freed)."""
+        return len(self._req_to_blocks)
+
+    def is_admitted(self, request_id: str) -> bool:
+        """Whether the request's prefix hit was attached (later calls are running steps)."""
+        return request_id in self._num_cached_block
+
+    def num_cached_blocks(self, request_id: str) -> int:
+        """Leading blocks of the request published in the prefix cache (0 for an unknown request)."""
+        return self._num_cached_block.get(request_id, 0)
 
     def setup(self) -> None:
         """Extension hook, called at the end of construction: validate the spec, add state, reserve
@@ -84,19 +140,19 @@ class SingleTypeKVCacheManager:
         apply_admission_cap: bool = False,
     ) -> int:
         """New blocks plus prefix-hit blocks that touching would pull out of the free queue."""
-        num_required = -(num_tokens // -self.block_size)
-        cap = self.max_admission_blocks_per_request
+        num_required = -(num_tokens // -self._block_size)
+        cap = self._cap
         if apply_admission_cap and cap is not None and cap < num_required:
             num_required = cap
-        if request_id in self.num_cached_block:
+        if request_id in self._num_cached_block:
             if new_computed_blocks:
                 raise SchedulingError(
                     f"Request {request_id!r} is already running; it cannot take new prefix-hit blocks."
                 )
-            missing = num_required - len(self.req_to_blocks[request_id])
+            missing = num_required - len(self._req_to_blocks[request_id])
             return missing if missing > 0 else 0
-        req_blocks = self.req_to_blocks.get(request_id, ())
-        num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        req_blocks = self._req_to_blocks.get(request_id, ())
+        num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self._block_size
         num_local = len(new_computed_blocks) + len(req_blocks)
         num_new = max(num_required - max(num_skipped_blocks, num_local), 0)
         skip = max(0, num_skipped_blocks - len(req_blocks))
@@ -113,69 +169,69 @@ class SingleTypeKVCacheManager:
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
     ) -> None:
-        if request_id in self.num_cached_block:
+        if request_id in self._num_cached_block:
             if new_computed_blocks:
                 raise SchedulingError(
                     f"Request {request_id!r} is already running; it cannot take new prefix-hit blocks."
                 )
             return
-        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        req_blocks = self._req_to_blocks.setdefault(request_id, [])
         total = num_local_computed_tokens + num_external_computed_tokens
         num_skipped_tokens = self.get_num_skipped_tokens(total)
-        num_skipped_blocks = num_skipped_tokens // self.block_size
+        num_skipped_blocks = num_skipped_tokens // self._block_size
         blocks = list(new_computed_blocks)
         external = num_external_computed_tokens
         if num_skipped_blocks > 0:
             blocks = blocks[num_skipped_blocks:]
             external = min(total - num_skipped_tokens, external)
-        if self.enable_caching:
-            self.block_pool.touch(blocks)
+        if self._caching:
+            self._pool.touch(blocks)
         elif blocks:
             raise SchedulingError("Computed blocks should be empty when prefix caching is disabled")
         req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(blocks)
-        self.num_cached_block[request_id] = len(req_blocks)
+        self._num_cached_block[request_id] = len(req_blocks)
         if external > 0:
-            num_new = cdiv(total, self.block_size) - len(req_blocks)
+            num_new = cdiv(total, self._block_size) - len(req_blocks)
             if num_new > 0:
-                allocated = self.block_pool.get_new_blocks(num_new)
+                allocated = self._pool.get_new_blocks(num_new)
                 req_blocks.extend(allocated)
-                if self.tracks_new_block_ids:
-                    self.new_block_ids.extend([b.block_id for b in allocated])
+                if self._track_new_block_ids:
+                    self._new_block_ids.extend([b.block_id for b in allocated])
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
     ) -> list[KVCacheBlock]:
-        req_blocks = self.req_to_blocks.get(request_id)
+        req_blocks = self._req_to_blocks.get(request_id)
         if req_blocks is None:
-            req_blocks = self.req_to_blocks[request_id] = []
-        num_new = -(num_tokens // -self.block_size) - len(req_blocks)
+            req_blocks = self._req_to_blocks[request_id] = []
+        num_new = -(num_tokens // -self._block_size) - len(req_blocks)
         if num_new <= 0:
             return []
-        new_blocks = self.block_pool.get_new_blocks(num_new)
+        new_blocks = self._pool.get_new_blocks(num_new)
         req_blocks.extend(new_blocks)
-        if self.tracks_new_block_ids:
-            self.new_block_ids.extend([b.block_id for b in new_blocks])
+        if self._track_new_block_ids:
+            self._new_block_ids.extend([b.block_id for b in new_blocks])
         return new_blocks
 
     # -- caching and freeing ------------------------------------------------------------------
 
     def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         request_id = request.request_id
-        num_cached = self.num_cached_block.get(request_id, 0)
-        num_full = num_tokens // self.block_size
+        num_cached = self._num_cached_block.get(request_id, 0)
+        num_full = num_tokens // self._block_size
         if num_cached >= num_full:
             return
-        self.block_pool.cache_full_blocks(
+        self._pool.cache_full_blocks(
             request,
-            self.req_to_blocks[request_id],
+            self._req_to_blocks[request_id],
             num_cached,
             num_full,
-            self.block_size,
-            self.kv_cache_group_id,
+            self._block_size,
+            self._group_id,
             block_mask=self.cache_mask(request, num_full),
         )
-        self.num_cached_block[request_id] = num_full
+        self._num_cached_block[request_id] = num_full
 
     def cache_mask(self, request: RequestView, num_blocks: int) -> list[bool] | None:
         """The mask ``cache_blocks`` publishes with: ``reachable_block_mask`` unless a manager's caching
@@ -187,10 +243,10 @@ class SingleTypeKVCacheManager:
         return None
 
     def free(self, request_id: str) -> None:
-        blocks = self.req_to_blocks.pop(request_id, None)
-        self.num_cached_block.pop(request_id, None)
+        blocks = self._req_to_blocks.pop(request_id, None)
+        self._num_cached_block.pop(request_id, None)
         if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+            self._pool.free_blocks(reversed(blocks))
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Replace blocks attention no longer reads with the null block; cached ones stay evictable
@@ -198,10 +254,10 @@ class SingleTypeKVCacheManager:
         num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
         if num_skipped_tokens <= 0:
             return
-        blocks = self.req_to_blocks.get(request_id)
+        blocks = self._req_to_blocks.get(request_id)
         if not blocks:
             return
-        num_skipped = min(num_skipped_tokens // self.block_size, len(blocks))
+        num_skipped = min(num_skipped_tokens // self._block_size, len(blocks))
         null = self._null_block
         if num_skipped == 0 or blocks[num_skipped - 1] is null:
             return  # nothing newly skipped since the last call: most decode steps of a window
@@ -214,9 +270,9 @@ class SingleTypeKVCacheManager:
             (uncached if block.block_hash is None else cached).append(block)
             blocks[i] = null
         if cached:
-            self.block_pool.free_blocks(cached)
+            self._pool.free_blocks(cached)
         if uncached:
-            self.block_pool.free_blocks(uncached, prepend=True)
+            self._pool.free_blocks(uncached, prepend=True)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return 0
@@ -225,19 +281,19 @@ class SingleTypeKVCacheManager:
         return 0
 
     def get_blocks(self, request_id: str) -> Sequence[KVCacheBlock]:
-        return self.req_to_blocks.get(request_id, ())
+        return self._req_to_blocks.get(request_id, ())
 
     def new_step_starts(self) -> None:
         return None
 
     def iter_held_blocks(self) -> Iterator[KVCacheBlock]:
-        for blocks in self.req_to_blocks.values():
+        for blocks in self._req_to_blocks.values():
             for block in blocks:
                 if not block.is_null:
                     yield block
 
     def take_new_block_ids(self) -> list[int]:
-        ids, self.new_block_ids = self.new_block_ids, []
+        ids, self._new_block_ids = self._new_block_ids, []
         return ids
 
     @classmethod

@@ -43,9 +43,9 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         return HitResult(computed)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
-        num_requests = len(self.req_to_blocks)
+        num_requests = len(self._req_to_blocks)
         count = 0
-        for block in self.req_to_blocks.get(running_request_id, ()):
+        for block in self._req_to_blocks.get(running_request_id, ()):
             if block.ref_cnt != num_requests:
                 break
             count += 1

@@ -73,7 +73,7 @@ class MambaManager(SingleTypeKVCacheManager):
         if self.mamba_cache_mode != "align":
             return
         idx = self.last_state_block_idx.get(request_id)
-        blocks = self.req_to_blocks.get(request_id)
+        blocks = self._req_to_blocks.get(request_id)
         if idx is None or not blocks or idx >= cdiv(total, self.block_size) - 1:
             return
         block = blocks[idx]
@@ -109,7 +109,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 apply_admission_cap,
             )
         required = cdiv(num_tokens_main_model, self.block_size) + self.num_speculative_blocks
-        have = len(self.req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
+        have = len(self._req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
         num_new = 0
         if required > have:
             num_new = 1 if request_id in self._allocated_block_reqs else 1 + self.num_speculative_blocks
@@ -124,7 +124,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 request_id, num_tokens + self.block_size * self.num_speculative_blocks, num_tokens_main_model
             )
         nspec = self.num_speculative_blocks
-        blocks = self.req_to_blocks.setdefault(request_id, [])
+        blocks = self._req_to_blocks.setdefault(request_id, [])
         required = cdiv(num_tokens_main_model, self.block_size) + nspec
         if required <= len(blocks):
             return []
@@ -149,10 +149,10 @@ class MambaManager(SingleTypeKVCacheManager):
         return blocks[prev_len:]
 
     def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
-        num_before = self.num_cached_block.get(request.request_id, 0)
+        num_before = self._num_cached_block.get(request.request_id, 0)
         super().cache_blocks(request, num_tokens)
-        blocks = self.req_to_blocks.get(request.request_id, ())
-        for block in blocks[num_before : self.num_cached_block.get(request.request_id, 0)]:
+        blocks = self._req_to_blocks.get(request.request_id, ())
+        for block in blocks[num_before : self._num_cached_block.get(request.request_id, 0)]:
             if block.block_hash is not None:
                 self.cached_blocks_this_step.add(block.block_hash)
 

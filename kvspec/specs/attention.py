@@ -16,7 +16,7 @@ from typing_extensions import Self
 
 from kvspec.contracts.checking import check_construction
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits, SpecCollection, as_spec_list
-from kvspec.contracts.traits import PageView, SpecTraits, admission_cap, attention_page_views, cached_traits
+from kvspec.contracts.traits import PageView, SpecTraits, attention_page_views, cached_traits
 from kvspec.errors import (
     SpecMergeError,
     SpecValidationError,
@@ -321,14 +321,8 @@ class SlidingWindowSpec(AttentionSpec):
 
     def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
         """Blocks one request can hold at once: the window plus one step's tokens, +1 because the
-        window may start in the middle of a block."""
-        return admission_cap(
-            lookback_tokens=self.sliding_window - 1,
-            extra_blocks=1,
-            block_size=self.block_size,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-        )
+        window may start in the middle of a block (the traits' admission cap, declared once)."""
+        return _admission_cap(self, max_num_batched_tokens, max_model_len)
 
     #: Families whose full-attention layer a hybrid-off conversion follows (traits).
     _hybrid_off_families: ClassVar[tuple[str, ...]] = ("kv",)
@@ -387,14 +381,9 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         AttentionSpec.__post_init__(self)
 
     def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
-        """Blocks one request can hold at once: one chunk plus one step's tokens."""
-        return admission_cap(
-            lookback_tokens=self.attention_chunk_size,
-            extra_blocks=0,
-            block_size=self.block_size,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-        )
+        """Blocks one request can hold at once: one chunk plus one step's tokens (the traits' admission
+        cap, declared once)."""
+        return _admission_cap(self, max_num_batched_tokens, max_model_len)
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         blocks = self.max_admission_blocks_per_request(limits.batched_tokens, limits.max_model_len)
@@ -456,3 +445,10 @@ class CrossAttentionSpec(AttentionSpec):
             kind="cross_attention",
             device_views=self.page_views(),
         )
+
+
+def _admission_cap(spec: AttentionSpec, max_num_batched_tokens: int, max_model_len: int) -> int:
+    cap = spec.kv_cache_traits().admission_cap_blocks(spec.block_size, max_num_batched_tokens, max_model_len)
+    if cap is None:  # pragma: no cover - both callers declare an admission lookback
+        raise SpecValidationError(f"{type(spec).__name__} declares no admission cap.")
+    return cap

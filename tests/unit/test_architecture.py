@@ -162,8 +162,114 @@ def _is_package(name: str) -> bool:
     return hasattr(importlib.import_module(name), "__path__")
 
 
-def test_registry_and_managers_do_not_import_each_other() -> None:
+def test_registry_core_and_managers_do_not_import_each_other() -> None:
+    """Only the built-in registrations (kvspec.registry.builtins) join the two."""
     assert not any(d.startswith("kvspec.managers") for d in _imports_of("kvspec.registry.core"))
     for name in _all_modules():
         if name.startswith("kvspec.managers"):
-            assert "kvspec.registry.core" not in _imports_of(name), name
+            assert not any(d.startswith("kvspec.registry") for d in _imports_of(name)), name
+
+
+#: Each layer (a folder, or a module at the package root) and the layers it may import, bottom-up.
+#: docs/ARCHITECTURE.md shows the same table; a module may always import its own layer.
+BASE = frozenset({"errors", "intmath"})
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "intmath": frozenset(),
+    "build_info": frozenset(),
+    "presets": frozenset(),
+    "blocks": BASE,
+    "contracts": BASE | {"blocks"},
+    "specs": BASE | {"contracts"},
+    "managers": BASE | {"blocks", "contracts"},
+    "registry": BASE | {"contracts", "specs", "managers"},
+    "planning": BASE | {"contracts", "specs", "registry"},
+    "coordinator": BASE | {"blocks", "contracts", "managers", "registry", "planning"},
+    "device": BASE | {"contracts", "specs", "planning"},
+    "models": BASE | {"presets", "contracts", "specs", "registry"},
+    "testing": BASE
+    | {"blocks", "contracts", "specs", "managers", "registry", "planning", "coordinator", "device"},
+    "engine": BASE | {"blocks", "contracts", "specs", "planning", "coordinator", "device", "models"},
+    "integrations": BASE
+    | {"blocks", "contracts", "specs", "managers", "registry", "planning", "coordinator"},
+    "cli": BASE
+    | {"build_info", "presets", "contracts", "specs", "registry", "planning", "device", "models", "engine"},
+    "builtins": frozenset({"registry"}),
+}
+#: The package's own __init__ (the lazy public API) may name any layer but the commands.
+TOP = "kvspec"
+
+
+def layer_of(module: str) -> str:
+    """``kvspec.coordinator._core`` -> "coordinator"; ``kvspec.errors`` -> "errors"; ``kvspec`` -> "kvspec"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else TOP
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that go to a layer the importing module's layer may not import."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        own = layer_of(module)
+        allowed = set(MAY_IMPORT) - {"cli"} if own == TOP else MAY_IMPORT[own]
+        for dep in sorted(deps):
+            target = layer_of(dep)
+            if target != own and target not in allowed:
+                found.append(f"{module} -> {dep} ({own} may not import {target})")
+    return found
+
+
+def test_every_package_folder_and_root_module_has_a_layer() -> None:
+    layers = {layer_of(m) for m in _all_modules()} - {TOP}
+    assert layers == set(MAY_IMPORT), (
+        f"unplaced: {layers - set(MAY_IMPORT)}, gone: {set(MAY_IMPORT) - layers}"
+    )
+
+
+def test_layers_import_only_the_layers_below_them() -> None:
+    graph = {name: _imports_of(name) for name in _all_modules() if not name.endswith("__main__")}
+    assert layering_violations(graph) == []
+
+
+def test_layering_check_can_fail() -> None:
+    """An import up the data flow (a manager reaching the coordinator, a spec reaching the pool) is flagged."""
+    graph = {
+        "kvspec.managers.full": {"kvspec.coordinator._core", "kvspec.blocks.pool"},
+        "kvspec.specs.attention": {"kvspec.blocks.pool"},
+        "kvspec.cli.main": {"kvspec.integrations.vllm"},
+    }
+    assert layering_violations(graph) == [
+        "kvspec.cli.main -> kvspec.integrations.vllm (cli may not import integrations)",
+        "kvspec.managers.full -> kvspec.coordinator._core (managers may not import coordinator)",
+        "kvspec.specs.attention -> kvspec.blocks.pool (specs may not import blocks)",
+    ]
+
+
+def test_the_layer_table_has_no_cycle() -> None:
+    graph = {layer: set(deps) for layer, deps in MAY_IMPORT.items()}
+    assert find_import_cycle(graph) is None
+
+
+def test_at_most_eight_modules_at_the_package_root() -> None:
+    root_modules = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(root_modules) <= 8, root_modules
+
+
+def test_compiled_cores_are_imported_only_by_their_own_folder() -> None:
+    """A compiled core (``_core``) sits behind its folder's checked public module; nothing else imports
+    it, so nobody reaches the unchecked entry points by mistake."""
+    cores = [m for m in _all_modules() if m.rsplit(".", 1)[-1] == "_core"]
+    assert cores == ["kvspec.coordinator._core", "kvspec.planning._core"]
+    for name in _all_modules():
+        for core in cores:
+            folder = name if _is_package(name) else name.rsplit(".", 1)[0]
+            if core in _imports_of(name):
+                assert folder == core.rsplit(".", 1)[0], f"{name} imports {core}"
+
+
+def test_tests_mirror_the_package_folders() -> None:
+    """tests/unit/ has a folder for every package folder that holds modules."""
+    tests = Path(__file__).resolve().parent
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and any(p.glob("*.py"))}
+    mirrored = {p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
+    assert folders - mirrored == set()

@@ -18,11 +18,11 @@ EXPECTED_DIFFERENCES: dict[str, str] = {
     "tests/v1/core/test_kv_cache_utils.py::test_free_kv_cache_block_queue_operations": (
         "popping an empty free queue is kvspec's NotEnoughFreeBlocksError, a CapacityError (a condition a "
         "scheduler handles), kept apart from ValueError-style logic errors; same message as vLLM's "
-        "(tests/unit/test_pool.py checks it). The rest of the test passes when run up to that line"
+        "(tests/unit/blocks/test_pool.py checks it). The rest of the test passes when run up to that line"
     ),
     "tests/v1/core/test_kv_cache_metrics.py::TestKVCacheMetricsCollector::test_sample_rate_validation": (
         "a sample rate outside (0, 1] is kvspec's UnsupportedConfigurationError (a ValueError naming the "
-        "range), not a bare assert that python -O removes; tests/unit/test_block_metrics.py checks it"
+        "range), not a bare assert that python -O removes; tests/unit/blocks/test_metrics.py checks it"
     ),
 }
 

@@ -136,7 +136,7 @@ def test_chunked_local_attention_remove_skipped_blocks(computed: int, nulls: int
     manager = chunked_manager(chunk=4)
     _allocate(manager, 8)
     manager.remove_skipped_blocks("r", computed)
-    blocks = manager.req_to_blocks["r"]
+    blocks = manager.get_blocks("r")
     assert [b.is_null for b in blocks] == [True] * nulls + [False] * (8 - nulls)
 
 
@@ -144,7 +144,7 @@ def test_sliding_window_remove_skipped_blocks() -> None:
     manager = sw_manager(window=4)
     pool = manager.block_pool
     original = _allocate(manager, 6)
-    blocks = manager.req_to_blocks["r"]
+    blocks = manager.get_blocks("r")
 
     def nulls() -> list[int]:
         return [i for i, b in enumerate(blocks) if b.is_null]
@@ -183,7 +183,7 @@ def test_evictable_cached_blocks_not_double_allocated() -> None:
     before = pool.get_num_free_blocks()
     manager.allocate_new_computed_blocks("r", [hit], BS, 0)
     new = manager.allocate_new_blocks("r", 2 * BS, 2 * BS)
-    assert len(new) == 1 and len(manager.req_to_blocks["r"]) == 2
+    assert len(new) == 1 and len(manager.get_blocks("r")) == 2
     assert pool.get_num_free_blocks() == before - 2
 
 
@@ -205,5 +205,5 @@ def test_predictor_matches_allocator_with_admission_cap() -> None:
         capped = manager.get_num_blocks_to_allocate("x", 64, [], 0, 64, apply_admission_cap=True)
         assert capped == 4  # a new request is admitted against the cap, not its full length
         computed = total
-    live = [b for b in manager.req_to_blocks["r"] if not b.is_null]
+    live = [b for b in manager.get_blocks("r") if not b.is_null]
     assert len(live) <= manager.kv_cache_spec.max_admission_blocks_per_request(16, 64)  # type: ignore[attr-defined]

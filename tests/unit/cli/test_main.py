@@ -161,7 +161,7 @@ def test_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_readme_example_is_the_type_checked_file() -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     readme = (root / "README.md").read_text()
     example = (root / "tests" / "typing" / "accept_readme_example.py").read_text().rstrip("\n")
     assert f"```python\n{example}\n```" in readme
@@ -171,7 +171,7 @@ def test_readme_example_is_the_type_checked_file() -> None:
 
 
 def test_readme_engine_snippet_runs() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     section = readme.split("## Using it in an engine", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict[str, object] = {}

@@ -156,7 +156,7 @@ class LooseCommonPrefixManager(FullAttentionManager):
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         count = 0
-        for block in self.req_to_blocks.get(running_request_id, ()):
+        for block in self.get_blocks(running_request_id):
             if block.ref_cnt < 1:
                 break
             count += 1

@@ -482,8 +482,8 @@ class LeakyManager(FullAttentionManager):
     """Forgets the request but never gives its blocks back."""
 
     def free(self, request_id: str) -> None:
-        self.req_to_blocks.pop(request_id, None)
-        self.num_cached_block.pop(request_id, None)
+        self._req_to_blocks.pop(request_id, None)
+        self._num_cached_block.pop(request_id, None)
 
 
 class WrongHitManager(FullAttentionManager):
@@ -546,7 +546,7 @@ def test_restore_validates_every_entry() -> None:
 
 
 def test_is_uniform_with_collection_accepts_vllms_dict_for_every_builtin() -> None:
-    from tests.unit.test_conformance import BUILTIN_PAIRS
+    from tests.unit.test_testing import BUILTIN_PAIRS
 
     for spec, _ in BUILTIN_PAIRS:
         same = [spec, spec.copy_with_new_block_size(spec.block_size)]

@@ -88,9 +88,9 @@ class TestFreeQueue:
         for op, k, flag in ops:
             out = [i for i in range(8) if i not in model]
             if op == "pop" and model:
-                got = q.popleft().block_id
-                assert got == model.pop(0)
-                taken([got])
+                first = q.popleft().block_id
+                assert first == model.pop(0)
+                taken([first])
             elif op == "popn" and model:
                 n = min(k, len(model))
                 got = ids(q.popleft_n(n))

@@ -11,7 +11,8 @@ import dataclasses
 import os
 import sys
 import typing
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from beartype import BeartypeConf, BeartypeStrategy, FrozenDict, beartype
 
@@ -46,6 +47,27 @@ check_hot = beartype(conf=_ON if MODE == "full" else _OFF)
 
 
 _C = TypeVar("_C", bound=type)
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: The attribute a checked door carries: the core function it opens onto.
+CORE_ATTRIBUTE = "__kvspec_core__"
+
+
+def check_door(core: Callable[..., Any]) -> Callable[[_F], _F]:
+    """Decorate a checked public entry point (a door) over a core function with the same signature.
+
+    The core may be compiled (mypyc), and beartype cannot wrap a compiled function, so the door is plain
+    Python whose arguments ``check_api`` checks; it calls the core. The door carries the one docstring and
+    names its core (``__kvspec_core__``) so that ``tests/unit/test_doors.py`` can hold the two
+    signatures equal.
+    """
+
+    def decorate(door: _F) -> _F:
+        checked = check_api(door)
+        setattr(checked, CORE_ATTRIBUTE, core)
+        return checked
+
+    return decorate
 
 
 def check_construction(cls: _C) -> _C:

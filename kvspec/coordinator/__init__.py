@@ -4,16 +4,13 @@ that agree across groups, and the ``allocate_slots`` / ``free`` calls an engine 
 :class:`KVCacheCoordinator` is :class:`kvspec.coordinator._core.CoordinatorCore` (compiled in the compiled
 build) with a constructor whose arguments beartype checks (``KVSPEC_TYPECHECK``): a compiled constructor
 would refuse a wrong argument with mypyc's bare ``TypeError`` instead of kvspec's ``KVSpecTypeError``.
-It runs once per engine, so this plain-Python layer costs nothing per step.
-
-Atomicity: ``allocate_slots`` checks capacity before it changes anything, so a ``None`` return leaves
-ref counts, the free queue and the cache map as they were (only blocks that fell out of a sliding window
-are released first, which is what the request would do next step anyway).
+It runs once per engine, so this plain-Python layer costs nothing per step. The per-step methods, their
+atomicity and how they treat bad counts are documented in :mod:`kvspec.coordinator._core`.
 """
 
 from __future__ import annotations
 
-from kvspec.contracts.checking import check_api
+from kvspec.contracts.checking import check_door
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator._core import CoordinatorCore, KVCacheBlocks, as_count, resolve_block_sizes
 from kvspec.planning.config import KVCacheConfig
@@ -25,11 +22,11 @@ __all__ = ["KVCacheBlocks", "KVCacheCoordinator", "as_count", "resolve_block_siz
 class KVCacheCoordinator(CoordinatorCore):
     """Scheduler API over all KV cache groups of one model (vLLM's KVCacheManager + coordinator).
 
-    Per-step methods (``get_computed_blocks``, ``allocate_slots``, ``free``, ...) and their invariants are
-    documented on :class:`~kvspec.coordinator._core.CoordinatorCore`.
+    Construct it with a planned :class:`~kvspec.KVCacheConfig` and the run's :class:`~kvspec.SchedulerLimits`;
+    the per-step methods (``get_computed_blocks``, ``allocate_slots``, ``free``, ...) are the core's.
     """
 
-    @check_api
+    @check_door(CoordinatorCore.__init__)
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,

@@ -130,10 +130,8 @@ def as_count(name: str, value: SupportsIndex) -> int:
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # kvspec.coordinator.KVCacheCoordinator checks construction
 class CoordinatorCore:
-    """Scheduler API over all KV cache groups of one model (vLLM's KVCacheManager + coordinator).
-
-    Construct :class:`kvspec.coordinator.KVCacheCoordinator` (the same class with a checked constructor).
-    """
+    """The per-step methods of :class:`kvspec.coordinator.KVCacheCoordinator`; construct that class (the
+    same class with a checked constructor), never this one."""
 
     def __init__(
         self,

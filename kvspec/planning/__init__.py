@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kvspec.contracts.checking import check_api
+from kvspec.contracts.checking import check_door
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.planning import _core
 from kvspec.planning._core import (
@@ -69,7 +69,7 @@ __all__ = [
 ]
 
 
-@check_api
+@check_door(_core.get_kv_cache_groups)
 def get_kv_cache_groups(
     layer_specs: Mapping[str, KVCacheSpec],
     *,
@@ -84,7 +84,7 @@ def get_kv_cache_groups(
     return _core.get_kv_cache_groups(layer_specs, hybrid=hybrid, registry=registry)
 
 
-@check_api
+@check_door(_core.get_kv_cache_config_from_groups)
 def get_kv_cache_config_from_groups(
     groups: Sequence[KVCacheGroupSpec], available_memory: int, *, num_blocks_override: int | None = None
 ) -> KVCacheConfig:
@@ -94,7 +94,7 @@ def get_kv_cache_config_from_groups(
     )
 
 
-@check_api
+@check_door(_core.get_kv_cache_configs)
 def get_kv_cache_configs(
     per_worker_specs: Sequence[Mapping[str, KVCacheSpec]],
     per_worker_available_bytes: Sequence[int],
@@ -120,7 +120,7 @@ def get_kv_cache_configs(
     )
 
 
-@check_api
+@check_door(_core.add_kv_sharing_layers)
 def add_kv_sharing_layers(
     kv_cache_groups: Sequence[KVCacheGroupSpec], shared_kv_cache_layers: Mapping[str, str]
 ) -> tuple[KVCacheGroupSpec, ...]:
@@ -135,7 +135,7 @@ def add_kv_sharing_layers(
     return _core.add_kv_sharing_layers(kv_cache_groups, shared_kv_cache_layers)
 
 
-@check_api
+@check_door(_core.get_kv_cache_config)
 def get_kv_cache_config(
     layer_specs: Mapping[str, KVCacheSpec],
     available_memory: int,
@@ -156,7 +156,7 @@ def get_kv_cache_config(
     )
 
 
-@check_api
+@check_door(_core.auto_fit_max_model_len)
 def auto_fit_max_model_len(
     per_worker_specs: Sequence[Mapping[str, KVCacheSpec]],
     per_worker_available_bytes: Sequence[int],

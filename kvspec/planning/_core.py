@@ -214,11 +214,7 @@ def get_kv_cache_groups(
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
 ) -> list[KVCacheGroupSpec]:
-    """Split layers into KV cache groups (each group shares one block table).
-
-    Layers whose traits declare ``own_group`` (hidden-state caches) get one group each, resized to the
-    common page by their ``with_page_size``.
-    """
+    # Documented on kvspec.planning.get_kv_cache_groups, the checked door.
     registry = default_registry if registry is None else registry
     specs_by_layer = dict(layer_specs)
     if not hybrid:
@@ -341,7 +337,7 @@ def check_enough_kv_cache_memory(
 def get_kv_cache_config_from_groups(
     groups: Sequence[KVCacheGroupSpec], available_memory: int, *, num_blocks_override: int | None = None
 ) -> KVCacheConfig:
-    """Tensors and block count for ``groups`` in ``available_memory`` bytes."""
+    # Documented on kvspec.planning.get_kv_cache_config_from_groups, the checked door.
     if not groups:
         return KVCacheConfig(num_blocks=1, kv_cache_tensors=(), kv_cache_groups=())
     if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
@@ -429,12 +425,7 @@ def get_kv_cache_configs(
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
 ) -> list[KVCacheConfig]:
-    """One KVCacheConfig per worker (tensor- or pipeline-parallel), all with the same block count.
-
-    The smallest block count over the workers wins (every worker must hold the same block ids); each
-    worker's tensors are shrunk to it. With ``num_blocks_override`` every worker gets that many blocks.
-    Raises InsufficientKVCacheMemoryError naming the worker that cannot hold one max-length request.
-    """
+    # Documented on kvspec.planning.get_kv_cache_configs, the checked door.
     if len(per_worker_specs) != len(per_worker_available_bytes):
         raise PlanningError(
             f"Got specs for {len(per_worker_specs)} workers but memory for {len(per_worker_available_bytes)}."
@@ -481,7 +472,7 @@ def get_kv_cache_config(
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
 ) -> KVCacheConfig:
-    """The layout for a single worker (see :func:`get_kv_cache_configs`)."""
+    # Documented on kvspec.planning.get_kv_cache_config, the checked door.
     return get_kv_cache_configs(
         [layer_specs],
         [available_memory],
@@ -524,7 +515,7 @@ def auto_fit_max_model_len(
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
 ) -> int:
-    """The largest max_model_len every worker can serve one request of (vLLM's max_model_len=-1)."""
+    # Documented on kvspec.planning.auto_fit_max_model_len, the checked door.
     registry = default_registry if registry is None else registry
     merged = merge_worker_specs(per_worker_specs)
     groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry)
@@ -551,14 +542,7 @@ def auto_fit_max_model_len(
 def add_kv_sharing_layers(
     kv_cache_groups: Sequence[KVCacheGroupSpec], shared_kv_cache_layers: Mapping[str, str]
 ) -> tuple[KVCacheGroupSpec, ...]:
-    """The groups with every KV-sharing layer added to its target layer's group.
-
-    ``shared_kv_cache_layers`` maps a layer that allocates no KV cache of its own to the layer whose cache
-    it reads (cross-layer KV sharing); the sharing layer joins that group's ``layer_names`` (after the
-    group's own layers, in mapping order) so workers give it the group's block table. Blocks and page
-    sizes do not change. A target in no group, a target that itself shares, or a sharing layer that
-    already has a group is a PlanningError (nothing is returned half-done: the groups are values).
-    """
+    # Documented on kvspec.planning.add_kv_sharing_layers, the checked door.
     owner = {layer: gid for gid, group in enumerate(kv_cache_groups) for layer in group.layer_names}
     added: list[list[str]] = [[] for _ in kv_cache_groups]
     for layer, target in shared_kv_cache_layers.items():

@@ -28,14 +28,16 @@ BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
 HASH_ALGORITHMS = ("sha256", "xxhash")
 
 
-def _sha256(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()
+class HashObject(Protocol):
+    """What a hash constructor returns (``hashlib.sha256(data)``, ``xxhash.xxh3_128(data)``)."""
+
+    def digest(self) -> bytes: ...
 
 
-def get_hash_fn_by_name(name: str) -> Callable[[bytes], bytes]:
-    """The digest function for ``name`` ("sha256" or "xxhash")."""
+def get_hash_constructor(name: str) -> Callable[[bytes], HashObject]:
+    """The hash constructor for ``name`` ("sha256" or "xxhash"): ``constructor(data).digest()``."""
     if name == "sha256":
-        return _sha256
+        return hashlib.sha256
     if name == "xxhash":
         try:
             import xxhash
@@ -43,9 +45,19 @@ def get_hash_fn_by_name(name: str) -> Callable[[bytes], bytes]:
             raise UnknownHashFunctionError(
                 "The 'xxhash' block hash needs the xxhash package: pip install xxhash."
             ) from exc
-        digest: Callable[[bytes], bytes] = xxhash.xxh3_128_digest
-        return digest
+        constructor: Callable[[bytes], HashObject] = xxhash.xxh3_128
+        return constructor
     raise UnknownHashFunctionError(f"Unsupported hash function: {name!r}; choose one of {HASH_ALGORITHMS}.")
+
+
+def get_hash_fn_by_name(name: str) -> Callable[[bytes], bytes]:
+    """The digest function for ``name`` ("sha256" or "xxhash"): bytes in, digest bytes out."""
+    constructor = get_hash_constructor(name)
+
+    def digest(data: bytes) -> bytes:
+        return constructor(data).digest()
+
+    return digest
 
 
 #: The explicit switch for reproducible hashes across processes (a secret; unset: random per process).
@@ -120,7 +132,7 @@ class BlockHasher:
     Invariant: the hash of block i depends on the tokens and extra keys of blocks 0..i only.
     """
 
-    __slots__ = ("_digest", "_token_bytes", "algorithm", "block_size", "root_hash")
+    __slots__ = ("_new_hash", "_token_bytes", "algorithm", "block_size", "root_hash")
 
     def __init__(
         self, block_size: int, *, algorithm: str = "sha256", seed: bytes | str | None = None
@@ -129,20 +141,21 @@ class BlockHasher:
             raise KVSpecError(f"BlockHasher.block_size must be positive, got {block_size}.")
         self.block_size = block_size
         self.algorithm = algorithm
-        self._digest = get_hash_fn_by_name(algorithm)
+        self._new_hash = get_hash_constructor(algorithm)
         if isinstance(seed, str):
             seed = seed.encode()
-        self.root_hash = BlockHash(self._digest(b"kvspec-root:" + (seed or PROCESS_SEED)))
+        self.root_hash = BlockHash(self._new_hash(b"kvspec-root:" + (seed or PROCESS_SEED)).digest())
         self._token_bytes = block_size * array("I").itemsize
 
     def hash_block_tokens(
         self, parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple[Any, ...] | None = None
     ) -> BlockHash:
         """Hash of one block: (parent or root) || tokens as uint32 || pickled extra keys."""
-        data = (parent or self.root_hash) + _token_bytes(token_ids)
-        if extra_keys:
-            data += b"\x01" + pickle.dumps(extra_keys, protocol=5)
-        return BlockHash(self._digest(data))
+        return BlockHash(
+            self._new_hash(
+                _block_message(parent or self.root_hash, _token_bytes(token_ids), extra_keys)
+            ).digest()
+        )
 
     def hash_new_blocks(self, request: HashedRequest) -> list[BlockHash]:
         """Hashes of the request's full blocks that are not hashed yet (appended to the request)."""
@@ -160,31 +173,29 @@ class BlockHasher:
         parent: bytes = hashes[-1] if hashes else self.root_hash
         new: list[bytes] = []
         append = new.append
-        if request.needs_extra_keys:
-            digest = self._digest
-            extras = request.block_extra_keys
-            for i in range(0, len(raw), step):
+        new_hash = self._new_hash
+        # One loop for every algorithm and request; a request without extra keys (the common case) pays
+        # one test per block for them.
+        extras = request.block_extra_keys if request.needs_extra_keys else None
+        for i in range(0, len(raw), step):
+            if extras is None:
+                parent = new_hash(parent + raw[i : i + step]).digest()
+            else:
                 block_start = start + (i // step) * bs
                 extra = request.extra_keys_for_block(block_start, block_start + bs)
                 extras.append(extra)
-                data = parent + raw[i : i + step]
-                if extra:
-                    data += b"\x01" + pickle.dumps(extra, protocol=5)
-                parent = digest(data)
-                append(parent)
-        elif self.algorithm == "sha256":
-            sha256 = hashlib.sha256
-            for i in range(0, len(raw), step):
-                parent = sha256(parent + raw[i : i + step]).digest()
-                append(parent)
-        else:
-            digest = self._digest
-            for i in range(0, len(raw), step):
-                parent = digest(parent + raw[i : i + step])
-                append(parent)
+                parent = new_hash(_block_message(parent, raw[i : i + step], extra)).digest()
+            append(parent)
         out = cast("list[BlockHash]", new)
         hashes.extend(out)
         return out
+
+
+def _block_message(parent: bytes, token_bytes: bytes, extra_keys: tuple[Any, ...] | None) -> bytes:
+    """What a block's hash covers: parent hash || tokens as uint32 || (0x01 || pickled extra keys)."""
+    if extra_keys:
+        return parent + token_bytes + b"\x01" + pickle.dumps(extra_keys, protocol=5)
+    return parent + token_bytes
 
 
 def _token_bytes(token_ids: Sequence[int]) -> bytes:

@@ -374,18 +374,32 @@ def _companion_full_attention(spec: KVCacheSpec) -> FullAttentionSpec | None:
     )
 
 
-class _Scenario:
+def _scheduler_config(config: KVCacheConfig) -> KVCacheConfig:
+    """The config a scheduler runs: a uniform-type group is run by its representative spec."""
+    return dataclasses.replace(
+        config,
+        kv_cache_groups=tuple(
+            dataclasses.replace(g, kv_cache_spec=scheduler_spec(g.kv_cache_spec))
+            for g in config.kv_cache_groups
+        ),
+    )
+
+
+class _Driver:
+    """Drives one coordinator the way a scheduler does (admissions, steps, frees), with every
+    :class:`CoordinatorChecker` check at each step. ``check_plugin``'s scenario and ``plugin_state_machine``
+    both run through it, so they check the same things."""
+
     def __init__(
         self,
         config: KVCacheConfig,
         limits: SchedulerLimits,
         registry: AnyRegistry,
         caching: bool,
-        report: ConformanceReport,
         label: str,
     ) -> None:
         self.coord = KVCacheCoordinator(
-            config,
+            _scheduler_config(config),
             limits,
             enable_caching=caching,
             enable_kv_cache_events=True,
@@ -393,55 +407,73 @@ class _Scenario:
             registry=registry,
         )
         self.checker = CoordinatorChecker(self.coord)
-        self.report = report
         self.label = label
         self.running: dict[str, Request] = {}
         self.hasher = self.coord.make_block_hasher(seed="kvspec.testing")
-        self.encoder = any(t.allocate_per_encoder_input for t in self.coord.traits)
+        #: Encoder tokens each admission brings (two scheduler blocks when a group is encoder-sized).
+        self.encoder = (
+            2 * self.coord.scheduler_block_size
+            if any(t.allocate_per_encoder_input for t in self.coord.traits)
+            else 0
+        )
         self.rng = random.Random(0)
+        self._held_at_admission: dict[str, list[int]] = {}
 
     def request(self, rid: str, tokens: list[int]) -> Request:
         return Request(rid, tokens, block_hasher=self.hasher)
 
-    def admit(self, request: Request) -> int:
+    def admit(self, request: Request, num_new_tokens: int | None = None) -> int | None:
+        """Admit ``request`` after its prefix hit with ``num_new_tokens`` (default: the rest of its
+        prompt); the hit tokens, or None when allocate_slots refused (the pool unchanged)."""
         coord = self.coord
         computed, hit = coord.get_computed_blocks(request)
         self.checker.check_hit(request, computed, hit)
-        enc = 2 * coord.scheduler_block_size if self.encoder else 0
+        rest = request.num_tokens - hit
+        num_new = rest if num_new_tokens is None else min(num_new_tokens, rest)
         self.checker.predicted_blocks(
-            request, request.num_tokens - hit, num_hit_tokens=hit, computed=computed, num_encoder_tokens=enc
+            request, num_new, num_hit_tokens=hit, computed=computed, num_encoder_tokens=self.encoder
         )
-        new = coord.allocate_slots(request, request.num_tokens - hit, hit, computed, num_encoder_tokens=enc)
+        free_before = coord.num_free_blocks
+        new = coord.allocate_slots(request, num_new, hit, computed, num_encoder_tokens=self.encoder)
         if new is None:
-            raise _fail(
-                f"[{self.label}] allocate_slots refused request {request.request_id!r} with "
-                f"{coord.num_free_blocks} free blocks; the kit sizes the pool so it fits."
-            )
+            if coord.num_free_blocks > free_before:
+                raise _fail(f"[{self.label}] a refused admission freed blocks")
+            return None
         self.checker.check_blocks(new, "allocate_slots")
+        self._held_at_admission[request.request_id] = [
+            len(m.get_blocks(request.request_id)) for m in coord.managers
+        ]
         # Checked before the step's tokens count as computed: the model is about to read the hit's last
         # token (its KV, or the state after it), so that block must still be held.
         request.num_computed_tokens = hit
         self.running[request.request_id] = request
         self.checker.after_step(self.running)
-        request.num_computed_tokens = request.num_tokens
+        request.num_computed_tokens = hit + num_new
         self.checker.after_step(self.running)
         return hit
 
-    def decode(self, request: Request, steps: int) -> None:
-        held = [len(m.get_blocks(request.request_id)) for m in self.coord.managers]
-        for _ in range(steps):
-            self.coord.new_step_starts()
-            request.append_output_token_ids(self.rng.randrange(1, 50))
-            self.checker.predicted_blocks(request, 1)
-            new = self.coord.allocate_slots(request, 1)
-            if new is None:
-                raise _fail(f"[{self.label}] a one-token decode step was refused with free blocks left.")
-            self.checker.check_blocks(new, "allocate_slots (decode)")
-            self.checker.check_encoder_groups_unchanged(request, new, held, f"[{self.label}] decode")
-            # The step about to run reads the last computed token's block: check before advancing.
-            self.checker.after_step(self.running)
-            request.num_computed_tokens += 1
-            self.checker.after_step(self.running)
+    def step(self, request: Request, num_new_tokens: int) -> bool:
+        """One step of a running request; False when allocate_slots refused it (the caller preempts)."""
+        self.checker.predicted_blocks(request, num_new_tokens)
+        new = self.coord.allocate_slots(request, num_new_tokens)
+        if new is None:
+            return False
+        self.checker.check_blocks(new, "allocate_slots (step)")
+        self.checker.check_encoder_groups_unchanged(
+            request, new, self._held_at_admission[request.request_id], f"[{self.label}] step"
+        )
+        # The step about to run reads the last computed token's block: check before advancing.
+        self.checker.after_step(self.running)
+        request.num_computed_tokens += num_new_tokens
+        self.checker.after_step(self.running)
+        return True
+
+    def preempt(self, request: Request) -> None:
+        self.coord.free(request)
+        del self.running[request.request_id]
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.checker.after_step(self.running)
 
     def finish(self, request: Request) -> None:
         self.coord.free(request)
@@ -453,19 +485,62 @@ class _Scenario:
                 )
         self.checker.after_step(self.running)
 
+    def check_no_leak(self) -> None:
+        """With no request running, every block is free or held by a manager for its lifetime."""
+        coord = self.coord
+        reserved = sum(1 for m in coord.managers for _ in m.iter_held_blocks())
+        leaked = coord.block_pool.num_gpu_blocks - 1 - reserved - coord.num_free_blocks
+        if leaked:
+            raise _fail(
+                f"[{self.label}] with no request running, {leaked} block(s) are neither free nor held by a "
+                "manager (leaked)."
+            )
+
+
+class _Scenario(_Driver):
+    """check_plugin's fixed scenario (admit, hit, decode, preempt, refuse, finish, reset, events)."""
+
+    def __init__(
+        self,
+        config: KVCacheConfig,
+        limits: SchedulerLimits,
+        registry: AnyRegistry,
+        caching: bool,
+        report: ConformanceReport,
+        label: str,
+    ) -> None:
+        super().__init__(config, limits, registry, caching, label)
+        self.report = report
+
+    def admit_whole(self, request: Request) -> int:
+        hit = self.admit(request)
+        if hit is None:
+            raise _fail(
+                f"[{self.label}] allocate_slots refused request {request.request_id!r} with "
+                f"{self.coord.num_free_blocks} free blocks; the kit sizes the pool so it fits."
+            )
+        return hit
+
+    def decode(self, request: Request, steps: int) -> None:
+        for _ in range(steps):
+            self.coord.new_step_starts()
+            request.append_output_token_ids(self.rng.randrange(1, 50))
+            if not self.step(request, 1):
+                raise _fail(f"[{self.label}] a one-token decode step was refused with free blocks left.")
+
     def run(self, traits: SpecTraits) -> None:
         coord, report, label = self.coord, self.report, self.label
         bs = coord.scheduler_block_size
         shared = [1 + (i % 97) for i in range(3 * bs)]
         # 1. a prompt of exactly three scheduler blocks, then decode
         r1 = self.request("r1", list(shared))
-        self.admit(r1)
+        self.admit_whole(r1)
         self.decode(r1, 3)
         report.checks.append(f"[{label}] admit a 3-block prompt and decode 3 tokens")
         # 2. a request sharing r1's prompt: a prefix hit
         r2 = self.request("r2", [*shared, *range(200, 200 + bs // 2 + 1)])
         self.coord.new_step_starts()
-        hit = self.admit(r2)
+        hit = self.admit_whole(r2)
         if coord.enable_caching and traits.prefix_hits_left_closed and coord.num_groups == 1 and hit < bs:
             raise _fail(
                 f"[{label}] a request sharing a cached 3-block prompt got a {hit}-token hit; the spec declares "
@@ -477,22 +552,18 @@ class _Scenario:
         # 3. an unrelated request: nothing is common to all three
         r3 = self.request("r3", [300 + (i % 50) for i in range(2 * bs + 3)])
         self.coord.new_step_starts()
-        self.admit(r3)
+        self.admit_whole(r3)
         self.decode(r2, 2)
         report.checks.append(f"[{label}] three running requests, common-prefix counts bounded by the truth")
         # 4. preempt r2 and re-admit it
-        self.coord.free(r2)
-        del self.running["r2"]
-        r2.num_computed_tokens = 0
-        r2.num_preemptions += 1
-        self.checker.after_step(self.running)
+        self.preempt(r2)
         self.coord.new_step_starts()
-        self.admit(r2)
+        self.admit_whole(r2)
         report.checks.append(f"[{label}] preemption and re-admission")
         # 5. a refused allocation changes nothing
         r4 = self.request("r4", [400 + (i % 50) for i in range(2 * bs)])
         free_before = coord.num_free_blocks
-        enc = 2 * bs if self.encoder else 0
+        enc = self.encoder
         refused = coord.allocate_slots(r4, r4.num_tokens, num_encoder_tokens=enc, reserved_blocks=free_before)
         if refused is not None and any(refused.blocks):
             raise _fail(f"[{label}] allocate_slots handed out blocks it was told were reserved.")
@@ -506,12 +577,7 @@ class _Scenario:
         # 6. finish everything: every block comes back
         for request in list(self.running.values()):
             self.finish(request)
-        reserved = sum(1 for m in coord.managers for _ in m.iter_held_blocks())
-        if coord.num_free_blocks != coord.block_pool.num_gpu_blocks - 1 - reserved:
-            raise _fail(
-                f"[{label}] after every request finished, {coord.block_pool.num_gpu_blocks - 1 - reserved - coord.num_free_blocks} "
-                "block(s) are neither free nor held by a manager (leaked)."
-            )
+        self.check_no_leak()
         report.checks.append(f"[{label}] every block returns to the pool when all requests finish")
         if not coord.reset_prefix_cache():
             raise _fail(f"[{label}] reset_prefix_cache() refused with no request running.")
@@ -609,17 +675,10 @@ def check_plugin(
                 if view.shape[0] != config.num_blocks:
                     raise _fail(f"[{label}] layer {layer}'s device view has {view.shape[0]} blocks.")
         report.checks.append(f"[{label}] device views of every layer, block-major")
-        scheduler = dataclasses.replace(
-            config,
-            kv_cache_groups=tuple(
-                dataclasses.replace(g, kv_cache_spec=scheduler_spec(g.kv_cache_spec))
-                for g in config.kv_cache_groups
-            ),
-        )
         modes = [True, False] if traits.supports_prefix_caching else [False]
         for caching in modes:
             tag = f"{label}, caching {'on' if caching else 'off'}"
-            _Scenario(scheduler, limits, scratch, caching, report, tag).run(traits)
+            _Scenario(config, limits, scratch, caching, report, tag).run(traits)
     registration = scratch.lookup(type(spec))
     identifier = registration.capabilities.identifier if registration and registration.capabilities else None
     report.checks.append(f"event kind {event_kind(traits, identifier)!r}")
@@ -665,7 +724,6 @@ def plugin_state_machine(
         def __init__(self) -> None:
             super().__init__()
             self.waiting: dict[str, Request] = {}
-            self.running: dict[str, Request] = {}
             self.next_id = 0
             self.rng = random.Random(0)
 
@@ -674,20 +732,9 @@ def plugin_state_machine(
         )
         def setup(self, num_blocks: int, chunk: int, caching: bool) -> None:
             config = get_kv_cache_config(layers, 0, limits, num_blocks_override=num_blocks, registry=registry)
-            config = dataclasses.replace(
-                config,
-                kv_cache_groups=tuple(
-                    dataclasses.replace(g, kv_cache_spec=scheduler_spec(g.kv_cache_spec))
-                    for g in config.kv_cache_groups
-                ),
-            )
-            self.coord = KVCacheCoordinator(
-                config, limits, enable_caching=caching and caching_allowed, registry=registry
-            )
-            self.checker = CoordinatorChecker(self.coord)
-            self.hasher = self.coord.make_block_hasher(seed="kvspec.testing")
+            self.driver = _Driver(config, limits, registry, caching and caching_allowed, "state machine")
+            self.coord = self.driver.coord
             self.chunk = chunk
-            self.encoder = 2 * bs if any(t.allocate_per_encoder_input for t in self.coord.traits) else 0
 
         @rule(prefix=st.integers(-1, 2), prefix_len=st.integers(0, 3 * bs), suffix_len=st.integers(1, 4 * bs))
         def add_request(self, prefix: int, prefix_len: int, suffix_len: int) -> None:
@@ -695,58 +742,36 @@ def plugin_state_machine(
             tokens = head + [self.rng.randrange(50) for _ in range(suffix_len)]
             rid = str(self.next_id)
             self.next_id += 1
-            self.waiting[rid] = Request(rid, tokens, block_hasher=self.hasher)
+            self.waiting[rid] = self.driver.request(rid, tokens)
 
         @precondition(lambda self: bool(self.waiting))
         @rule(data=st.data())
         def admit(self, data: st.DataObject) -> None:
             rid = data.draw(st.sampled_from(sorted(self.waiting)))
-            request = self.waiting[rid]
-            computed, n = self.coord.get_computed_blocks(request)
-            self.checker.check_hit(request, computed, n)
-            num_new = min(self.chunk, request.num_tokens - n)
-            free_before = self.coord.num_free_blocks
-            new = self.coord.allocate_slots(request, num_new, n, computed, num_encoder_tokens=self.encoder)
-            if new is None:
-                if self.coord.num_free_blocks > free_before:
-                    raise _fail("a refused admission freed blocks")
-                return
-            self.checker.check_blocks(new, "allocate_slots")
-            request.num_computed_tokens = n
-            del self.waiting[rid]
-            self.running[rid] = request
-            self.checker.after_step(self.running)  # before the step runs: the hit's last token is read
-            request.num_computed_tokens = n + num_new
+            if self.driver.admit(self.waiting[rid], self.chunk) is not None:
+                del self.waiting[rid]
 
-        @precondition(lambda self: bool(self.running))
+        @precondition(lambda self: bool(self.driver.running))
         @rule(data=st.data())
         def step(self, data: st.DataObject) -> None:
-            rid = data.draw(st.sampled_from(sorted(self.running)))
-            request = self.running[rid]
+            running = self.driver.running
+            rid = data.draw(st.sampled_from(sorted(running)))
+            request = running[rid]
             if request.num_computed_tokens >= request.num_tokens:
                 request.append_output_token_ids(self.rng.randrange(50))
             if request.num_tokens >= limits.max_model_len:
-                self.coord.free(self.running.pop(rid))
+                self.driver.finish(request)
                 return
             num_new = min(self.chunk, request.num_tokens - request.num_computed_tokens)
-            self.checker.predicted_blocks(request, num_new)
-            new = self.coord.allocate_slots(request, num_new)
-            if new is None:
-                self.coord.free(request)
-                request.num_computed_tokens = 0
-                request.num_preemptions += 1
-                del self.running[rid]
+            if not self.driver.step(request, num_new):
+                self.driver.preempt(request)
                 self.waiting[rid] = request
-                return
-            self.checker.check_blocks(new, "allocate_slots")
-            self.checker.after_step(self.running)  # before the step runs: its last computed token is read
-            request.num_computed_tokens += num_new
 
-        @precondition(lambda self: bool(self.running))
+        @precondition(lambda self: bool(self.driver.running))
         @rule(data=st.data())
         def finish(self, data: st.DataObject) -> None:
-            rid = data.draw(st.sampled_from(sorted(self.running)))
-            self.coord.free(self.running.pop(rid))
+            running = self.driver.running
+            self.driver.finish(running[data.draw(st.sampled_from(sorted(running)))])
 
         @rule()
         def new_step(self) -> None:
@@ -754,18 +779,16 @@ def plugin_state_machine(
 
         @rule()
         def reset(self) -> None:
-            if self.coord.reset_prefix_cache() is bool(self.running):
+            if self.coord.reset_prefix_cache() is bool(self.driver.running):
                 raise _fail("reset_prefix_cache() answered wrongly for the number of running requests")
 
         @invariant()
         def consistent(self) -> None:
-            if not hasattr(self, "coord"):
+            if not hasattr(self, "driver"):
                 return
-            self.checker.after_step(self.running)
-            if not self.running:
-                held = sum(1 for m in self.coord.managers for _ in m.iter_held_blocks())
-                if self.coord.num_free_blocks != self.coord.block_pool.num_gpu_blocks - 1 - held:
-                    raise _fail("blocks leaked with no request running")
+            self.driver.checker.after_step(self.driver.running)
+            if not self.driver.running:
+                self.driver.check_no_leak()
 
     PluginMachine.__name__ = f"{type(spec).__name__}Machine"
     return PluginMachine

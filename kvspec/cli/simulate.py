@@ -103,11 +103,11 @@ def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
         return engine, cfg.vocab_size, notes
     if args.device != "cpu":
         notes.append("bookkeeping-only simulation: no tensors, --device ignored")
-    mml = args.max_model_len or 8192
+    max_len = args.max_model_len or 8192
     layout = build_model_layout(
         args.model,
         block_size=args.block_size,
-        max_model_len=mml,
+        max_model_len=max_len,
         mamba_cache_mode="align" if caching else "none",
     )
     specs = layout.layer_specs

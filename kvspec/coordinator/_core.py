@@ -329,17 +329,17 @@ class CoordinatorCore:
                 raise SchedulingError("num_new_tokens must be greater than 0 (or tokens must be external).")
             computed = self._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
         # The token targets, computed once for every group (see _count_new_blocks for encoder groups).
-        mml = self.max_model_len
+        max_len = self.max_model_len
         local = request.num_computed_tokens + new_computed
         total = local + external
-        if total > mml:
-            total = mml
+        if total > max_len:
+            total = max_len
         main = total + new_tokens
         need = main + lookahead
-        if need > mml:
-            need = mml
+        if need > max_len:
+            need = max_len
         if full_sequence_must_fit:
-            whole = min(request.num_tokens, mml)
+            whole = min(request.num_tokens, max_len)
             free = self.block_pool.free_block_queue.num_free_blocks
             if _count_new_blocks(self, request_id, whole, whole, computed, total, encoder, True) > free:
                 return None
@@ -376,9 +376,12 @@ class CoordinatorCore:
             num_tokens = len(request.all_token_ids)
             if main < num_tokens:
                 num_tokens = main
-            sbs = self.scheduler_block_size
+            scheduler_block = self.scheduler_block_size
             # Most decode steps complete no block: skip the call (cache_blocks would return at once).
-            if self._eagle_group_ids or self._cached_tokens.get(request_id, -1) < num_tokens // sbs * sbs:
+            if (
+                self._eagle_group_ids
+                or self._cached_tokens.get(request_id, -1) < num_tokens // scheduler_block * scheduler_block
+            ):
                 _cache_blocks(self, request, num_tokens)
         return result
 
@@ -545,8 +548,8 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
     """Publish the request's full blocks up to ``num_computed_tokens`` (aligned for hybrids)."""
     if not coord.enable_caching:
         return
-    sbs = coord.scheduler_block_size
-    aligned = num_computed_tokens // sbs * sbs
+    scheduler_block = coord.scheduler_block_size
+    aligned = num_computed_tokens // scheduler_block * scheduler_block
     if not coord._eagle_group_ids:
         # Nothing new to publish until another scheduler block is complete (the common decode step).
         if coord._cached_tokens.get(request.request_id, -1) >= aligned:

@@ -26,14 +26,14 @@ class MambaManager(SingleTypeKVCacheManager):
     def setup(self) -> None:
         spec = self.kv_cache_spec
         mode = getattr(spec, "mamba_cache_mode", None)
-        nspec = getattr(spec, "num_speculative_blocks", None)
-        if mode not in MAMBA_CACHE_MODES or not isinstance(nspec, int) or nspec < 0:
+        num_spec_blocks = getattr(spec, "num_speculative_blocks", None)
+        if mode not in MAMBA_CACHE_MODES or not isinstance(num_spec_blocks, int) or num_spec_blocks < 0:
             raise UnsupportedConfigurationError(
                 f"MambaManager runs specs with mamba_cache_mode in {MAMBA_CACHE_MODES} and "
-                f"num_speculative_blocks >= 0; {type(spec).__name__} has {mode!r} and {nspec!r}."
+                f"num_speculative_blocks >= 0; {type(spec).__name__} has {mode!r} and {num_spec_blocks!r}."
             )
         self.mamba_cache_mode: MambaCacheMode = mode
-        self.num_speculative_blocks: int = nspec
+        self.num_speculative_blocks: int = num_spec_blocks
         self.cached_blocks_this_step: set[bytes] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self._allocated_block_reqs: set[str] = set()
@@ -123,9 +123,9 @@ class MambaManager(SingleTypeKVCacheManager):
             return super().allocate_new_blocks(
                 request_id, num_tokens + self.block_size * self.num_speculative_blocks, num_tokens_main_model
             )
-        nspec = self.num_speculative_blocks
+        num_spec_blocks = self.num_speculative_blocks
         blocks = self._req_to_blocks.setdefault(request_id, [])
-        required = cdiv(num_tokens_main_model, self.block_size) + nspec
+        required = cdiv(num_tokens_main_model, self.block_size) + num_spec_blocks
         if required <= len(blocks):
             return []
         null = self._null_block
@@ -133,14 +133,14 @@ class MambaManager(SingleTypeKVCacheManager):
         first = request_id not in self._allocated_block_reqs
         moved: list[KVCacheBlock] = []
         if not first:
-            main_idx = len(blocks) - 1 - nspec
+            main_idx = len(blocks) - 1 - num_spec_blocks
             if main_idx >= 0 and not blocks[main_idx].is_null:
                 self.last_state_block_idx[request_id] = main_idx
-            if nspec:
-                moved = blocks[len(blocks) - nspec :]
-                blocks[len(blocks) - nspec :] = [null] * nspec
-        new_blocks = self.block_pool.get_new_blocks(1 + nspec if first else 1)
-        blocks.extend([null] * (required - nspec - 1 - len(blocks)))
+            if num_spec_blocks:
+                moved = blocks[len(blocks) - num_spec_blocks :]
+                blocks[len(blocks) - num_spec_blocks :] = [null] * num_spec_blocks
+        new_blocks = self.block_pool.get_new_blocks(1 + num_spec_blocks if first else 1)
+        blocks.extend([null] * (required - num_spec_blocks - 1 - len(blocks)))
         blocks.append(new_blocks[0])
         blocks.extend(moved if not first else new_blocks[1:])
         self._allocated_block_reqs.add(request_id)

@@ -119,8 +119,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             for i in range(shift, num_blocks):
                 if (i - shift) % per_segment >= per_segment - need:
                     mask[i] = True
-        sbs = self.scheduler_block_size
-        replay_end = (num_prompt_tokens - 1) // sbs * sbs // self.block_size + shift
+        scheduler_block = self.scheduler_block_size
+        replay_end = (num_prompt_tokens - 1) // scheduler_block * scheduler_block // self.block_size + shift
         for i in range(max(0, replay_end - need), min(num_blocks, replay_end)):
             mask[i] = True
         return mask

@@ -288,7 +288,7 @@ def _layout_file(
     cfg: Mapping[str, Any], path: str, pipeline_parallel_size: int, max_model_len: int | None
 ) -> ModelLayout:
     specs = layer_specs_from_layout(cfg, base_dir=Path(path).parent)
-    mml = max_model_len or _positive_int(cfg, "max_model_len", "kvspec layout")
+    max_len = max_model_len or _positive_int(cfg, "max_model_len", "kvspec layout")
     enc = cfg.get("max_num_encoder_input_tokens", 0)
     if isinstance(enc, bool) or not isinstance(enc, int) or enc < 0:
         raise ModelConfigError(
@@ -298,7 +298,7 @@ def _layout_file(
         name=str(cfg.get("name") or path),
         model_type="kvspec_layout",
         stage_specs=_split_stages(specs, pipeline_parallel_size),
-        max_model_len=mml,
+        max_model_len=max_len,
         max_num_encoder_input_tokens=enc,
         notes=(f"layout file with plugins {', '.join(cfg.get('plugins', [])) or 'none'}",),
     )
@@ -365,16 +365,16 @@ def layout_from_config(
     kv_dtype, quant = _kv_dtype(kv_cache_dtype, model_dtype)
     tp = tensor_parallel_size
     if model_type == "whisper":
-        specs, mml, enc, notes = _whisper(cfg, block_size, kv_dtype, quant, tp)
+        specs, max_len, enc, notes = _whisper(cfg, block_size, kv_dtype, quant, tp)
     else:
         text = _text_config(cfg)
         inner_type = str(text.get("model_type") or model_type)
         if model_type in ("deepseek_v2", "deepseek_v3") or inner_type in ("deepseek_v2", "deepseek_v3"):
-            specs, mml, notes = _deepseek(text, model_type, block_size, kv_dtype, quant, kv_cache_dtype)
+            specs, max_len, notes = _deepseek(text, model_type, block_size, kv_dtype, quant, kv_cache_dtype)
         else:
             if kv_cache_dtype == "fp8_ds_mla":
                 raise ModelConfigError("kv cache dtype 'fp8_ds_mla' applies to MLA (DeepSeek) models only.")
-            specs, mml, notes = _decoder(
+            specs, max_len, notes = _decoder(
                 text,
                 inner_type,
                 block_size,
@@ -390,7 +390,7 @@ def layout_from_config(
         name=name,
         model_type=model_type,
         stage_specs=_split_stages(specs, pipeline_parallel_size),
-        max_model_len=max_model_len or mml,
+        max_model_len=max_model_len or max_len,
         max_num_encoder_input_tokens=enc,
         notes=tuple(notes),
     )
@@ -437,7 +437,7 @@ def _decoder(
     mamba_cache_mode: MambaCacheMode,
 ) -> tuple[dict[str, KVCacheSpec], int, list[str]]:
     num_layers = _positive_int(cfg, "num_hidden_layers", model_type)
-    mml = _positive_int(cfg, "max_position_embeddings", model_type, 4096)
+    max_len = _positive_int(cfg, "max_position_embeddings", model_type, 4096)
     kv_heads, head_dim = _attention_dims(cfg, model_type, tp)
     kinds = _layer_kinds(cfg, model_type, num_layers)
     notes: list[str] = []
@@ -462,7 +462,7 @@ def _decoder(
             )
             block_size = needed
         mamba = MambaSpec(
-            block_size=block_size if mamba_cache_mode != "none" else (max_model_len or mml),
+            block_size=block_size if mamba_cache_mode != "none" else (max_model_len or max_len),
             shapes=shapes,
             dtypes=(model_dtype, model_dtype),
             page_size_padded=block_size * attn_per_token,
@@ -490,7 +490,7 @@ def _decoder(
             )
         else:
             specs[layer] = FullAttentionSpec(**common)
-    return specs, mml, notes
+    return specs, max_len, notes
 
 
 def _window(value: object, model_type: str, key: str) -> int:
@@ -511,7 +511,7 @@ def _deepseek(
     latent = _positive_int(cfg, "kv_lora_rank", model_type) + _positive_int(
         cfg, "qk_rope_head_dim", model_type
     )
-    mml = _positive_int(cfg, "max_position_embeddings", model_type, 4096)
+    max_len = _positive_int(cfg, "max_position_embeddings", model_type, 4096)
     spec = MLAAttentionSpec(
         block_size=block_size,
         num_kv_heads=1,
@@ -521,7 +521,7 @@ def _deepseek(
         cache_dtype_str=FP8_DS_MLA if kv_cache_dtype == FP8_DS_MLA else None,
     )
     notes = ["MLA: one latent of kv_lora_rank + qk_rope_head_dim per token, replicated on every TP rank"]
-    return {f"model.layers.{i}": spec for i in range(num_layers)}, mml, notes
+    return {f"model.layers.{i}": spec for i in range(num_layers)}, max_len, notes
 
 
 def _whisper(
@@ -542,7 +542,7 @@ def _whisper(
     for i in range(layers):
         specs[f"model.decoder.layers.{i}.self_attn"] = FullAttentionSpec(**common)
         specs[f"model.decoder.layers.{i}.encoder_attn"] = CrossAttentionSpec(**common)
-    mml = _positive_int(cfg, "max_target_positions", "whisper", 448)
+    max_len = _positive_int(cfg, "max_target_positions", "whisper", 448)
     enc = _positive_int(cfg, "max_source_positions", "whisper", 1500)
     notes = ["encoder self-attention is computed in one pass and not cached; run with prefix caching off"]
-    return specs, mml, enc, notes
+    return specs, max_len, enc, notes

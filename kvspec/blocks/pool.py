@@ -90,7 +90,12 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
         return first
 
-    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+    def popleft_n(
+        self, n: int, ref_cnt: int | None = None, hashed: list[KVCacheBlock] | None = None
+    ) -> list[KVCacheBlock]:
+        """Take ``n`` blocks from the head, in order. The pool takes blocks into use in the same pass:
+        with ``ref_cnt`` each block gets that reference count, and blocks that still have a hash (cached
+        content about to be evicted) are appended to ``hashed``."""
         if n == 0:
             return []
         if n > self.num_free_blocks:
@@ -105,6 +110,10 @@ class FreeKVCacheBlockQueue:
             append(cur)
             nxt = cur.next_free_block
             cur.prev_free_block = cur.next_free_block = None
+            if ref_cnt is not None:
+                cur.ref_cnt = ref_cnt
+            if hashed is not None and cur.block_hash is not None:
+                hashed.append(cur)
             cur = nxt
         assert cur is not None
         self._head.next_free_block = cur
@@ -239,6 +248,51 @@ class BlockHashToBlockMap:
             append(entry if entry.__class__ is KVCacheBlock else next(iter(entry.values())))  # type: ignore[union-attr]
         return out
 
+    def publish(
+        self,
+        blocks: Sequence[KVCacheBlock],
+        hashes: Sequence[bytes],
+        start: int,
+        end: int,
+        suffix: bytes,
+        block_mask: Sequence[bool] | None,
+        stored: list[bytes] | None,
+    ) -> None:
+        """Cache ``blocks[i]`` under ``hashes[i] + suffix`` for ``start <= i < end`` (the block gets that
+        key as its ``block_hash``), skipping null and masked-out blocks; each hash stored is appended to
+        ``stored`` when given (for events). One pass: every full block a request completes runs it."""
+        cache = self._cache
+        for i, block, block_hash in zip(range(start, end), blocks[start:end], hashes[start:end]):
+            if block.is_null or (block_mask is not None and not block_mask[i]):
+                continue
+            if block.block_hash is not None:
+                raise BlockPoolError(f"Block {block.block_id} already has a hash; it cannot be cached again.")
+            key = block_hash + suffix
+            block.block_hash = key
+            if key in cache:
+                self.insert(key, block)  # a duplicate of cached content: kept beside it
+            else:
+                cache[key] = block
+            if stored is not None:
+                stored.append(block_hash)
+
+    def evict(self, blocks: Sequence[KVCacheBlock]) -> list[bytes]:
+        """Drop the cached content of ``blocks`` (each has a hash; a block not under its hash is left as
+        it is); their hash is cleared. The keys dropped, in order."""
+        cache = self._cache
+        dropped: list[bytes] = []
+        for block in blocks:
+            key = block.block_hash
+            if key is None:
+                continue
+            if cache.get(key) is block:
+                del cache[key]  # the common eviction: the only block under its hash
+            elif self.pop(key, block.block_id) is None:
+                continue
+            block.block_hash = None
+            dropped.append(key)
+        return dropped
+
     def insert(self, key: bytes, block: KVCacheBlock) -> None:
         entry = self._cache.get(key)
         if entry is None:
@@ -367,25 +421,17 @@ class BlockPool:
                 f"fewer than the {num_full_blocks} full blocks to cache; was it built with a BlockHasher "
                 f"of block size {self.hash_block_size}?"
             )
-        suffix = group_suffix(kv_cache_group_id)
-        insert = self.cached_block_hash_to_block.insert
-        events = self.enable_kv_cache_events
-        stored: list[bytes] = []
-        for i, block, block_hash in zip(
-            range(num_cached_blocks, num_full_blocks),
-            blocks[num_cached_blocks:num_full_blocks],
-            hashes[num_cached_blocks:num_full_blocks],
-        ):
-            if block.is_null or (block_mask is not None and not block_mask[i]):
-                continue
-            if block.block_hash is not None:
-                raise BlockPoolError(f"Block {block.block_id} already has a hash; it cannot be cached again.")
-            key = block_hash + suffix
-            block.block_hash = key
-            insert(key, block)
-            if events:
-                stored.append(block_hash)
-        if self.enable_kv_cache_events and stored:
+        stored: list[bytes] | None = [] if self.enable_kv_cache_events else None
+        self.cached_block_hash_to_block.publish(
+            blocks,
+            hashes,
+            num_cached_blocks,
+            num_full_blocks,
+            group_suffix(kv_cache_group_id),
+            block_mask,
+            stored,
+        )
+        if stored:
             parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
             extra: list[tuple[Any, ...] | None] | None = None
             if request.needs_extra_keys and block_size == self.hash_block_size:
@@ -412,11 +458,10 @@ class BlockPool:
         queue = self.free_block_queue
         if num_blocks > queue.num_free_blocks:
             raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
-        blocks = queue.popleft_n(num_blocks)
-        for block in blocks:
-            if block.block_hash is not None:
-                self._maybe_evict_cached_block(block)
-            block.ref_cnt = 1
+        hashed: list[KVCacheBlock] = []
+        blocks = queue.popleft_n(num_blocks, 1, hashed)
+        if hashed:
+            self._drop_cached(hashed)
         observer = self.metrics_collector
         if observer is not None:
             # Reallocation ends the block's previous residency and starts a new one.
@@ -426,20 +471,17 @@ class BlockPool:
                 observer.on_block_allocated(taken)
         return blocks
 
-    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
-        key = block.block_hash
-        if key is None:
-            return False
-        if self.cached_block_hash_to_block.pop(key, block.block_id) is None:
-            return False
-        block.block_hash = None
+    def _drop_cached(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Evict the cached content of ``blocks`` (those with a hash), with a BlockRemoved event each."""
+        evicted = self.cached_block_hash_to_block.evict(blocks)
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(
-                BlockRemoved(
-                    block_hashes=[get_block_hash(key)], medium=self.medium, group_idx=get_group_id(key)
+            medium = self.medium
+            for key in evicted:
+                self.kv_event_queue.append(
+                    BlockRemoved(
+                        block_hashes=[get_block_hash(key)], medium=medium, group_idx=get_group_id(key)
+                    )
                 )
-            )
-        return True
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks; free ones leave the free queue."""
@@ -471,7 +513,7 @@ class BlockPool:
         for block_id in ids:
             if observer is not None:
                 observer.on_block_evicted(self.blocks[block_id])
-            self._maybe_evict_cached_block(self.blocks[block_id])
+        self._drop_cached([self.blocks[block_id] for block_id in ids])
 
     def reset_prefix_cache(self, num_reserved: int = 0) -> bool:
         """Forget every cached hash; refused (False) while any block other than the null block and

@@ -97,6 +97,19 @@ class TestFreeQueue:
                 assert got == model[:n]
                 del model[:n]
                 taken(got)
+            elif op == "take" and model:
+                # What BlockPool.get_new_blocks runs: take into use (ref 1), collecting cached blocks.
+                n = min(k, len(model))
+                hashed: list[KVCacheBlock] = []
+                took = q.popleft_n(n, 1, hashed)
+                assert ids(took) == model[:n]
+                assert hashed == [blk for blk in took if blk.block_hash is not None]
+                for blk in took:
+                    refs[blk.block_id] = 1
+                    blk.block_hash = None
+                del model[:n]
+            elif op == "hash" and model:
+                blocks[model[k % len(model)]].block_hash = b"cached"
             elif op == "remove" and model:
                 victim = model[k % len(model)]
                 q.remove(blocks[victim])
@@ -256,9 +269,13 @@ class TestBlockPool:
         pool.cache_full_blocks(r, [b], 0, 1, 4, 0)
         key = r.block_hashes[0] + b"\0\0\0\0"
         assert ids(pool.cached_block_hash_to_block.blocks_for(key)) == [1, 2]
-        assert pool._maybe_evict_cached_block(a)
+        pool.evict_blocks([a.block_id])
+        assert a.block_hash is None and b.block_hash == key
         assert pool.get_cached_block(r.block_hashes[0], [0]) == [b]
-        assert not pool._maybe_evict_cached_block(a)
+        assert pool.cached_block_hash_to_block.evict([a]) == []  # nothing left to evict for a
+        assert pool.cached_block_hash_to_block.evict([b]) == [key]
+        assert pool.get_cached_block(r.block_hashes[0], [0]) is None
+        pool.check_invariants()
 
     def test_events_disabled_returns_nothing(self) -> None:
         pool = BlockPool(4, hash_block_size=4)

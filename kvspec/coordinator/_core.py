@@ -210,7 +210,9 @@ class CoordinatorCore:
         )
         self._encoder_groups: Final = tuple((g, m) for g, m in enumerate(self.managers) if self._is_cross[g])
         self.hit_search = PrefixHitSearch(
-            spec_groups=split_spec_groups(self.specs, self.traits, self.managers, self._eagle_group_ids),
+            spec_groups=split_spec_groups(
+                self.specs, self.traits, self.managers, self._eagle_group_ids, limits.context_parallel_size
+            ),
             num_groups=len(self.specs),
             block_pool=self.block_pool,
             hash_block_size=self.hash_block_size,
@@ -579,7 +581,10 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
             continue
         n = aligned
         if gid in coord._eagle_group_ids and aligned > 0:
-            n = min(num_computed_tokens, aligned + coord.specs[gid].block_size)
+            n = min(
+                num_computed_tokens,
+                aligned + coord.specs[gid].block_size * coord.limits.context_parallel_size,
+            )
         manager.cache_blocks(request, n)
 
 

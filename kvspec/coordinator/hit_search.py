@@ -32,6 +32,8 @@ class SpecGroup:
     use_eagle: bool
     #: Copied from the traits and the spec: the hybrid search reads them in its inner loop.
     left_closed: bool = False
+    #: Tokens per block of these groups: the spec's block size times the context-parallel sizes (a block
+    #: spans the CP ranks); hashes are regrouped to it.
     block_size: int = 0
 
 
@@ -40,6 +42,7 @@ def split_spec_groups(
     traits: Sequence[SpecTraits],
     managers: Sequence[KVCacheManager],
     eagle_group_ids: frozenset[int],
+    context_parallel_size: int = 1,
 ) -> tuple[SpecGroup, ...]:
     """Groups with equal specs together; left-closed ones first (stable otherwise)."""
     by_spec: dict[KVCacheSpec, list[int]] = {}
@@ -53,7 +56,7 @@ def split_spec_groups(
             manager_cls=type(managers[gids[0]]),
             use_eagle=any(g in eagle_group_ids for g in gids),
             left_closed=traits[gids[0]].prefix_hits_left_closed,
-            block_size=spec.block_size,
+            block_size=spec.block_size * context_parallel_size,
         )
         for spec, gids in by_spec.items()
     ]
@@ -89,7 +92,7 @@ class PrefixHitSearch:
         if len(spec_groups) == 1:
             group = spec_groups[0]
             # Single-group search, precomputed: block size with CP, and the alignment of a hit.
-            self._single_bs = group.spec.block_size * dcp_world_size * pcp_world_size
+            self._single_bs = group.block_size
             self._single_alignment = scheduler_block_size if num_groups > 1 else self._single_bs
 
     def _hash_view(self, hashes: Sequence[bytes], block_size: int) -> Sequence[bytes]:
@@ -107,7 +110,7 @@ class PrefixHitSearch:
         group = self.spec_groups[0]
         hit = group.manager_cls.find_longest_cache_hit(
             HitQuery(
-                block_hashes=self._hash_view(block_hashes, group.spec.block_size),
+                block_hashes=self._hash_view(block_hashes, group.block_size),
                 max_length=max_length,
                 kv_cache_group_ids=group.group_ids,
                 block_pool=self.block_pool,
@@ -151,6 +154,8 @@ class PrefixHitSearch:
                     group.traits,
                     group.use_eagle,
                     alignment,
+                    self.dcp_world_size,
+                    self.pcp_world_size,
                 )
                 hit = group.manager_cls.find_longest_cache_hit(query).blocks
                 results[idx] = hit

@@ -17,8 +17,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # library when they run.
 from kvspec.cli.args import check_plot_path, parse_bytes
 from kvspec.cli.args import positive_int as _positive
+from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_line, print_table
-from kvspec.errors import InsufficientKVCacheMemoryError, KVSpecError, ModelConfigError, PlotPathError
+from kvspec.errors import (
+    InsufficientKVCacheMemoryError,
+    KVSpecError,
+    ModelConfigError,
+    PlotPathError,
+    PluginError,
+)
 from kvspec.presets import DEFAULT_MODEL, KV_CACHE_DTYPES, preset_names
 
 if TYPE_CHECKING:
@@ -277,8 +284,9 @@ def plot_plan(plan: dict[str, Any], path: str) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     try:
         check_plot_path(args.plot)
+        load_installed_plugins(args)
         plan = build_plan(args)
-    except (ModelConfigError, PlotPathError) as exc:
+    except (ModelConfigError, PlotPathError, PluginError) as exc:
         _fail(str(exc), 2)
     except KVSpecError as exc:
         _fail(str(exc), 1)
@@ -303,9 +311,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from kvspec.build_info import build_info
     from kvspec.registry.builtins import default_registry
-    from kvspec.registry.plugins import load_plugins
 
-    loaded = load_plugins() if args.plugins else []
+    try:
+        loaded = load_installed_plugins(args)
+    except PluginError as exc:
+        _fail(str(exc), 2)
     rows: list[dict[str, Any]] = []
     for entry in default_registry.registrations():
         caps = entry.capabilities
@@ -404,10 +414,14 @@ def make_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--plot", metavar="PNG", default=None, help="draw the memory layout to a PNG file")
+    add_plugin_options(plan)
     plan.set_defaults(func=cmd_plan)
     inspect = sub.add_parser("inspect", help="list registered spec types, their managers and capabilities")
     inspect.add_argument("--json", action="store_true", help="print as JSON")
-    inspect.add_argument("--plugins", action="store_true", help="load kvspec.plugins entry points first")
+    inspect.add_argument(
+        "--plugins", action="store_true", help="load kvspec.plugins entry points (the default)"
+    )
+    add_plugin_options(inspect)
     inspect.set_defaults(func=cmd_inspect)
     try:
         from kvspec.cli.simulate import add_simulate_parser

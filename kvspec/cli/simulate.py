@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from kvspec.cli.args import bounded_int, check_plot_path, parse_bytes
 from kvspec.cli.args import positive_int as _positive
+from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import has_rich
 
 # Only light modules at import time (the parser is built for `kvspec --help`); the command imports
 # the engine, torch and the library when it runs.
 from kvspec.engine.workloads import WORKLOADS, make_workload
-from kvspec.errors import DeviceError, KVSpecError, ModelConfigError, PlotPathError
+from kvspec.errors import DeviceError, KVSpecError, ModelConfigError, PlotPathError, PluginError
 
 if TYPE_CHECKING:
     from kvspec.engine.engine import Engine, EngineStats
@@ -76,6 +77,7 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", metavar="PNG", default=None, help="draw block usage and hit rate over time")
+    add_plugin_options(p)
     p.set_defaults(func=cmd_simulate)
 
 
@@ -165,8 +167,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             from kvspec.device.backends import get_backend
 
             get_backend(args.device)  # an unknown or absent device is bad input: say so before any work
+        load_installed_plugins(args)
         engine, vocab, notes = _build_engine(args)
-    except (ModelConfigError, DeviceError, PlotPathError) as exc:
+    except (ModelConfigError, DeviceError, PlotPathError, PluginError) as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 2
     except KVSpecError as exc:

@@ -106,7 +106,9 @@ def _find_registration(name: str, registry: AnyRegistry) -> Registration[Any, An
             return entry
     known = sorted(e.capabilities.identifier for e in registry.registrations() if e.capabilities is not None)
     raise ModelConfigError(
-        f"Layout names spec {name!r}, which no registration has (known: {', '.join(known)})."
+        f"Layout names spec {name!r}, which no registration has (known: {', '.join(known)}). Install the "
+        "plugin that defines it (a 'kvspec.plugins' entry point loads by itself unless KVSPEC_PLUGINS leaves "
+        "it out or --no-plugins is given), or name its register function in the layout's 'plugins'."
     )
 
 

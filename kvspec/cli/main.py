@@ -42,6 +42,7 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 def _group_rows(config: KVCacheConfig, limits: SchedulerLimits) -> list[dict[str, Any]]:
+    from kvspec.planning import group_bytes_per_request
     from kvspec.specs.kinds import get_kv_cache_spec_kind_name, get_kv_cache_spec_sliding_window
     from kvspec.specs.uniform import UniformTypeKVCacheSpecs
 
@@ -59,9 +60,7 @@ def _group_rows(config: KVCacheConfig, limits: SchedulerLimits) -> list[dict[str
                 "block_size": spec.block_size,
                 "page_size_bytes": spec.page_size_bytes,
                 "sliding_window": get_kv_cache_spec_sliding_window(spec),
-                "bytes_per_request": max(len(group.layer_names), 1) * spec.max_memory_usage_bytes(limits)
-                if group.layer_names
-                else 0,
+                "bytes_per_request": group_bytes_per_request(group, limits),
                 "bytes_per_token": sum(s.page_size_bytes for s in inner)
                 * len(group.layer_names)
                 // spec.block_size

@@ -254,12 +254,21 @@ def _uniform_page_size(groups: Sequence[KVCacheGroupSpec]) -> int:
     return pages.pop()
 
 
+def group_bytes_per_request(group: KVCacheGroupSpec, limits: SchedulerLimits) -> int:
+    """Bytes one request of ``limits.max_model_len`` tokens needs in the group's layers: each layer's own
+    bound (a uniform-type group's spec covers every layer of it already, so it is never multiplied)."""
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return sum(s.max_memory_usage_bytes(limits) for s in spec.kv_cache_specs.values())
+    return len(group.layer_names) * spec.max_memory_usage_bytes(limits)
+
+
 def max_memory_usage_bytes_from_groups(groups: Sequence[KVCacheGroupSpec], limits: SchedulerLimits) -> int:
     """Bytes one request of ``limits.max_model_len`` tokens needs, padding layers of short groups counted."""
     if not groups:
         return 0
     if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
-        return sum(s.max_memory_usage_bytes(limits) for s in groups[0].kv_cache_spec.kv_cache_specs.values())
+        return group_bytes_per_request(groups[0], limits)
     group_size = max(len(g.layer_names) for g in groups)
     page = _uniform_page_size(groups)
     blocks = sum(cdiv(g.kv_cache_spec.max_memory_usage_bytes(limits), page) for g in groups)

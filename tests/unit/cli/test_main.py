@@ -262,3 +262,36 @@ def test_importing_kvspec_registers_the_builtins_on_first_use() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["False", "10", "True"], proc.stderr
+
+
+def test_plan_counts_a_uniform_groups_layers_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Layers of one type with two shapes share one uniform-type group: the group's per-request bytes are
+    the layers' own bounds (issue 18, item 9: they were multiplied by the layer count again)."""
+    args = {"block_size": 16, "head_size": 128, "dtype": "bfloat16"}
+    layout = {
+        "kvspec_layout": 1,
+        "max_model_len": 4096,
+        "layers": [
+            {
+                "name": "wide.{i}",
+                "count": 4,
+                "spec": "kvspec.full_attention",
+                "args": {**args, "num_kv_heads": 8},
+            },
+            {
+                "name": "narrow.{i}",
+                "count": 2,
+                "spec": "kvspec.full_attention",
+                "args": {**args, "num_kv_heads": 4},
+            },
+        ],
+    }
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps(layout))
+    assert main(["plan", str(path), "--memory", "4GiB", "--json"]) == 0
+    stage = json.loads(capsys.readouterr().out)["stages"][0]
+    (group,) = stage["groups"]
+    assert group["spec"] == "UniformTypeKVCacheSpecs" and group["layers"] == 6
+    # 4096 tokens x (4 layers x 8 heads + 2 layers x 4 heads) x 128 x 2 (K, V) x 2 bytes
+    expected = 4096 * (4 * 8 + 2 * 4) * 128 * 2 * 2
+    assert group["bytes_per_request"] == stage["bytes_per_request"] == expected

@@ -135,6 +135,11 @@ def check_spec_values(spec: KVCacheSpec, limits: SchedulerLimits | None = None) 
                 f"{name}.merge({len(specs)} equal specs) returned {merged!r}; expected a {name} with the same "
                 "block size and page size."
             )
+        if merged != spec:
+            # Equal specs merge into an equal spec: a merge that drops or resets a field changes the layer.
+            raise _fail(
+                f"{name}.merge({len(specs)} equal specs) returned {merged!r}, which differs from {spec!r}."
+            )
     done.append("merge of equal specs gives an equal spec")
     as_list = spec.is_uniform_with_collection([spec, spec])
     if as_list is not True:
@@ -272,7 +277,23 @@ class CoordinatorChecker:
                     f"group {gid}'s hit has {len(group)} blocks of {spec.block_size} tokens for a "
                     f"{num_hit_tokens}-token hit."
                 )
-            view = BlockHashListWithBlockSize(request.block_hashes, coord.hash_block_size, spec.block_size)
+            # Every block the next token reads must be a cached block: a null block may stand only where
+            # the manager says attention never reads again (its skipped tokens at the hit's length).
+            skipped_hook = getattr(coord.managers[gid], "get_num_skipped_tokens", None)
+            skipped = skipped_hook(num_hit_tokens) if callable(skipped_hook) else 0
+            first_read = _require_count(skipped, f"group {gid} get_num_skipped_tokens") // (
+                spec.block_size * self._cp
+            )
+            for i in range(first_read, len(group)):
+                if group[i].is_null:
+                    raise _fail(
+                        f"group {gid}'s {len(group)}-block hit holds the null block at position {i}, which the "
+                        f"next token reads (only the first {first_read} block(s) are skipped at {num_hit_tokens} "
+                        "tokens): a prefix hit must be cached blocks where attention reads."
+                    )
+            view = BlockHashListWithBlockSize(
+                request.block_hashes, coord.hash_block_size, spec.block_size * self._cp
+            )
             for i, block in enumerate(group):
                 if block.is_null:
                     continue

@@ -4,7 +4,7 @@ from-scratch plugin family: admission caps, grouping, events with its own kind, 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ from kvspec import (
     FullAttentionManager,
     FullAttentionSpec,
     HiddenStateCacheSpec,
+    HitQuery,
+    HitResult,
     KVCacheCoordinator,
     KVCacheGroupSpec,
     KVCacheManager,
@@ -323,3 +325,46 @@ def test_kit_fails_an_encoder_sized_group_that_grows_after_admission() -> None:
         PluginContractError, match=r"encoder-sized group 0 holds 3 blocks of 'r1', 2 at admission"
     ):
         check_plugin(EncoderCacheSpec(**ATTN), GrowingEncoderManager)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ScaledSpec(FullAttentionSpec):
+    """A plugin spec with one field of its own, whose merge forgets it."""
+
+    scale_dim: int = 0
+
+    @classmethod
+    def merge(cls, specs: Sequence[Any]) -> Any:
+        return dataclasses.replace(specs[0], scale_dim=0)
+
+
+class NullHitManager(FullAttentionManager):
+    """Answers a hit of the right length made of null blocks (full attention reads every one of them)."""
+
+    @classmethod
+    def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
+        hit = FullAttentionManager.find_longest_cache_hit(query)
+        null = query.block_pool.null_block
+        return HitResult(tuple([null] * len(blocks) for blocks in hit.blocks))
+
+
+def test_kit_fails_a_merge_that_drops_a_field() -> None:
+    """Issue 18, item 8: "merge of equal specs gives an equal spec" compared only block and page size."""
+    with pytest.raises(
+        PluginContractError, match=r"ScaledSpec.merge\(1 equal specs\) returned .* which differs"
+    ):
+        check_plugin(
+            ScaledSpec(**ATTN, scale_dim=2), FullAttentionManager, uniform_type_base_spec=FullAttentionSpec
+        )
+    check_plugin(
+        ScaledSpec(**ATTN, scale_dim=0), FullAttentionManager, uniform_type_base_spec=FullAttentionSpec
+    )
+
+
+def test_kit_fails_a_hit_of_null_blocks_where_attention_reads() -> None:
+    """Issue 18, item 8: a hit made only of null blocks passed as a prefix hit. Chunked local attention's
+    hits hold nulls for the chunks it never reads again, and pass (the built-in pair test)."""
+    with pytest.raises(
+        PluginContractError, match="holds the null block at position 0, which the next token reads"
+    ):
+        check_plugin(LooseFullSpec(**ATTN), NullHitManager, uniform_type_base_spec=FullAttentionSpec)

@@ -270,6 +270,10 @@ class CoordinatorChecker:
             )
         for gid, group in enumerate(computed.blocks):
             spec = coord.specs[gid]
+            if not coord.traits[gid].prefix_cacheable:
+                if group:
+                    raise _fail(f"group {gid} is not prefix-cacheable but got {len(group)} hit block(s).")
+                continue
             if not group and num_hit_tokens == 0:
                 continue
             if len(group) * spec.block_size * self._cp != num_hit_tokens:
@@ -562,7 +566,13 @@ class _Scenario(_Driver):
         r2 = self.request("r2", [*shared, *range(200, 200 + bs // 2 + 1)])
         self.coord.new_step_starts()
         hit = self.admit_whole(r2)
-        if coord.enable_caching and traits.prefix_hits_left_closed and coord.num_groups == 1 and hit < bs:
+        if (
+            coord.enable_caching
+            and traits.prefix_cacheable
+            and traits.prefix_hits_left_closed
+            and coord.num_groups == 1
+            and hit < bs
+        ):
             raise _fail(
                 f"[{label}] a request sharing a cached 3-block prompt got a {hit}-token hit; the spec declares "
                 "left-closed (full-attention) hits, so at least one block should hit."

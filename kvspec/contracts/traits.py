@@ -75,7 +75,11 @@ class SpecTraits:
       (sliding window: lookback = window - 1, extra = 1; chunked local: lookback = chunk, extra = 0).
       None: no cap.
     - ``allocate_per_encoder_input``: blocks are sized by the request's encoder tokens (cross attention).
-    - ``supports_prefix_caching`` / ``supports_eagle_with_prefix_caching``: refused settings.
+    - ``supports_prefix_caching`` / ``supports_eagle_with_prefix_caching``: refused settings (the whole
+      model runs without prefix caching, or without EAGLE).
+    - ``prefix_cacheable``: False for a group whose blocks are never cached nor hit (a ring buffer beside
+      full attention, vLLM's ``prefix_cacheable=False``): the other groups cache and hit as usual, the hit
+      search leaves this group out, and an admitted request gets fresh blocks for it.
     - ``sliding_window`` / ``attention_chunk_size``: the window (tokens) that window managers read.
 
     Planning:
@@ -100,6 +104,7 @@ class SpecTraits:
     admission_extra_blocks: int = 0
     allocate_per_encoder_input: bool = False
     supports_prefix_caching: bool = True
+    prefix_cacheable: bool = True
     supports_eagle_with_prefix_caching: bool = True
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
@@ -119,6 +124,7 @@ class SpecTraits:
             "hits_at_own_block_boundaries",
             "allocate_per_encoder_input",
             "supports_prefix_caching",
+            "prefix_cacheable",
             "supports_eagle_with_prefix_caching",
             "own_group",
             "zero_new_blocks",

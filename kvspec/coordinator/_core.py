@@ -209,6 +209,12 @@ class CoordinatorCore:
             (g, m) for g, m in enumerate(self.managers) if not self._is_cross[g]
         )
         self._encoder_groups: Final = tuple((g, m) for g, m in enumerate(self.managers) if self._is_cross[g])
+        # Groups that publish blocks to the prefix cache: not encoder-sized, and prefix-cacheable.
+        self._caching_groups: Final = tuple(
+            (g, m)
+            for g, m in enumerate(self.managers)
+            if not self._is_cross[g] and self.traits[g].prefix_cacheable
+        )
         self.hit_search = PrefixHitSearch(
             spec_groups=split_spec_groups(
                 self.specs, self.traits, self.managers, self._eagle_group_ids, limits.context_parallel_size
@@ -573,12 +579,12 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
         if coord._cached_tokens.get(request.request_id, -1) >= aligned:
             return
         coord._cached_tokens[request.request_id] = aligned
+    groups = coord._caching_groups
     if len(coord.specs) == 1:
-        coord.managers[0].cache_blocks(request, num_computed_tokens)
+        if groups:
+            groups[0][1].cache_blocks(request, num_computed_tokens)
         return
-    for gid, manager in enumerate(coord.managers):
-        if coord._is_cross[gid]:
-            continue
+    for gid, manager in groups:
         n = aligned
         if gid in coord._eagle_group_ids and aligned > 0:
             n = min(

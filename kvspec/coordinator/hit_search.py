@@ -47,7 +47,8 @@ def split_spec_groups(
     """Groups with equal specs together; left-closed ones first (stable otherwise)."""
     by_spec: dict[KVCacheSpec, list[int]] = {}
     for gid, spec in enumerate(specs):
-        by_spec.setdefault(spec, []).append(gid)
+        if traits[gid].prefix_cacheable:  # a group never cached is left out of the search
+            by_spec.setdefault(spec, []).append(gid)
     out = [
         SpecGroup(
             spec=spec,
@@ -101,7 +102,10 @@ class PrefixHitSearch:
         return BlockHashListWithBlockSize(hashes, self.hash_block_size, block_size)
 
     def find(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
-        """(blocks per group, hit tokens): the longest prefix of at most ``max_length`` tokens."""
+        """(blocks per group, hit tokens): the longest prefix of at most ``max_length`` tokens; a group left
+        out of the search (not prefix-cacheable) gets no block."""
+        if not self.spec_groups:
+            return tuple([] for _ in range(self.num_groups)), 0
         if len(self.spec_groups) == 1:
             return self._single(block_hashes, max_length)
         return self._hybrid(block_hashes, max_length)

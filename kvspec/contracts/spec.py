@@ -15,6 +15,12 @@ from typing import Literal, Protocol, TypeVar, runtime_checkable
 import typing_extensions
 from typing_extensions import Self
 
+from kvspec.contracts.vllm_config import (
+    CacheConfigView,
+    ModelConfigView,
+    ParallelConfigView,
+    SchedulerConfigView,
+)
 from kvspec.errors import KVSpecTypeError, SpecValidationError
 
 MambaCacheMode = Literal["none", "align", "all"]
@@ -75,6 +81,32 @@ class SchedulerLimits:
         """decode CP x prefill CP: how many ranks one request's KV is spread over."""
         return self.decode_context_parallel_size * self.prefill_context_parallel_size
 
+    # vLLM's names for the same limits (kvspec.contracts.vllm_config.VllmConfig): a spec written against
+    # vLLM's max_memory_usage_bytes(self, vllm_config) reads them unchanged.
+
+    @property
+    def model_config(self) -> ModelConfigView:
+        return ModelConfigView(max_model_len=self.max_model_len)
+
+    @property
+    def scheduler_config(self) -> SchedulerConfigView:
+        return SchedulerConfigView(
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.batched_tokens,
+            max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
+        )
+
+    @property
+    def parallel_config(self) -> ParallelConfigView:
+        return ParallelConfigView(
+            decode_context_parallel_size=self.decode_context_parallel_size,
+            prefill_context_parallel_size=self.prefill_context_parallel_size,
+        )
+
+    @property
+    def cache_config(self) -> CacheConfigView:
+        return CacheConfigView(mamba_cache_mode=self.mamba_cache_mode)
+
 
 @runtime_checkable
 class KVCacheSpec(Protocol):
@@ -104,7 +136,7 @@ class KVCacheSpec(Protocol):
         ...
 
     @classmethod
-    def merge(cls, specs: Sequence[Self]) -> Self:
+    def merge(cls, specs: list[Self]) -> Self:
         """One spec that stands for every spec of a KV cache group; raises SpecMergeError if impossible."""
         ...
 
@@ -129,7 +161,7 @@ class _KVCacheSpecCallables(Protocol):
     def copy_with_new_block_size(self, block_size: int) -> Self: ...
 
     @classmethod
-    def merge(cls, specs: Sequence[Self]) -> Self: ...
+    def merge(cls, specs: list[Self]) -> Self: ...
 
     def is_uniform_with_collection(self, specs: SpecCollection) -> bool: ...
 

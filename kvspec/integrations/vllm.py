@@ -3,8 +3,8 @@
 Importable without vLLM; the conversions *to* vLLM import it when called. Every decision stays
 kvspec's: the facade only translates names and exception bases (vLLM asserts where kvspec raises
 ``RegistrationError``, and raises ``ValueError`` where kvspec raises ``UnregisteredSpecError``), and
-the ``vllm_config`` form of a plugin spec's ``max_memory_usage_bytes(vllm_config)`` (it is handed a
-``VllmConfigView`` of kvspec's ``SchedulerLimits``). The scheduler-facing adapter is
+a plugin spec's ``max_memory_usage_bytes(vllm_config)`` runs as it is (kvspec's ``SchedulerLimits`` carries
+the parts of vLLM's config it reads: ``kvspec.contracts.vllm_config``). The scheduler-facing adapter is
 ``kvspec.integrations.vllm_kv_cache_manager``.
 
 Not here: vLLM-style managers (subclasses of vLLM's own ``SingleTypeKVCacheManager``); a plugin's manager
@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 from kvspec import specs as kvspec_specs
 from kvspec.contracts.manager import KVCacheManager
 from kvspec.contracts.spec import KVCacheSpec
-from kvspec.contracts.vllm_config import adapt_vllm_config_form
 from kvspec.errors import (
     RegistrationError,
     SpecConversionError,
@@ -164,7 +163,6 @@ class KVCacheSpecRegistry:
         manager_class: type[Any] | None = None,
         uniform_type_base_spec: type[Any] | None = None,
     ) -> None:
-        adapt_vllm_config_form(kvcache_spec_cls)
         try:
             cls._registry.register(kvcache_spec_cls, manager_class, uniform_type_base_spec)
         except RegistrationError as exc:

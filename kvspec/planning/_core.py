@@ -152,7 +152,7 @@ def unify_kv_cache_spec_page_size(layer_specs: Mapping[str, KVCacheSpec]) -> dic
 
 
 def _merged_group(layer_names: Sequence[str], specs: Sequence[KVCacheSpec]) -> KVCacheGroupSpec:
-    return KVCacheGroupSpec(layer_names=tuple(layer_names), kv_cache_spec=specs[0].merge(specs))
+    return KVCacheGroupSpec(layer_names=tuple(layer_names), kv_cache_spec=specs[0].merge(list(specs)))
 
 
 def _bucket_layers(layer_specs: Mapping[str, KVCacheSpec]) -> dict[KVCacheSpec, list[str]]:

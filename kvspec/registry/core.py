@@ -18,7 +18,6 @@ from typing import Any, Generic
 from kvspec.contracts.checking import check_api, check_plugin_constructor
 from kvspec.contracts.manager import KVCacheManager, MgrT
 from kvspec.contracts.spec import KVCacheSpec, SpecT
-from kvspec.contracts.vllm_config import adapt_vllm_config_form
 from kvspec.errors import (
     CapabilityError,
     ConflictingRegistrationError,
@@ -186,8 +185,6 @@ class Registry(Generic[SpecT, MgrT]):
             self._entries[spec_cls] = entry
             self._lookup_cache = _LookupCache(self)
         with _INTROSPECTION_LOCK:
-            # vLLM's max_memory_usage_bytes(self, vllm_config) form is adapted whichever API registers it.
-            adapt_vllm_config_form(spec_cls)
             check_plugin_constructor(spec_cls)
 
     @staticmethod
@@ -254,7 +251,6 @@ class Registry(Generic[SpecT, MgrT]):
             self._entries = staged
             self._lookup_cache = _LookupCache(self)
         for entry in entries:
-            adapt_vllm_config_form(entry.spec_cls)
             check_plugin_constructor(entry.spec_cls)
 
     # -- lookup -------------------------------------------------------------------------------

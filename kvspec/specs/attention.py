@@ -183,7 +183,7 @@ class AttentionSpec:
         return dataclasses.replace(self, block_size=block_size)
 
     @classmethod
-    def merge(cls, specs: Sequence[Self]) -> Self:
+    def merge(cls, specs: list[Self]) -> Self:
         """Specs that are all equal merge into the first one; anything else is a SpecMergeError."""
         merged: Self = merge_equal_specs(cls, specs)
         return merged
@@ -243,7 +243,7 @@ class FullAttentionSpec(AttentionSpec):
         return cdiv(tokens, self.block_size) * self.page_size_bytes
 
     @classmethod
-    def merge(cls, specs: Sequence[Self]) -> Self:
+    def merge(cls, specs: list[Self]) -> Self:
         """Merge one group's full-attention specs.
 
         Differences from vLLM 0.23, on purpose: the specs must be of one exact class (a TurboQuant or sink

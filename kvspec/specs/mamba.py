@@ -1,7 +1,6 @@
 """State-space (Mamba) layers: a fixed-size state per request instead of per-token KV."""
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -122,7 +121,7 @@ class MambaSpec:
         return dataclasses.replace(self, block_size=block_size)
 
     @classmethod
-    def merge(cls, specs: Sequence[Self]) -> Self:
+    def merge(cls, specs: list[Self]) -> Self:
         merged: Self = merge_equal_specs(cls, specs)
         return merged
 

@@ -102,7 +102,7 @@ class UniformTypeKVCacheSpecs:
         return dataclasses.replace(self, block_size=block_size, kv_cache_specs=inner)
 
     @classmethod
-    def merge(cls, specs: Sequence[Self]) -> Self:
+    def merge(cls, specs: list[Self]) -> Self:
         merged: Self = merge_equal_specs(cls, specs)
         return merged
 

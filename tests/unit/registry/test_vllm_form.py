@@ -1,5 +1,6 @@
-"""A spec written in vLLM's form, ``max_memory_usage_bytes(self, vllm_config)``, plans through kvspec's own
-registry API too (issue 18, item 3: it was accepted and planning died with a bare AttributeError)."""
+"""A spec written in vLLM's form, ``max_memory_usage_bytes(self, vllm_config)``, type-checks as an override
+of kvspec's (issue 18, item 2) and plans through kvspec's own registry API (item 3: it was accepted and
+planning died with a bare AttributeError): ``SchedulerLimits`` carries vLLM's config names."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import torch
 
 from kvspec import FullAttentionManager, FullAttentionSpec, SchedulerLimits, default_registry
-from kvspec.contracts.vllm_config import VllmConfigView
+from kvspec.contracts.vllm_config import VllmConfig
 from kvspec.planning import get_kv_cache_config
 
 
@@ -17,9 +18,9 @@ from kvspec.planning import get_kv_cache_config
 class VllmFormSpec(FullAttentionSpec):
     """As vllm-ascend writes it: reads the model length from vLLM's config."""
 
-    def max_memory_usage_bytes(self, vllm_config: Any) -> int:
+    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
         seen.append(vllm_config)
-        max_len: int = vllm_config.model_config.max_model_len
+        max_len = vllm_config.model_config.max_model_len
         return -(-max_len // self.block_size) * self.page_size_bytes
 
 
@@ -34,5 +35,9 @@ def test_the_vllm_form_is_adapted_by_kvspecs_register() -> None:
     config = get_kv_cache_config({"l0": spec, "l1": spec}, 64 * spec.page_size_bytes * 2, limits)
     assert config.num_blocks == 64
     view = seen[-1]
-    assert isinstance(view, VllmConfigView)
+    assert view is limits  # SchedulerLimits carries vLLM's config names itself
     assert view.model_config.max_model_len == 1000 and view.scheduler_config.max_num_batched_tokens == 256
+    assert (
+        view.parallel_config.decode_context_parallel_size == 1
+        and view.cache_config.mamba_cache_mode == "none"
+    )

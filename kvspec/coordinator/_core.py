@@ -209,6 +209,7 @@ class CoordinatorCore:
             (g, m) for g, m in enumerate(self.managers) if not self._is_cross[g]
         )
         self._encoder_groups: Final = tuple((g, m) for g, m in enumerate(self.managers) if self._is_cross[g])
+        self._decoder_managers: Final = tuple(m for _, m in self._decoder_groups)
         # Groups that publish blocks to the prefix cache: not encoder-sized, and prefix-cacheable.
         self._caching_groups: Final = tuple(
             (g, m)
@@ -356,8 +357,12 @@ class CoordinatorCore:
         # _count_new_blocks, inline for the decoder groups: a call with eight arguments costs the pure
         # build a tenth of a running request's step.
         num_blocks = 0
-        for gid, manager in self._decoder_groups:
-            num_blocks += manager.get_num_blocks_to_allocate(request_id, need, computed[gid], total, main)
+        if attach:
+            for gid, manager in self._decoder_groups:
+                num_blocks += manager.get_num_blocks_to_allocate(request_id, need, computed[gid], total, main)
+        else:  # a running request attaches no hit blocks
+            for manager in self._decoder_managers:
+                num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
         if encoder:
             num_blocks += _count_encoder_blocks(self, request_id, encoder, False)
         if num_blocks > self.block_pool.free_block_queue.num_free_blocks - reserved:

@@ -90,18 +90,11 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
         return first
 
-    def popleft_n(
-        self, n: int, ref_cnt: int | None = None, hashed: list[KVCacheBlock] | None = None
-    ) -> list[KVCacheBlock]:
-        """Take ``n`` blocks from the head, in order. The pool takes blocks into use in the same pass:
-        with ``ref_cnt`` each block gets that reference count, and blocks that still have a hash (cached
-        content about to be evicted) are appended to ``hashed``."""
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Take ``n`` blocks from the head, in order (vLLM's queue API; the pool uses :meth:`take_n`)."""
         if n == 0:
             return []
-        if n > self.num_free_blocks:
-            raise NotEnoughFreeBlocksError(
-                f"Cannot take {n} blocks from a free queue of {self.num_free_blocks}"
-            )
+        self._check_can_take(n)
         out: list[KVCacheBlock] = []
         append = out.append
         cur = self._head.next_free_block
@@ -110,16 +103,43 @@ class FreeKVCacheBlockQueue:
             append(cur)
             nxt = cur.next_free_block
             cur.prev_free_block = cur.next_free_block = None
-            if ref_cnt is not None:
-                cur.ref_cnt = ref_cnt
-            if hashed is not None and cur.block_hash is not None:
+            cur = nxt
+        self._relink_head(cur, n)
+        return out
+
+    def take_n(self, n: int, hashed: list[KVCacheBlock]) -> list[KVCacheBlock]:
+        """Take ``n`` blocks from the head into use, in one pass (every allocation runs it): each leaves the
+        queue with one reference, and those that still have a hash (cached content about to be evicted)
+        are appended to ``hashed``."""
+        if n == 0:
+            return []
+        self._check_can_take(n)
+        out: list[KVCacheBlock] = []
+        append = out.append
+        cur = self._head.next_free_block
+        for _ in range(n):
+            assert cur is not None
+            append(cur)
+            nxt = cur.next_free_block
+            cur.prev_free_block = cur.next_free_block = None
+            cur.ref_cnt = 1
+            if cur.block_hash is not None:
                 hashed.append(cur)
             cur = nxt
-        assert cur is not None
-        self._head.next_free_block = cur
-        cur.prev_free_block = self._head
-        self.num_free_blocks -= n
+        self._relink_head(cur, n)
         return out
+
+    def _check_can_take(self, n: int) -> None:
+        if n > self.num_free_blocks:
+            raise NotEnoughFreeBlocksError(
+                f"Cannot take {n} blocks from a free queue of {self.num_free_blocks}"
+            )
+
+    def _relink_head(self, first_left: KVCacheBlock | None, n: int) -> None:
+        assert first_left is not None
+        self._head.next_free_block = first_left
+        first_left.prev_free_block = self._head
+        self.num_free_blocks -= n
 
     def remove(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev_free_block, block.next_free_block
@@ -459,7 +479,7 @@ class BlockPool:
         if num_blocks > queue.num_free_blocks:
             raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
         hashed: list[KVCacheBlock] = []
-        blocks = queue.popleft_n(num_blocks, 1, hashed)
+        blocks = queue.take_n(num_blocks, hashed)
         if hashed:
             self._drop_cached(hashed)
         observer = self.metrics_collector

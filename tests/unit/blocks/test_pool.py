@@ -101,7 +101,7 @@ class TestFreeQueue:
                 # What BlockPool.get_new_blocks runs: take into use (ref 1), collecting cached blocks.
                 n = min(k, len(model))
                 hashed: list[KVCacheBlock] = []
-                took = q.popleft_n(n, 1, hashed)
+                took = q.take_n(n, hashed)
                 assert ids(took) == model[:n]
                 assert hashed == [blk for blk in took if blk.block_hash is not None]
                 for blk in took:

@@ -40,8 +40,8 @@ from kvspec.contracts.traits import SpecTraits, event_kind, traits_of
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.device.kv_cache import allocate_kv_caches, page_views_of
 from kvspec.errors import KVSpecError, PluginContractError
-from kvspec.planning import get_kv_cache_config
-from kvspec.planning.config import KVCacheConfig, scheduler_spec
+from kvspec.planning import generate_scheduler_kv_cache_config, get_kv_cache_config
+from kvspec.planning.config import KVCacheConfig
 from kvspec.registry.builtins import default_registry, register_builtins
 from kvspec.registry.core import AnyRegistry, Registry
 from kvspec.specs.attention import FullAttentionSpec
@@ -399,17 +399,6 @@ def _companion_full_attention(spec: KVCacheSpec) -> FullAttentionSpec | None:
     )
 
 
-def _scheduler_config(config: KVCacheConfig) -> KVCacheConfig:
-    """The config a scheduler runs: a uniform-type group is run by its representative spec."""
-    return dataclasses.replace(
-        config,
-        kv_cache_groups=tuple(
-            dataclasses.replace(g, kv_cache_spec=scheduler_spec(g.kv_cache_spec))
-            for g in config.kv_cache_groups
-        ),
-    )
-
-
 class _Driver:
     """Drives one coordinator the way a scheduler does (admissions, steps, frees), with every
     :class:`CoordinatorChecker` check at each step. ``check_plugin``'s scenario and ``plugin_state_machine``
@@ -424,7 +413,7 @@ class _Driver:
         label: str,
     ) -> None:
         self.coord = KVCacheCoordinator(
-            _scheduler_config(config),
+            generate_scheduler_kv_cache_config([config]),
             limits,
             enable_caching=caching,
             enable_kv_cache_events=True,
@@ -496,6 +485,7 @@ class _Driver:
     def preempt(self, request: Request) -> None:
         self.coord.free(request)
         del self.running[request.request_id]
+        self._held_at_admission.pop(request.request_id, None)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.checker.after_step(self.running)
@@ -503,6 +493,7 @@ class _Driver:
     def finish(self, request: Request) -> None:
         self.coord.free(request)
         del self.running[request.request_id]
+        self._held_at_admission.pop(request.request_id, None)
         for manager in self.coord.managers:
             if manager.get_blocks(request.request_id):
                 raise _fail(

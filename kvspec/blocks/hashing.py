@@ -50,16 +50,6 @@ def get_hash_constructor(name: str) -> Callable[[bytes], HashObject]:
     raise UnknownHashFunctionError(f"Unsupported hash function: {name!r}; choose one of {HASH_ALGORITHMS}.")
 
 
-def get_hash_fn_by_name(name: str) -> Callable[[bytes], bytes]:
-    """The digest function for ``name`` ("sha256" or "xxhash"): bytes in, digest bytes out."""
-    constructor = get_hash_constructor(name)
-
-    def digest(data: bytes) -> bytes:
-        return constructor(data).digest()
-
-    return digest
-
-
 #: The explicit switch for reproducible hashes across processes (a secret; unset: random per process).
 HASH_SEED_ENV = "KVSPEC_HASH_SEED"
 

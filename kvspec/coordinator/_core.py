@@ -25,7 +25,7 @@ from typing import Final, SupportsIndex
 from mypy_extensions import mypyc_attr
 
 from kvspec.blocks.events import KVCacheEvent
-from kvspec.blocks.hashing import BlockHasher, get_hash_fn_by_name
+from kvspec.blocks.hashing import BlockHasher, get_hash_constructor
 from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
 from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.manager import KVCacheManager, ManagerContext
@@ -354,17 +354,14 @@ class CoordinatorCore:
                 return None
         for manager in self._skipping_managers:
             manager.remove_skipped_blocks(request_id, total)
-        # _count_new_blocks, inline for the decoder groups: a call with eight arguments costs the pure
-        # build a tenth of a running request's step.
-        num_blocks = 0
-        if attach:
-            for gid, manager in self._decoder_groups:
-                num_blocks += manager.get_num_blocks_to_allocate(request_id, need, computed[gid], total, main)
-        else:  # a running request attaches no hit blocks
+        if attach or encoder:
+            num_blocks = _count_new_blocks(self, request_id, need, main, computed, total, encoder, False)
+        else:
+            # A running request's step: _count_new_blocks inline (no hits, no encoder tokens), since a call
+            # with eight arguments costs the pure build a tenth of the step.
+            num_blocks = 0
             for manager in self._decoder_managers:
                 num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
-        if encoder:
-            num_blocks += _count_encoder_blocks(self, request_id, encoder, False)
         if num_blocks > self.block_pool.free_block_queue.num_free_blocks - reserved:
             return None
         if attach:
@@ -556,20 +553,10 @@ def _count_new_blocks(
             request_id, num_tokens, computed[gid], total_computed, num_tokens_main_model, apply_admission_cap
         )
     if num_encoder_tokens:
-        total += _count_encoder_blocks(coord, request_id, num_encoder_tokens, apply_admission_cap)
-    return total
-
-
-def _count_encoder_blocks(
-    coord: CoordinatorCore, request_id: str, num_encoder_tokens: int, apply_admission_cap: bool
-) -> int:
-    """Free-queue blocks the encoder-sized groups take for ``num_encoder_tokens`` (no hit, nothing
-    computed): called only at admission, the one time they allocate."""
-    total = 0
-    for _, manager in coord._encoder_groups:
-        total += manager.get_num_blocks_to_allocate(
-            request_id, num_encoder_tokens, (), 0, num_encoder_tokens, apply_admission_cap
-        )
+        for _, manager in coord._encoder_groups:
+            total += manager.get_num_blocks_to_allocate(
+                request_id, num_encoder_tokens, (), 0, num_encoder_tokens, apply_admission_cap
+            )
     return total
 
 
@@ -613,7 +600,7 @@ def _check_hash_settings(hash_block_size: object, hash_algorithm: str) -> None:
         raise UnsupportedConfigurationError(
             f"hash_block_size must be a positive int (tokens) or None, got {hash_block_size!r}."
         )
-    get_hash_fn_by_name(hash_algorithm)  # an unknown algorithm is refused here, not at the first request
+    get_hash_constructor(hash_algorithm)  # an unknown algorithm is refused here, not at the first request
 
 
 def _check_caching_settings(

@@ -184,7 +184,10 @@ def test_kit_catches_a_skipped_token_off_by_one() -> None:
         check_plugin(spec, OffByOneMambaManager, uniform_type_base_spec=MambaSpec)
     machine = plugin_state_machine(spec, OffByOneMambaManager, uniform_type_base_spec=MambaSpec)
     case = machine.TestCase
-    case.settings = settings(max_examples=100, stateful_step_count=30, deadline=None, database=None)
+    # Derandomized: the same sequence in every environment (CI=true does so too), one that meets the bug.
+    case.settings = settings(
+        max_examples=100, stateful_step_count=30, deadline=None, database=None, derandomize=True
+    )
     with pytest.raises(PluginContractError, match="last computed token"):
         case().runTest()
 

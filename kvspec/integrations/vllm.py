@@ -100,18 +100,70 @@ def _vllm_state_shapes(shapes: Any, dtypes: Any) -> Any:
     return tuple((v,) if isinstance(v, int) else tuple(v) for v in shapes[: len(dtypes)])
 
 
-def to_kvspec(spec: Any) -> KVCacheSpec:
-    """The kvspec spec with the same class name and fields as vLLM's ``spec`` (uniform groups too)."""
-    name = type(spec).__name__
+#: A plugin's own conversion of a vLLM-side spec: kvspec's spec, or None when the spec is not one it knows.
+SpecConverter = Callable[[Any], "KVCacheSpec | None"]
+
+#: The class attribute by which a plugin's kvspec spec class names the vLLM-side class it mirrors
+#: (``"package.module.ClassName"``); ``to_kvspec`` then copies the fields across, as for the built-ins.
+VLLM_COUNTERPART_ATTRIBUTE = "vllm_counterpart"
+
+
+def _qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_vllm_side(cls: type) -> bool:
+    """True when ``cls`` or one of its bases comes from vLLM's package: vLLM's own specs and a platform's
+    specs written for vLLM (``vllm_ascend``'s subclass vLLM's ``MLAAttentionSpec``). A class built on
+    kvspec's specs only is kvspec's, wherever its module lives."""
+    return any(base.__module__.split(".")[0] == "vllm" for base in cls.__mro__)
+
+
+def _registered_counterpart(cls: type, registry: AnyRegistry) -> type | None:
+    name = _qualified_name(cls)
+    for registration in registry.registrations():
+        # Declared on the class itself: a subclass of a mirroring class mirrors nothing by inheritance.
+        if registration.spec_cls.__dict__.get(VLLM_COUNTERPART_ATTRIBUTE) == name:
+            return registration.spec_cls
+    return None
+
+
+def to_kvspec(
+    spec: Any, *, converter: SpecConverter | None = None, registry: AnyRegistry | None = None
+) -> KVCacheSpec:
+    """The kvspec spec for a vLLM-side ``spec`` (uniform groups too), found in this order:
+
+    1. ``converter(spec)``, when given and it returns a spec (a plugin's own conversion);
+    2. the built-in spec of the same class name (vLLM's eleven classes), fields copied;
+    3. the spec class registered in ``registry`` (the default registry when None) whose
+       ``vllm_counterpart`` is ``spec``'s qualified class name, fields copied.
+
+    A spec none of these knows raises ``SpecConversionError`` naming the two ways to teach it.
+    """
+    if converter is not None:
+        converted_by_plugin = converter(spec)
+        if converted_by_plugin is not None:
+            return converted_by_plugin
+    cls = type(spec)
+    name = cls.__name__
     if name == "UniformTypeKVCacheSpecs":
-        inner = {layer: to_kvspec(s) for layer, s in spec.kv_cache_specs.items()}
+        inner = {
+            layer: to_kvspec(s, converter=converter, registry=registry)
+            for layer, s in spec.kv_cache_specs.items()
+        }
         return UniformTypeKVCacheSpecs(block_size=spec.block_size, kv_cache_specs=inner)
-    if name not in SPEC_CLASS_NAMES:
-        raise SpecConversionError(
-            f"No kvspec counterpart for vLLM spec {name}; convert a plugin's spec with its own function."
-        )
-    converted: KVCacheSpec = _convert(spec, getattr(kvspec_specs, name), to_vllm=False)
-    return converted
+    if name in SPEC_CLASS_NAMES:
+        converted: KVCacheSpec = _convert(spec, getattr(kvspec_specs, name), to_vllm=False)
+        return converted
+    target = _registered_counterpart(cls, default_registry if registry is None else registry)
+    if target is not None:
+        mirrored: KVCacheSpec = _convert(spec, target, to_vllm=False)
+        return mirrored
+    raise SpecConversionError(
+        f"No kvspec counterpart for vLLM spec {name} ({_qualified_name(cls)}): register a kvspec spec class "
+        f"with {VLLM_COUNTERPART_ATTRIBUTE} = {_qualified_name(cls)!r} (its fields are copied across), or pass "
+        f"the plugin's converter (spec_converter=) to the adapter."
+    )
 
 
 def to_vllm(spec: KVCacheSpec) -> Any:
@@ -126,18 +178,28 @@ def to_vllm(spec: KVCacheSpec) -> Any:
     return _convert(spec, getattr(module, name), to_vllm=True)
 
 
-def as_kvspec(spec: Any) -> KVCacheSpec:
-    """``spec`` converted when it is vLLM's, as it is when it is already kvspec's (or a plugin's). Decided
-    by module, not isinstance: vLLM's spec classes satisfy kvspec's structural KVCacheSpec protocol."""
-    if type(spec).__module__.split(".")[0] == "vllm":
-        return to_kvspec(spec)
+def as_kvspec(
+    spec: Any, *, converter: SpecConverter | None = None, registry: AnyRegistry | None = None
+) -> KVCacheSpec:
+    """``spec`` converted (``to_kvspec``) when it is vLLM-side, as it is when it is kvspec's (or a kvspec
+    plugin's). Decided by the class's bases, not isinstance (vLLM's spec classes satisfy kvspec's structural
+    KVCacheSpec protocol) nor by the module's name alone (``vllm_ascend.*`` classes subclass vLLM's)."""
+    if _is_vllm_side(type(spec)):
+        return to_kvspec(spec, converter=converter, registry=registry)
     kept: KVCacheSpec = spec
     return kept
 
 
-def to_kvspec_layers(layer_specs: Mapping[str, Any]) -> dict[str, KVCacheSpec]:
-    """A vLLM ``{layer: spec}`` dict as kvspec specs."""
-    return {layer: to_kvspec(spec) for layer, spec in layer_specs.items()}
+def to_kvspec_layers(
+    layer_specs: Mapping[str, Any],
+    *,
+    converter: SpecConverter | None = None,
+    registry: AnyRegistry | None = None,
+) -> dict[str, KVCacheSpec]:
+    """A vLLM ``{layer: spec}`` dict as kvspec specs (``to_kvspec`` on each)."""
+    return {
+        layer: to_kvspec(spec, converter=converter, registry=registry) for layer, spec in layer_specs.items()
+    }
 
 
 # -- the registry facade ----------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.coordinator.stats import PrefixCacheStats
+from kvspec.integrations.vllm import SpecConverter
 from kvspec.integrations.vllm_managers import VllmManagerView
 from kvspec.integrations.vllm_planning import config_from_vllm
 from kvspec.registry.core import AnyRegistry
@@ -313,13 +314,14 @@ class VllmKVCacheManager:
         pcp_world_size: int = 1,
         metrics_collector: Any = None,
         registry: AnyRegistry | None = None,
+        spec_converter: SpecConverter | None = None,
     ) -> None:
         vllm_manager_module = importlib.import_module("vllm.v1.core.kv_cache_manager")
         self._vllm_blocks_cls: Any = vllm_manager_module.KVCacheBlocks
         # Warnings go where vLLM's own manager sends them (operators filter on vLLM's logger).
         self._vllm_logger: Any = vllm_manager_module.logger
         self._vllm_stats_cls: Any = importlib.import_module("vllm.v1.metrics.stats").PrefixCacheStats
-        config = config_from_vllm(kv_cache_config)
+        config = config_from_vllm(kv_cache_config, spec_converter=spec_converter, registry=registry)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -478,13 +480,26 @@ class VllmKVCacheManager:
         self.kvspec_coordinator.new_step_starts()
 
 
-def install() -> None:
-    """Make vLLM's scheduler (and ``vllm.v1.core.kv_cache_manager.KVCacheManager``) kvspec's adapter."""
+def install(*, spec_converter: SpecConverter | None = None, registry: AnyRegistry | None = None) -> None:
+    """Make vLLM's scheduler (and ``vllm.v1.core.kv_cache_manager.KVCacheManager``) kvspec's adapter.
+
+    ``spec_converter`` (a plugin's conversion of its vLLM-side specs) and ``registry`` are passed to every
+    adapter the scheduler builds; without them the class installed is ``VllmKVCacheManager`` itself."""
+    manager_cls: type[VllmKVCacheManager] = VllmKVCacheManager
+    if spec_converter is not None or registry is not None:
+
+        class BoundVllmKVCacheManager(VllmKVCacheManager):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs.setdefault("spec_converter", spec_converter)
+                kwargs.setdefault("registry", registry)
+                super().__init__(*args, **kwargs)
+
+        manager_cls = BoundVllmKVCacheManager
     for name in _PATCHED_MODULES:
         module = importlib.import_module(name)
         if name not in _originals:
             _originals[name] = getattr(module, "KVCacheManager")  # noqa: B009
-        setattr(module, "KVCacheManager", VllmKVCacheManager)  # noqa: B010
+        setattr(module, "KVCacheManager", manager_cls)  # noqa: B010
 
 
 def uninstall() -> None:

@@ -20,8 +20,9 @@ from kvspec.errors import (
     VllmConflictingLayerSpecError,
     VllmPageSizeUnificationError,
 )
-from kvspec.integrations.vllm import as_kvspec, to_kvspec_layers, to_vllm
+from kvspec.integrations.vllm import SpecConverter, as_kvspec, to_kvspec_layers, to_vllm
 from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from kvspec.registry.core import AnyRegistry
 
 __all__ = [
     "config_from_vllm",
@@ -66,8 +67,12 @@ def config_to_vllm(config: KVCacheConfig) -> Any:
     )
 
 
-def config_from_vllm(config: Any) -> KVCacheConfig:
-    """kvspec's ``KVCacheConfig`` for vLLM's (same blocks, tensors, groups; vLLM's specs converted)."""
+def config_from_vllm(
+    config: Any, *, spec_converter: SpecConverter | None = None, registry: AnyRegistry | None = None
+) -> KVCacheConfig:
+    """kvspec's ``KVCacheConfig`` for vLLM's (same blocks, tensors, groups; vLLM-side specs converted by
+    ``kvspec.integrations.vllm.as_kvspec``, a plugin's through ``spec_converter`` or its registered
+    ``vllm_counterpart``)."""
     return KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=tuple(
@@ -76,7 +81,7 @@ def config_from_vllm(config: Any) -> KVCacheConfig:
         kv_cache_groups=tuple(
             KVCacheGroupSpec(
                 layer_names=tuple(g.layer_names),
-                kv_cache_spec=as_kvspec(g.kv_cache_spec),
+                kv_cache_spec=as_kvspec(g.kv_cache_spec, converter=spec_converter, registry=registry),
                 is_eagle_group=bool(getattr(g, "is_eagle_group", False)),
             )
             for g in config.kv_cache_groups

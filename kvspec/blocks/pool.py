@@ -453,9 +453,15 @@ class BlockPool:
         )
         if stored:
             parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
-            extra: list[tuple[Any, ...] | None] | None = None
-            if request.needs_extra_keys and block_size == self.hash_block_size:
-                extra = request.block_extra_keys[num_cached_blocks:num_full_blocks]
+            # One entry per stored block, None for a block without extra keys (vLLM 0.23's form).
+            needs_keys = request.needs_extra_keys
+            extra: list[tuple[Any, ...] | None] = []
+            for i in range(num_cached_blocks, num_full_blocks):
+                if blocks[i].is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
+                    continue
+                extra.append(
+                    request.extra_keys_for_range(i * block_size, (i + 1) * block_size) if needs_keys else None
+                )
             self.kv_event_queue.append(
                 BlockStored(
                     block_hashes=stored,
@@ -468,7 +474,7 @@ class BlockPool:
                     medium=self.medium,
                     lora_name=request.lora_name,
                     cache_salt=request.cache_salt,
-                    extra_keys=extra,
+                    extra_keys=extra or None,
                     group_idx=kv_cache_group_id,
                 )
             )

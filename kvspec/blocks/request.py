@@ -130,6 +130,19 @@ class Request:
         )
         return keys
 
+    def extra_keys_for_range(self, start: int, end: int) -> tuple[Any, ...] | None:
+        """Extra hash keys of tokens [start, end), computed afresh (KV events; the hashing cursor stays)."""
+        keys, _ = generate_block_hash_extra_keys(
+            lora_name=self.lora_name,
+            mm_features=self.mm_features,
+            cache_salt=self.cache_salt,
+            prompt_embeds_digest=(self._prompt_embeds_digest if self.prompt_embeds is not None else None),
+            start=start,
+            end=end,
+            start_mm_idx=0,
+        )
+        return keys
+
     def __repr__(self) -> str:
         return (
             f"Request({self.request_id!r}, tokens={self.num_tokens}, "

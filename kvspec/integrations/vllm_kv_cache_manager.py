@@ -122,8 +122,13 @@ class VllmRequestView:
 
     @property
     def needs_extra_keys(self) -> bool:
-        # vLLM's events carry no per-block extra keys from this adapter (see the module notes).
-        return False
+        r = self.vllm_request
+        return bool(
+            r.lora_request is not None
+            or r.cache_salt is not None
+            or r.mm_features
+            or getattr(r, "prompt_embeds", None) is not None
+        )
 
     @property
     def block_extra_keys(self) -> list[tuple[Any, ...] | None]:
@@ -132,8 +137,19 @@ class VllmRequestView:
     def extra_keys_for_block(self, start: int, end: int) -> tuple[Any, ...] | None:
         return None  # vLLM's engine hashes its requests; kvspec never hashes a view
 
+    def extra_keys_for_range(self, start: int, end: int) -> tuple[Any, ...] | None:
+        """vLLM's own extra keys of tokens [start, end) (LoRA name, multimodal hashes, salt, embeddings), as
+        vLLM's block pool puts them in ``BlockStored`` events."""
+        keys, _ = _vllm_extra_keys()(self.vllm_request, start, end, 0)
+        return keys  # type: ignore[no-any-return]
+
     def __repr__(self) -> str:
         return f"VllmRequestView({self.request_id!r})"
+
+
+@functools.cache
+def _vllm_extra_keys() -> Any:
+    return importlib.import_module("vllm.v1.core.kv_cache_utils").generate_block_hash_extra_keys
 
 
 def _as_kvspec_request(request: Any, hash_block_size: int) -> RequestView:

@@ -72,15 +72,16 @@ class MambaManager(SingleTypeKVCacheManager):
         super().remove_skipped_blocks(request_id, total)
         if self.mamba_cache_mode != "align":
             return
+        # The state block from two allocations ago (or the prefix hit's state) is no longer read once
+        # the computed tokens pass the block after it. It joins the free queue's tail, as any freed block.
         idx = self.last_state_block_idx.get(request_id)
-        blocks = self._req_to_blocks.get(request_id)
-        if idx is None or not blocks or idx >= cdiv(total, self.block_size) - 1:
+        if idx is None or idx >= cdiv(total, self.block_size) - 1:
             return
+        blocks = self._req_to_blocks[request_id]
         block = blocks[idx]
         if not block.is_null:
+            self.block_pool.free_blocks([block])
             blocks[idx] = self._null_block
-            self.block_pool.free_blocks([block], prepend=block.block_hash is None)
-        del self.last_state_block_idx[request_id]
 
     def get_num_blocks_to_allocate(
         self,
@@ -123,29 +124,36 @@ class MambaManager(SingleTypeKVCacheManager):
             return super().allocate_new_blocks(
                 request_id, num_tokens + self.block_size * self.num_speculative_blocks, num_tokens_main_model
             )
+        # Lookahead tokens are not counted: a block-aligned chunk plus lookahead would break the alignment
+        # (and draft models have no Mamba layers).
         num_spec_blocks = self.num_speculative_blocks
         blocks = self._req_to_blocks.setdefault(request_id, [])
         required = cdiv(num_tokens_main_model, self.block_size) + num_spec_blocks
-        if required <= len(blocks):
-            return []
-        null = self._null_block
         prev_len = len(blocks)
-        first = request_id not in self._allocated_block_reqs
-        moved: list[KVCacheBlock] = []
-        if not first:
-            main_idx = len(blocks) - 1 - num_spec_blocks
-            if main_idx >= 0 and not blocks[main_idx].is_null:
-                self.last_state_block_idx[request_id] = main_idx
-            if num_spec_blocks:
-                moved = blocks[len(blocks) - num_spec_blocks :]
-                blocks[len(blocks) - num_spec_blocks :] = [null] * num_spec_blocks
-        new_blocks = self.block_pool.get_new_blocks(1 + num_spec_blocks if first else 1)
-        blocks.extend([null] * (required - num_spec_blocks - 1 - len(blocks)))
-        blocks.append(new_blocks[0])
-        blocks.extend(moved if not first else new_blocks[1:])
+        if required <= prev_len:
+            return []
+        allocated_before = request_id in self._allocated_block_reqs
+        if allocated_before:
+            # The running state sits in the block before the speculative ones; freed two steps on.
+            self.last_state_block_idx[request_id] = prev_len - 1 - num_spec_blocks
+        elif prev_len:
+            # A prefix hit: its last block holds the state the request starts from.
+            self.last_state_block_idx[request_id] = prev_len - 1
+        null = self._null_block
+        num_skipped = required - num_spec_blocks - 1
+        if prev_len < num_skipped:
+            blocks.extend([null] * (num_skipped - prev_len))
+        if allocated_before:
+            # The speculative blocks of the last step move up to follow the skipped positions.
+            for idx in range(prev_len - num_spec_blocks, prev_len):
+                if idx >= num_skipped:
+                    break
+                blocks.append(blocks[idx])
+                blocks[idx] = null
+        blocks.extend(self.block_pool.get_new_blocks(required - len(blocks)))
         self._allocated_block_reqs.add(request_id)
-        # Like vLLM 0.23: everything appended, null placeholders included, so a runner that appends
-        # the returned ids to the block-table row keeps the row aligned to token positions.
+        # Everything appended, null placeholders included, so a runner that appends the returned ids to
+        # the block-table row keeps the row aligned to token positions.
         return blocks[prev_len:]
 
     def cache_blocks(self, request: RequestView, num_tokens: int) -> None:

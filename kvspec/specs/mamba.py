@@ -110,7 +110,6 @@ class MambaSpec:
             offset += prod(shape) * dtype_size(dtype)
         return SpecTraits(
             hits_at_own_block_boundaries=True,
-            supports_eagle_with_prefix_caching=False,
             kind="mamba",
             needs_zeroed_buffers=True,
             device_views=tuple(views),

@@ -42,6 +42,9 @@ def test_pure_python_subclass_of_request_and_an_engines_own_request_type_both_ru
         def extra_keys_for_block(self, start: int, end: int) -> None:
             return None
 
+        def extra_keys_for_range(self, start: int, end: int) -> None:
+            return None
+
     prompt = list(range(100, 150))
     ids: dict[str, tuple[list[list[int]], int]] = {}
     for kind in ("plain", "tagged", "engine"):

@@ -1,0 +1,605 @@
+"""A random differential of kvspec against the installed vLLM: the same calls on both, every answer compared.
+
+Each workload is drawn from a seed: a KV cache layout (every built-in family alone and mixed: full, sliding
+window, chunked local, MLA, sliding-window MLA, sink, cross attention with encoder tokens, Mamba in each
+mode; mixed block sizes; DCP), the engine's settings (prefix caching on or off, EAGLE with flagged groups,
+lookahead tokens, the full-prompt admission gate, KV events, a pool small enough to preempt) and a set of
+requests (shared prefixes, exact repeats, cache salts, LoRA adapters, aborts, prefix-cache resets). It is
+driven twice in lockstep, through vLLM's own ``KVCacheManager`` and through kvspec's
+``VllmKVCacheManager``, the way vLLM 0.23.0's ``Scheduler.schedule`` drives its manager: running requests
+first (preempting the newest on a refusal), then waiting ones unless something was preempted, prefill in
+chunks under a token budget, Mamba "align" chunks cut at block boundaries as the Scheduler's
+``_mamba_block_aligned_split`` cuts them, one sampled token per finished chunk. Both managers read the same
+vLLM ``Request`` objects (neither mutates them; the driver does, between calls), hashed by vLLM's block
+hasher.
+
+Compared after every call: hit blocks and hit length, allocated block ids or the refusal, the free-block
+count; after every step: each running request's block table, the common-prefix blocks, usage, KV events;
+at the end: the prefix-cache statistics. The first difference ends the workload and is reported with its
+seed, so ``python -m tests.vllm.differential --seed S --workloads 1 -v`` replays it.
+
+Run in the ``vllm`` nox session's environment (vLLM installed): ``python -m tests.vllm.differential
+--workloads 2000``. ``tests/vllm/test_differential.py`` runs a seeded subset in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+#: Differences kvspec keeps on purpose, by the comparison that shows them: reason and vLLM's line. Empty:
+#: every comparison is expected to agree.
+EXPECTED_DIFFERENCES: dict[str, str] = {}
+
+FAMILIES = (
+    "full",
+    "sliding_window",
+    "chunked_local",
+    "mla",
+    "sliding_window_mla",
+    "sink",
+    "cross",
+    "mamba_none",
+    "mamba_all",
+    "mamba_align",
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RequestPlan:
+    prompt: tuple[int, ...]
+    max_tokens: int
+    arrival_step: int
+    cache_salt: str | None
+    lora: str | None
+    encoder_tokens: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One random case: a layout, the engine's settings and the requests (all drawn from ``seed``)."""
+
+    seed: int
+    families: tuple[str, ...]  # one per KV cache group
+    group_specs: tuple[Any, ...]  # vLLM spec objects, one per group
+    eagle_groups: tuple[bool, ...]
+    num_blocks: int
+    max_model_len: int
+    hash_block_size: int
+    scheduler_block_size: int
+    attention_block_size: int  # the Scheduler's cache_config.block_size (Mamba's aligned split)
+    enable_caching: bool
+    use_eagle: bool
+    num_lookahead_tokens: int
+    dcp: int
+    token_budget: int
+    max_num_seqs: int
+    reserve_full_prompt: bool
+    kv_events: bool
+    abort_rate: float
+    reset_rate: float
+    requests: tuple[RequestPlan, ...]
+
+    @property
+    def mamba_align(self) -> bool:
+        return "mamba_align" in self.families
+
+
+@dataclasses.dataclass(kw_only=True)
+class Outcome:
+    seed: int
+    families: tuple[str, ...]
+    steps: int = 0
+    calls: int = 0
+    preemptions: int = 0
+    hit_tokens: int = 0
+    refusals: int = 0
+    divergence: str | None = None
+    refused: str | None = None  # both raised (the configuration is unsupported by both)
+    stalled: bool = False
+
+
+class Divergence(Exception):
+    pass
+
+
+class BothRefused(Exception):
+    """vLLM and kvspec both raised for the same call (a configuration neither supports): the workload ends."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Raised:
+    text: str
+
+
+def _guarded(fn: Callable[[Any], Any], manager: Any) -> Any:
+    try:
+        return fn(manager)
+    except Exception as exc:  # noqa: BLE001 - compared: the other side must raise too
+        return _Raised(f"{type(exc).__name__}: {exc}")
+
+
+def _norm_or_raised(value: Any, norm: Callable[[Any], Any]) -> Any:
+    return "raised" if isinstance(value, _Raised) else norm(value)
+
+
+# -- drawing a workload --------------------------------------------------------------------------
+
+
+def _spec(family: str, block_size: int, rng: random.Random, max_model_len: int, nspec: int) -> Any:
+    import torch
+    from vllm.v1 import kv_cache_interface as iface
+
+    attn = dict(block_size=block_size, num_kv_heads=rng.choice((1, 2, 4)), head_size=64, dtype=torch.float16)
+    mla = dict(block_size=block_size, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    if family == "full":
+        return iface.FullAttentionSpec(**attn)
+    if family == "sliding_window":
+        return iface.SlidingWindowSpec(**attn, sliding_window=rng.choice((8, 16, 33, 64, 100, 128)))
+    if family == "chunked_local":
+        return iface.ChunkedLocalAttentionSpec(
+            **attn, attention_chunk_size=block_size * rng.choice((1, 2, 4))
+        )
+    if family == "mla":
+        return iface.MLAAttentionSpec(**mla)
+    if family == "sliding_window_mla":
+        return iface.SlidingWindowMLASpec(**mla, sliding_window=rng.choice((16, 48, 128)))
+    if family == "sink":
+        return iface.SinkFullAttentionSpec(**attn, sink_len=block_size * rng.choice((1, 2)))
+    if family == "cross":
+        return iface.CrossAttentionSpec(**attn)
+    mode = family.removeprefix("mamba_")
+    return iface.MambaSpec(
+        block_size=max_model_len if mode == "none" else block_size,
+        shapes=((16, 4),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode=mode,
+        num_speculative_blocks=nspec,
+    )
+
+
+def _layout(rng: random.Random) -> tuple[str, ...]:
+    shape = rng.random()
+    if shape < 0.3:
+        return (rng.choice(("full", "sliding_window", "chunked_local", "mla", "sliding_window_mla", "sink")),)
+    if shape < 0.4:
+        return ("full", "cross")
+    if shape < 0.6:
+        mamba = rng.choice(("mamba_none", "mamba_all", "mamba_align", "mamba_align"))
+        others = rng.sample(("full", "sliding_window", "mla"), rng.randint(1, 2))
+        return tuple(others) + (mamba,) * rng.randint(1, 2)
+    families = rng.sample(("full", "sliding_window", "chunked_local", "mla", "sliding_window_mla", "sink"), 2)
+    if rng.random() < 0.4:
+        families.append(rng.choice(families))  # two groups of one spec: one hit search for both
+    return tuple(families)
+
+
+def draw_workload(seed: int) -> Workload:
+    rng = random.Random(seed)
+    families = _layout(rng)
+    has_mamba = any(f.startswith("mamba") for f in families)
+    cross = "cross" in families
+    single = len(families) == 1
+    base = rng.choice((8, 16, 16, 32))
+    max_model_len = 1024
+    use_eagle = not cross and rng.random() < 0.25
+    nspec = rng.choice((0, 0, 1, 2)) if has_mamba and use_eagle else 0
+    lookahead = rng.choice((0, 1, 3)) if use_eagle else rng.choice((0, 0, 0, 2))
+    dcp = rng.choice((1, 2)) if single and families[0] in ("full", "mla") else 1
+    block_sizes: list[int] = []
+    for family in families:
+        mixed = not has_mamba and family not in ("chunked_local", "cross") and rng.random() < 0.3
+        block_sizes.append(base * rng.choice((2, 4)) if mixed else base)
+    if "chunked_local" in families and not single:
+        # vLLM's chunked-local hit search needs its block size to be the scheduler's (the LCM).
+        top = max(block_sizes)
+        block_sizes = [top if f == "chunked_local" else b for f, b in zip(families, block_sizes, strict=True)]
+    specs = tuple(_spec(f, b, rng, max_model_len, nspec) for f, b in zip(families, block_sizes, strict=True))
+    # Identical families drawn twice must stay one spec (vLLM merges equal specs into one hit search).
+    first: dict[str, Any] = {}
+    specs = tuple(first.setdefault(f, s) for f, s in zip(families, specs, strict=True))
+    sizes = [s.block_size for s in specs]
+    attention_sizes = [s.block_size for f, s in zip(families, specs, strict=True) if f != "mamba_none"]
+    hash_block_size = math.gcd(*attention_sizes) * dcp
+    scheduler_block_size = math.lcm(*sizes) * dcp
+    enable_caching = not cross and "mamba_none" not in families and rng.random() < 0.85
+    if not single and len(set(specs)) < 2:
+        enable_caching = False  # vLLM's hybrid hit search needs two distinct specs
+    eagle_groups = tuple(use_eagle and rng.random() < 0.5 for _ in families)
+
+    requests: list[RequestPlan] = []
+    prefixes = [
+        [rng.randrange(1, 5000) for _ in range(rng.randint(1, 200))] for _ in range(rng.randint(1, 3))
+    ]
+    for _ in range(rng.randint(2, 12)):
+        kind = rng.random()
+        if kind < 0.5:
+            prompt = list(rng.choice(prefixes)) + [rng.randrange(1, 5000) for _ in range(rng.randint(0, 90))]
+        elif kind < 0.65 and requests:
+            prompt = list(rng.choice(requests).prompt)  # an exact repeat: the hit stops one token short
+        else:
+            prompt = [rng.randrange(1, 5000) for _ in range(rng.randint(1, 300))]
+        requests.append(
+            RequestPlan(
+                prompt=tuple(prompt[:600]),
+                max_tokens=rng.randint(1, 40),
+                arrival_step=rng.choice((0, 0, rng.randint(0, 30))),
+                cache_salt=rng.choice((None, None, None, "s1", "s2")),
+                lora=rng.choice((None, None, None, "adapter-a", "adapter-b")),
+                encoder_tokens=rng.randint(1, 200) if cross else 0,
+            )
+        )
+    longest = max(len(r.prompt) + r.max_tokens for r in requests) + lookahead + 1
+    need = sum(
+        1
+        if s.block_size >= max_model_len
+        else math.ceil(max(longest, 200 if f == "cross" else 0) / s.block_size) + 2 + nspec
+        for f, s in zip(families, specs, strict=True)
+    )
+    num_blocks = need + 1 + rng.randint(0, need * 3)
+    return Workload(
+        seed=seed,
+        families=families,
+        group_specs=specs,
+        eagle_groups=eagle_groups,
+        num_blocks=num_blocks,
+        max_model_len=max_model_len,
+        hash_block_size=hash_block_size,
+        scheduler_block_size=scheduler_block_size,
+        attention_block_size=base,
+        enable_caching=enable_caching,
+        use_eagle=use_eagle,
+        num_lookahead_tokens=lookahead,
+        dcp=dcp,
+        token_budget=rng.choice((16, 32, 64, 128, 256, 512)),
+        max_num_seqs=rng.randint(1, 8),
+        reserve_full_prompt=rng.random() < 0.2,
+        kv_events=rng.random() < 0.3,
+        abort_rate=rng.choice((0.0, 0.0, 0.03)),
+        reset_rate=rng.choice((0.0, 0.0, 0.05)),
+        requests=tuple(requests),
+    )
+
+
+# -- the two managers -----------------------------------------------------------------------------
+
+
+def _constructible_sink_manager() -> None:
+    """vLLM 0.23.0's coordinator cannot build its own ``SinkFullAttentionManager``: the coordinator passes
+    ``scheduler_block_size`` (and more) that the class's ``__init__`` does not take
+    (vllm/v1/core/single_type_kv_cache_manager.py:1288). The stock side gets an ``__init__`` that drops the
+    keywords it does not declare; the behaviour stays vLLM's own."""
+    import inspect
+
+    from vllm.v1.core import single_type_kv_cache_manager as stkm
+
+    cls = stkm.SinkFullAttentionManager
+    if getattr(cls.__init__, "_kvspec_differential", False):
+        return
+    original = cls.__init__
+    accepted = set(inspect.signature(original).parameters)
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **{k: v for k, v in kwargs.items() if k in accepted})
+
+    init._kvspec_differential = True  # type: ignore[attr-defined]
+    cls.__init__ = init
+
+
+def _managers(w: Workload) -> tuple[Any, Any]:
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    from kvspec.integrations.vllm_kv_cache_manager import VllmKVCacheManager
+
+    _constructible_sink_manager()
+    config = KVCacheConfig(
+        num_blocks=w.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec([f"layer.{i}"], spec, eagle)
+            for i, (spec, eagle) in enumerate(zip(w.group_specs, w.eagle_groups, strict=True))
+        ],
+    )
+    kwargs: dict[str, Any] = dict(
+        kv_cache_config=config,
+        max_model_len=w.max_model_len,
+        scheduler_block_size=w.scheduler_block_size,
+        hash_block_size=w.hash_block_size,
+        max_num_batched_tokens=w.token_budget,
+        enable_caching=w.enable_caching,
+        use_eagle=w.use_eagle,
+        log_stats=True,
+        enable_kv_cache_events=w.kv_events,
+        dcp_world_size=w.dcp,
+    )
+    return _guarded(lambda cls: cls(**kwargs), KVCacheManager), _guarded(
+        lambda cls: cls(**kwargs), VllmKVCacheManager
+    )
+
+
+def _ids(blocks: Any) -> Any:
+    return None if blocks is None else tuple(tuple(g) for g in blocks.get_block_ids())
+
+
+def _aligned_chunk(w: Workload, request: Any, num_new: int, computed: int) -> int:
+    """The Scheduler's Mamba "align" rule: a prefill chunk ends on a block boundary (unless it is shorter
+    than a block), and the chunk reaching the last full block stops exactly there."""
+    if computed >= max(request.num_prompt_tokens, request.num_tokens - 1):
+        return num_new  # decoding
+    bs = w.attention_block_size
+    last = request.num_tokens - request.num_tokens % bs
+    if w.use_eagle:
+        last = max(last - bs, 0)
+    if computed + num_new < last:
+        return num_new // bs * bs
+    if computed < last < computed + num_new:
+        return last - computed
+    return num_new
+
+
+class _Lockstep:
+    def __init__(self, w: Workload, outcome: Outcome, verbose: bool) -> None:
+        self.w = w
+        self.outcome = outcome
+        self.verbose = verbose
+        self.step = 0
+        stock, ours = _managers(w)
+        if isinstance(stock, _Raised) or isinstance(ours, _Raised):
+            self.same("constructing the manager", _norm_or_raised(stock, repr), _norm_or_raised(ours, repr))
+            raise BothRefused(f"construction: vLLM {stock.text}; kvspec {ours.text}")
+        self.stock, self.ours = stock, ours
+
+    def same(self, what: str, stock: Any, ours: Any) -> None:
+        self.outcome.calls += 1
+        if stock != ours:
+            raise Divergence(
+                f"step {self.step}, {what}:\n    vLLM  : {_short(stock)}\n    kvspec: {_short(ours)}"
+            )
+        if self.verbose:
+            print(f"  step {self.step} {what}: {stock}")
+
+    def call(self, what: str, fn: Callable[[Any], Any], norm: Callable[[Any], Any] = lambda x: x) -> Any:
+        a, b = _guarded(fn, self.stock), _guarded(fn, self.ours)
+        self.same(what, _norm_or_raised(a, norm), _norm_or_raised(b, norm))
+        if isinstance(a, _Raised):
+            raise BothRefused(f"step {self.step}, {what}: vLLM {a.text}; kvspec {b.text}")
+        self.same(
+            f"free blocks after {what}",
+            self.stock.block_pool.get_num_free_blocks(),
+            self.ours.block_pool.get_num_free_blocks(),
+        )
+        return a, b
+
+
+def _short(value: Any, limit: int = 700) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 20] + f"... ({len(text)} chars)"
+
+
+def _event_key(event: Any) -> Any:
+    return (type(event).__name__, {k: getattr(event, k) for k in event.__struct_fields__})
+
+
+def run_workload(w: Workload, verbose: bool = False) -> Outcome:
+    from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    outcome = Outcome(seed=w.seed, families=w.families)
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(w.hash_block_size, sha256)
+    loras = {"adapter-a": LoRARequest("adapter-a", 1, "/a"), "adapter-b": LoRARequest("adapter-b", 2, "/b")}
+    rng = random.Random(w.seed * 7919 + 1)
+    plans = {f"r{i}": p for i, p in enumerate(w.requests)}
+    requests = {
+        rid: Request(
+            rid,
+            list(p.prompt),
+            SamplingParams(max_tokens=p.max_tokens, ignore_eos=True),
+            None,
+            arrival_time=0.0,
+            lora_request=None if p.lora is None else loras[p.lora],
+            cache_salt=p.cache_salt,
+            block_hasher=hasher if w.enable_caching else None,
+        )
+        for rid, p in plans.items()
+    }
+    waiting: list[str] = []
+    running: list[str] = []
+    finished: set[str] = set()
+    pending = sorted(plans, key=lambda r: (plans[r].arrival_step, int(r[1:])))
+    try:
+        both = _Lockstep(w, outcome, verbose)
+        while pending or waiting or running:
+            both.step += 1
+            outcome.steps = both.step
+            if both.step > 4000:
+                outcome.stalled = True
+                break
+            both.stock.new_step_starts()
+            both.ours.new_step_starts()
+            while pending and plans[pending[0]].arrival_step <= both.step:
+                waiting.append(pending.pop(0))
+            if w.abort_rate and (running or waiting) and rng.random() < w.abort_rate:
+                victim = rng.choice(running + waiting)
+                (running if victim in running else waiting).remove(victim)
+                finished.add(victim)
+                both.call(f"free({victim}) [abort]", lambda m, r=requests[victim]: m.free(r))
+            if w.reset_rate and rng.random() < w.reset_rate:
+                both.call("reset_prefix_cache()", lambda m: m.reset_prefix_cache())
+            budget = w.token_budget
+            scheduled: dict[str, int] = {}
+            preempted = False
+            index = 0
+            while index < len(running) and budget > 0:
+                rid = running[index]
+                request = requests[rid]
+                num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+                num_new = min(num_new, w.max_model_len - 1 - request.num_computed_tokens)
+                if w.mamba_align:
+                    num_new = _aligned_chunk(w, request, num_new, request.num_computed_tokens)
+                if num_new <= 0:
+                    index += 1
+                    continue
+                while True:
+                    new_blocks, _ = both.call(
+                        f"allocate_slots({rid}, {num_new}) [running]",
+                        lambda m, r=request, n=num_new: m.allocate_slots(
+                            r, n, num_lookahead_tokens=w.num_lookahead_tokens
+                        ),
+                        _ids,
+                    )
+                    if new_blocks is not None:
+                        break
+                    outcome.refusals += 1
+                    victim = running.pop()
+                    scheduled.pop(victim, None)
+                    both.call(f"free({victim}) [preempt]", lambda m, r=requests[victim]: m.free(r))
+                    requests[victim].num_computed_tokens = 0
+                    requests[victim].num_preemptions += 1
+                    waiting.insert(0, victim)
+                    outcome.preemptions += 1
+                    preempted = True
+                    if victim == rid:
+                        break
+                if new_blocks is None:
+                    break
+                scheduled[rid] = num_new
+                budget -= num_new
+                index += 1
+            if not preempted:
+                while waiting and budget > 0 and len(running) < w.max_num_seqs:
+                    rid = waiting[0]
+                    request = requests[rid]
+                    hits: tuple[Any, Any] = ((None, 0), (None, 0))
+                    if request.num_computed_tokens == 0:
+                        hits = both.call(
+                            f"get_computed_blocks({rid})",
+                            lambda m, r=request: m.get_computed_blocks(r),
+                            lambda result: (_ids(result[0]), result[1]),
+                        )
+                    hit = hits[0][1]
+                    num_new = min(request.num_tokens - request.num_computed_tokens - hit, budget)
+                    if w.mamba_align:
+                        num_new = _aligned_chunk(w, request, num_new, request.num_computed_tokens + hit)
+                    if num_new <= 0:
+                        break
+                    encoder = plans[rid].encoder_tokens
+                    # Each manager is handed back the hit blocks it found itself.
+                    answers = [
+                        manager.allocate_slots(
+                            request,
+                            num_new,
+                            num_new_computed_tokens=n,
+                            new_computed_blocks=blocks,
+                            num_lookahead_tokens=w.num_lookahead_tokens,
+                            num_encoder_tokens=encoder,
+                            full_sequence_must_fit=w.reserve_full_prompt,
+                        )
+                        for manager, (blocks, n) in zip((both.stock, both.ours), hits, strict=True)
+                    ]
+                    both.same(
+                        f"allocate_slots({rid}, {num_new}, hit {hit}) [waiting]",
+                        _ids(answers[0]),
+                        _ids(answers[1]),
+                    )
+                    both.same(
+                        f"free blocks after admitting {rid}",
+                        both.stock.block_pool.get_num_free_blocks(),
+                        both.ours.block_pool.get_num_free_blocks(),
+                    )
+                    if answers[0] is None:
+                        outcome.refusals += 1
+                        break
+                    outcome.hit_tokens += hit
+                    request.num_computed_tokens += hit
+                    waiting.pop(0)
+                    running.append(rid)
+                    scheduled[rid] = num_new
+                    budget -= num_new
+            for rid in running:
+                both.same(
+                    f"block table of {rid}", both.stock.get_block_ids(rid), both.ours.get_block_ids(rid)
+                )
+            if running and w.enable_caching:
+                both.same(
+                    "common prefix blocks",
+                    both.stock.get_num_common_prefix_blocks(running[0]),
+                    both.ours.get_num_common_prefix_blocks(running[0]),
+                )
+            both.same("usage", round(both.stock.usage, 9), round(both.ours.usage, 9))
+            if w.kv_events:
+                both.same(
+                    "KV events",
+                    [_event_key(e) for e in both.stock.take_events()],
+                    [_event_key(e) for e in both.ours.take_events()],
+                )
+            # The model: every scheduled chunk is computed; a chunk reaching the end samples one token.
+            for rid, n in scheduled.items():
+                request = requests[rid]
+                request.num_computed_tokens += n
+                if request.num_computed_tokens >= request.num_tokens:
+                    request.append_output_token_ids(rng.randrange(1, 5000))
+                    if request.num_output_tokens >= plans[rid].max_tokens:
+                        running.remove(rid)
+                        finished.add(rid)
+                        both.call(f"free({rid}) [finished]", lambda m, r=request: m.free(r))
+        stock_stats, our_stats = both.stock.make_prefix_cache_stats(), both.ours.make_prefix_cache_stats()
+        both.same("prefix cache stats", vars(stock_stats), vars(our_stats))
+    except Divergence as exc:
+        outcome.divergence = str(exc)
+    except BothRefused as exc:
+        outcome.refused = str(exc)
+    return outcome
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def run_many(first_seed: int, count: int, verbose: bool = False) -> list[Outcome]:
+    return [run_workload(draw_workload(seed), verbose) for seed in range(first_seed, first_seed + count)]
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    families: Counter[str] = Counter()
+    for o in outcomes:
+        families.update(set(o.families))
+    diverged = [o for o in outcomes if o.divergence]
+    lines = [
+        f"{len(outcomes)} workloads, {sum(o.steps for o in outcomes)} steps, {sum(o.calls for o in outcomes)} "
+        f"comparisons, {sum(o.preemptions for o in outcomes)} preemptions, {sum(o.refusals for o in outcomes)} "
+        f"refusals, {sum(o.hit_tokens for o in outcomes)} hit tokens, {sum(o.stalled for o in outcomes)} stalled, "
+        f"{sum(o.refused is not None for o in outcomes)} refused by both; "
+        f"{len(diverged)} divergences",
+        "workloads per family: " + ", ".join(f"{f} {families[f]}" for f in FAMILIES),
+    ]
+    for o in diverged[:10]:
+        lines.append(f"seed {o.seed} {o.families}: {o.divergence}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0, help="first workload's seed")
+    parser.add_argument("--workloads", type=int, default=2000)
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every comparison")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    outcomes = run_many(args.seed, args.workloads, args.verbose)
+    print(summary(outcomes))
+    print(f"{time.perf_counter() - start:.0f} s")
+    return 1 if any(o.divergence or o.stalled for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

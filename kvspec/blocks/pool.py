@@ -451,7 +451,7 @@ class BlockPool:
             block_mask,
             stored,
         )
-        if stored:
+        if stored is not None:  # an event even when every new block was null or masked (as vLLM 0.23)
             parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
             # One entry per stored block, None for a block without extra keys (vLLM 0.23's form).
             needs_keys = request.needs_extra_keys

@@ -134,47 +134,74 @@ class PrefixHitSearch:
         return tuple(per_group), len(hit[0]) * self._single_bs
 
     def _hybrid(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
-        """Fixed point: each group's hit can only shorten the common hit; repeat until it is stable."""
+        """Fixed point, as vLLM 0.23.0 runs it: each group in turn is searched up to the length the group
+        before it reached; a pass that ends shorter than it began starts another. A left-closed group is
+        searched once and then only bounds the length. An EAGLE group searches one block further and drops
+        its last block, once per candidate length (a group's shortening invalidates the others' drops).
+
+        One departure: a pass may end with a group holding fewer, or (a Mamba group extended by EAGLE, whose
+        search ignores the drop) more, blocks than the common length; vLLM returns that as it is. kvspec
+        searches every group again at that length without the EAGLE extension until they agree, so each
+        group's hit is exactly the common hit."""
         hit_length = max_length
-        results: dict[int, GroupBlocks] = {}
-        first_pass = True
+        groups = self.spec_groups
+        results: list[GroupBlocks | None] = [None] * len(groups)
+        verified: set[int] = set()
         pool, alignment = self.block_pool, self.scheduler_block_size
+        # One full-attention group and one other: the other's hit bounds the first; one pass decides.
+        simple = len(groups) == 2 and groups[0].left_closed
         while True:
             current = hit_length
-            for idx, group in enumerate(self.spec_groups):
+            for idx, group in enumerate(groups):
                 bs = group.block_size
-                if group.left_closed and not first_pass and not group.use_eagle:
-                    for blocks in results[idx]:
-                        del blocks[current // bs :]
+                found = results[idx]
+                if group.left_closed and found is not None:
+                    current = min(current // bs * bs, len(found[0]) * bs)
                     continue
-                lookup = min(current + bs, max_length) if group.use_eagle else current
+                drop = group.use_eagle and idx not in verified
                 # Positional construction (in HitQuery's field order): this runs per request admission.
                 query = HitQuery(
                     self._hash_view(block_hashes, bs),
-                    lookup,
+                    min(current + bs, max_length) if drop else current,
                     group.group_ids,
                     pool,
                     group.spec,
                     group.traits,
-                    group.use_eagle,
+                    drop,
                     alignment,
                     self.dcp_world_size,
                     self.pcp_world_size,
                 )
-                hit = group.manager_cls.find_longest_cache_hit(query).blocks
-                results[idx] = hit
-                current = min(current, len(hit[0]) * bs)
-            if current == hit_length and not first_pass:
+                found = group.manager_cls.find_longest_cache_hit(query).blocks
+                results[idx] = found
+                length = len(found[0]) * bs
+                if drop:
+                    verified.add(idx)
+                elif length < current:
+                    verified.clear()
+                current = length
+            if current < hit_length:
+                hit_length = current
+                if not simple:
+                    continue
+            if self._agree(results, hit_length):
                 break
-            stable = current == hit_length
-            hit_length = current
-            first_pass = False
-            if stable:
-                break
+            verified = set(range(len(groups)))
         per_group: list[list[KVCacheBlock]] = [[] for _ in range(self.num_groups)]
-        for idx, group in enumerate(self.spec_groups):
+        for idx, group in enumerate(groups):
+            found = results[idx]
+            assert found is not None
             keep = hit_length // group.block_size
-            for gid, blocks in zip(group.group_ids, results[idx]):
+            for gid, blocks in zip(group.group_ids, found):
                 del blocks[keep:]
                 per_group[gid] = blocks
         return tuple(per_group), hit_length
+
+    def _agree(self, results: Sequence[GroupBlocks | None], hit_length: int) -> bool:
+        """Every group holds exactly ``hit_length`` tokens of hit (a left-closed group at least as many)."""
+        for group, found in zip(self.spec_groups, results):
+            assert found is not None
+            length = len(found[0]) * group.block_size
+            if length < hit_length or (length > hit_length and not group.left_closed):
+                return False
+        return True

@@ -136,6 +136,7 @@ class RequestPlan:
     cache_salt: str | None
     lora: str | None
     encoder_tokens: int
+    images: tuple[tuple[str, int, int], ...] = ()  # (identifier, offset, length): multimodal extra keys
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -301,6 +302,7 @@ def draw_workload(seed: int) -> Workload:
     prefixes = [
         [rng.randrange(1, 5000) for _ in range(rng.randint(1, 200))] for _ in range(rng.randint(1, 3))
     ]
+    images = [f"img-{k}" for k in range(3)]
     for _ in range(rng.randint(2, 12)):
         kind = rng.random()
         if kind < 0.5:
@@ -309,9 +311,16 @@ def draw_workload(seed: int) -> Workload:
             prompt = list(rng.choice(requests).prompt)  # an exact repeat: the hit stops one token short
         else:
             prompt = [rng.randrange(1, 5000) for _ in range(rng.randint(1, 300))]
+        prompt = prompt[:600]
+        placed: list[tuple[str, int, int]] = []
+        if not cross and len(prompt) > 40 and rng.random() < 0.25:
+            # Images at the same offset in equal prompts share hashes; elsewhere they make blocks differ.
+            offset = rng.choice((0, 8, rng.randrange(0, len(prompt) - 30)))
+            placed.append((rng.choice(images), offset, rng.randint(1, min(30, len(prompt) - offset))))
         requests.append(
             RequestPlan(
-                prompt=tuple(prompt[:600]),
+                images=tuple(placed),
+                prompt=tuple(prompt),
                 max_tokens=rng.randint(1, 40),
                 arrival_step=rng.choice((0, 0, rng.randint(0, 30))),
                 cache_salt=rng.choice((None, None, None, "s1", "s2")),
@@ -475,6 +484,28 @@ class _Lockstep:
         return a, b
 
 
+def _compare_kv_sharing(w: Workload, both: _Lockstep, rng: random.Random) -> None:
+    """vLLM's worker utility ``add_kv_sharing_layers_to_kv_cache_groups`` against kvspec's (which decides
+    through ``kvspec.planning.add_kv_sharing_layers``): each sharing layer joins its target's group."""
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
+    from vllm.v1.worker.utils import add_kv_sharing_layers_to_kv_cache_groups as stock_add
+
+    from kvspec.integrations.vllm import add_kv_sharing_layers_to_kv_cache_groups as our_add
+
+    layers = [[f"model.{g}.{i}" for i in range(rng.randint(1, 3))] for g in range(len(w.group_specs))]
+    owners = [name for names in layers for name in names]
+    sharing = {f"model.shared.{k}": rng.choice(owners) for k in range(rng.randint(1, 4))}
+    answers = []
+    for add in (stock_add, our_add):
+        groups = [
+            KVCacheGroupSpec(list(names), spec) for names, spec in zip(layers, w.group_specs, strict=True)
+        ]
+        runner_only: set[str] = set()
+        add(sharing, groups, runner_only)
+        answers.append(([g.layer_names for g in groups], sorted(runner_only)))
+    both.same(f"KV sharing {sharing}", answers[0], answers[1])
+
+
 def _short(value: Any, limit: int = 700) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 20] + f"... ({len(text)} chars)"
@@ -503,6 +534,8 @@ def _features(w: Workload) -> tuple[str, ...]:
             ("prefix-cache resets", w.reset_rate > 0),
             ("cache salts", any(r.cache_salt for r in w.requests)),
             ("LoRA", any(r.lora for r in w.requests)),
+            ("multimodal", any(r.images for r in w.requests)),
+            ("KV sharing", True),
         )
         if present
     )
@@ -510,6 +543,7 @@ def _features(w: Workload) -> tuple[str, ...]:
 
 def run_workload(w: Workload, verbose: bool = False) -> Outcome:
     from vllm.lora.request import LoRARequest
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -530,6 +564,16 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
             arrival_time=0.0,
             lora_request=None if p.lora is None else loras[p.lora],
             cache_salt=p.cache_salt,
+            mm_features=[
+                MultiModalFeatureSpec(
+                    data=None,
+                    modality="image",
+                    identifier=ident,
+                    mm_position=PlaceholderRange(offset, length),
+                )
+                for ident, offset, length in p.images
+            ]
+            or None,
             block_hasher=hasher if w.enable_caching else None,
         )
         for rid, p in plans.items()
@@ -540,6 +584,7 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
     pending = sorted(plans, key=lambda r: (plans[r].arrival_step, int(r[1:])))
     try:
         both = _Lockstep(w, outcome, verbose)
+        _compare_kv_sharing(w, both, random.Random(w.seed))
         while pending or waiting or running:
             both.step += 1
             outcome.steps = both.step

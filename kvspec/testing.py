@@ -276,18 +276,18 @@ class CoordinatorChecker:
                 continue
             if not group and num_hit_tokens == 0:
                 continue
-            if len(group) * spec.block_size * self._cp != num_hit_tokens:
+            block_tokens = coord.traits[gid].block_tokens(spec.block_size) * self._cp
+            # A manager may report a hit ending inside its last block (HitResult.num_tokens).
+            if -(num_hit_tokens // -block_tokens) != len(group):
                 raise _fail(
-                    f"group {gid}'s hit has {len(group)} blocks of {spec.block_size} tokens for a "
+                    f"group {gid}'s hit has {len(group)} blocks of {block_tokens} tokens for a "
                     f"{num_hit_tokens}-token hit."
                 )
             # Every block the next token reads must be a cached block: a null block may stand only where
             # the manager says attention never reads again (its skipped tokens at the hit's length).
             skipped_hook = getattr(coord.managers[gid], "get_num_skipped_tokens", None)
             skipped = skipped_hook(num_hit_tokens) if callable(skipped_hook) else 0
-            first_read = _require_count(skipped, f"group {gid} get_num_skipped_tokens") // (
-                spec.block_size * self._cp
-            )
+            first_read = _require_count(skipped, f"group {gid} get_num_skipped_tokens") // block_tokens
             for i in range(first_read, len(group)):
                 if group[i].is_null:
                     raise _fail(
@@ -295,9 +295,7 @@ class CoordinatorChecker:
                         f"next token reads (only the first {first_read} block(s) are skipped at {num_hit_tokens} "
                         "tokens): a prefix hit must be cached blocks where attention reads."
                     )
-            view = BlockHashListWithBlockSize(
-                request.block_hashes, coord.hash_block_size, spec.block_size * self._cp
-            )
+            view = BlockHashListWithBlockSize(request.block_hashes, coord.hash_block_size, block_tokens)
             for i, block in enumerate(group):
                 if block.is_null:
                     continue
@@ -365,7 +363,7 @@ class CoordinatorChecker:
         n = min(request.num_computed_tokens, self.coord.max_model_len)
         if n <= 0 or not blocks:
             return
-        bs = self.coord.specs[gid].block_size * self._cp
+        bs = traits.block_tokens(self.coord.specs[gid].block_size) * self._cp
         index = (n - 1) // bs
         if index < len(blocks) and blocks[index].is_null:
             raise _fail(
@@ -390,8 +388,9 @@ def _common_prefix(rid: str, all_lists: Sequence[Sequence[KVCacheBlock]], own: S
 
 
 def _companion_full_attention(spec: KVCacheSpec) -> FullAttentionSpec | None:
-    """A full-attention layer with the plugin's block size and exactly its page (padded), or None."""
-    bs, page = spec.block_size, spec.page_size_bytes
+    """A full-attention layer whose block holds as many tokens as the plugin's (its block size, or its
+    compressed domain's tokens per block) and exactly its page (padded), or None."""
+    bs, page = traits_of(spec).block_tokens(spec.block_size), spec.page_size_bytes
     if page < 2 * bs:
         return None
     return FullAttentionSpec(
@@ -631,12 +630,14 @@ def _scratch_registry(
                 entry.manager_cls,
                 entry.uniform_type_base_spec,
                 capabilities=entry.capabilities,
+                manager_for=entry.manager_for,
             )
     existing = scratch.lookup(type(spec))
     if existing is not None and existing.spec_cls is type(spec):
-        if existing.manager_cls is not manager_cls:
+        chosen = existing.manager_for_spec(spec)  # the registration may choose per instance
+        if chosen is not manager_cls:
             raise _fail(
-                f"{type(spec).__name__} is registered with {existing.manager_cls.__name__}, not "
+                f"{type(spec).__name__} is registered with {chosen.__name__} for this instance, not "
                 f"{manager_cls.__name__}; check the pair the registry will run."
             )
         return scratch
@@ -646,7 +647,7 @@ def _scratch_registry(
 
 def _kit_limits(spec: KVCacheSpec, *, blocks_per_request: int) -> SchedulerLimits:
     """Limits sized in the spec's own blocks: a request of ``blocks_per_request`` blocks, half per step."""
-    bs = spec.block_size
+    bs = traits_of(spec).block_tokens(spec.block_size)
     return SchedulerLimits(
         max_model_len=blocks_per_request * bs,
         max_num_batched_tokens=blocks_per_request // 2 * bs,
@@ -733,7 +734,7 @@ def plugin_state_machine(
     from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
     registry = _scratch_registry(spec, manager_cls, uniform_type_base_spec, None, "conformance-machine")
-    bs = spec.block_size
+    bs = traits_of(spec).block_tokens(spec.block_size)
     limits = _kit_limits(spec, blocks_per_request=8)
     layers: dict[str, KVCacheSpec] = {"plugin.0": spec}
     companion = _companion_full_attention(spec) if beside_full_attention else None

@@ -29,7 +29,7 @@ from kvspec.errors import (
 from kvspec.presets import DEFAULT_MODEL, KV_CACHE_DTYPES, preset_names
 
 if TYPE_CHECKING:
-    from kvspec.contracts.spec import SchedulerLimits
+    from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
     from kvspec.planning.config import KVCacheConfig
 
 
@@ -58,14 +58,15 @@ def _group_rows(config: KVCacheConfig, limits: SchedulerLimits) -> list[dict[str
                 "spec": type(spec).__name__,
                 "layers": len(group.layer_names),
                 "block_size": spec.block_size,
+                "tokens_per_block": _block_tokens(spec),
                 "page_size_bytes": spec.page_size_bytes,
                 "sliding_window": get_kv_cache_spec_sliding_window(spec),
                 "bytes_per_request": group_bytes_per_request(group, limits),
                 "bytes_per_token": sum(s.page_size_bytes for s in inner)
                 * len(group.layer_names)
-                // spec.block_size
+                // _block_tokens(spec)
                 if not isinstance(spec, UniformTypeKVCacheSpecs)
-                else spec.page_size_bytes // spec.block_size,
+                else spec.page_size_bytes // _block_tokens(spec),
             }
         )
     return rows
@@ -147,7 +148,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     )
     # Per TP rank: each rank's specs already hold its share of KV heads.
     bytes_per_token = sum(
-        spec.page_size_bytes // spec.block_size
+        spec.page_size_bytes // _block_tokens(spec)
         for stage_specs in layout.stage_specs
         for spec in stage_specs.values()
     )
@@ -168,9 +169,16 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     return plan
 
 
+def _block_tokens(spec: KVCacheSpec) -> int:
+    """Tokens one block of ``spec`` holds (its block size, or a compressed domain's declared tokens)."""
+    from kvspec.contracts.traits import traits_of
+
+    return traits_of(spec).block_tokens(spec.block_size)
+
+
 def _smallest_block(config: KVCacheConfig) -> int:
-    """The smallest block size (tokens) among one worker's live groups (0 with none)."""
-    return min((g.kv_cache_spec.block_size for g in config.kv_cache_groups if g.layer_names), default=0)
+    """The smallest block (tokens) among one worker's live groups (0 with none)."""
+    return min((_block_tokens(g.kv_cache_spec) for g in config.kv_cache_groups if g.layer_names), default=0)
 
 
 def _token_slots(config: KVCacheConfig) -> int:

@@ -22,7 +22,10 @@ class ManagerContext:
     """Everything a manager is built from (one KV cache group); passed as the constructor's only argument.
 
     Units: ``scheduler_block_size`` and ``block_size`` in tokens; ``max_admission_blocks_per_request`` in
-    blocks (None: no cap). ``block_size`` is the spec's block size times the context-parallel size.
+    blocks (None: no cap). ``block_size`` is the tokens one block holds (the spec's block size, or its
+    declared ``SpecTraits.tokens_per_block``) times the context-parallel size. ``max_model_len`` and
+    ``max_num_batched_tokens`` (tokens; None outside a coordinator) are the scheduler's limits, for
+    managers that size their own caps.
     ``prefix_cache_retention_interval`` (tokens; None: dense) makes windowed managers cache sparsely: the
     window's tail once per interval, plus the tail at the latest boundary a replay of the prompt can hit
     (0: only that one).
@@ -39,10 +42,13 @@ class ManagerContext:
     max_admission_blocks_per_request: int | None = None
     use_eagle: bool = False
     prefix_cache_retention_interval: int | None = None
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
 
     @property
     def block_size(self) -> int:
-        return self.kv_cache_spec.block_size * self.dcp_world_size * self.pcp_world_size
+        tokens = self.traits.block_tokens(self.kv_cache_spec.block_size)
+        return tokens * self.dcp_world_size * self.pcp_world_size
 
     @classmethod
     def for_spec(
@@ -97,9 +103,12 @@ class HitQuery(NamedTuple):
 
 class HitResult(NamedTuple):
     """A hit: one block list per queried group id (same order), all of one length; positions a spec
-    never reads again hold the pool's null block. ``num_blocks`` x the spec's block size = hit tokens."""
+    never reads again hold the pool's null block. The hit is ``num_tokens`` tokens when the manager reports
+    it (in the spec's logical tokens; at most ``num_blocks`` x the tokens a block holds), else
+    ``num_blocks`` x the tokens a block holds."""
 
     blocks: tuple[list[KVCacheBlock], ...]
+    num_tokens: int | None = None
 
     @property
     def num_blocks(self) -> int:

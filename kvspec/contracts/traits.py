@@ -81,6 +81,9 @@ class SpecTraits:
       full attention, vLLM's ``prefix_cacheable=False``): the other groups cache and hit as usual, the hit
       search leaves this group out, and an admitted request gets fresh blocks for it.
     - ``sliding_window`` / ``attention_chunk_size``: the window (tokens) that window managers read.
+    - ``tokens_per_block``: the tokens one block holds when that is not ``block_size`` (a compressed block
+      domain: ``block_size`` rows of ``compress_ratio`` tokens each). Allocation, caching, hashing and hit
+      lengths then count in these logical tokens. None: ``block_size`` tokens per block.
 
     Planning:
     - ``full_attention_family``: set when this spec *is* full attention of a family ("kv", "latent").
@@ -108,6 +111,7 @@ class SpecTraits:
     supports_eagle_with_prefix_caching: bool = True
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    tokens_per_block: int | None = None
     full_attention_family: str | None = None
     hybrid_off_families: tuple[str, ...] = ()
     own_group: bool = False
@@ -142,6 +146,9 @@ class SpecTraits:
             value = getattr(self, name)
             if value is not None and not is_count(value, 0):
                 raise TraitsError(f"SpecTraits.{name} must be None or an int >= 0, got {value!r}.")
+        per_block = self.tokens_per_block
+        if per_block is not None and not is_count(per_block, 1):
+            raise TraitsError(f"SpecTraits.tokens_per_block must be None or an int >= 1, got {per_block!r}.")
         extra = self.admission_extra_blocks
         if not is_count(extra, 0):
             raise TraitsError(f"SpecTraits.admission_extra_blocks must be an int >= 0, got {extra!r}.")
@@ -158,6 +165,10 @@ class SpecTraits:
             raise TraitsError(
                 f"SpecTraits.device_views must be a tuple of PageView, got {self.device_views!r}."
             )
+
+    def block_tokens(self, block_size: int) -> int:
+        """Tokens one block holds for a spec of ``block_size``: ``tokens_per_block`` when declared."""
+        return block_size if self.tokens_per_block is None else self.tokens_per_block
 
     def admission_cap_blocks(
         self, block_size: int, max_num_batched_tokens: int, max_model_len: int

@@ -84,9 +84,9 @@ def resolve_block_sizes(
     own_boundaries = [traits_of(s).hits_at_own_block_boundaries for s in specs]
     cp = limits.context_parallel_size
     if len(specs) <= 1:
-        size = (specs[0].block_size if specs else 16) * cp
+        size = (traits_of(specs[0]).block_tokens(specs[0].block_size) if specs else 16) * cp
         return size, size if hash_block_size is None else hash_block_size
-    sizes = [s.block_size for s in specs]
+    sizes = [traits_of(s).block_tokens(s.block_size) for s in specs]
     if cp > 1 and len(set(sizes)) > 1:
         raise UnsupportedConfigurationError(
             "Hybrid KV cache groups with multiple block sizes do not support context parallelism."
@@ -165,10 +165,11 @@ class CoordinatorCore:
             kv_cache_config, limits, enable_caching, hash_block_size
         )
         if enable_caching and len(self.specs) > 1:
-            for spec in self.specs:
-                if spec.block_size % self.hash_block_size:
+            for spec, spec_traits in zip(self.specs, self.traits, strict=True):
+                block_tokens = spec_traits.block_tokens(spec.block_size)
+                if block_tokens % self.hash_block_size:
                     raise UnsupportedConfigurationError(
-                        f"Group block size {spec.block_size} is not a multiple of hash_block_size "
+                        f"Group block size {block_tokens} is not a multiple of hash_block_size "
                         f"{self.hash_block_size}."
                     )
         _check_retention_interval(prefix_cache_retention_interval, self.scheduler_block_size, self.traits)
@@ -180,7 +181,7 @@ class CoordinatorCore:
         )
         self._eagle_group_ids: Final = _eagle_groups(groups, self.specs, use_eagle)
         self.managers: list[KVCacheManager] = [
-            registration.manager_cls(
+            registration.manager_for_spec(spec)(
                 ManagerContext(
                     kv_cache_spec=spec,
                     traits=traits,
@@ -191,10 +192,12 @@ class CoordinatorCore:
                     dcp_world_size=limits.decode_context_parallel_size,
                     pcp_world_size=limits.prefill_context_parallel_size,
                     max_admission_blocks_per_request=traits.admission_cap_blocks(
-                        spec.block_size, limits.batched_tokens, limits.max_model_len
+                        traits.block_tokens(spec.block_size), limits.batched_tokens, limits.max_model_len
                     ),
                     use_eagle=gid in self._eagle_group_ids,
                     prefix_cache_retention_interval=prefix_cache_retention_interval,
+                    max_model_len=limits.max_model_len,
+                    max_num_batched_tokens=limits.batched_tokens,
                 )
             )
             for gid, (spec, traits, registration) in enumerate(
@@ -581,7 +584,9 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
         if gid in coord._eagle_group_ids and aligned > 0:
             n = min(
                 num_computed_tokens,
-                aligned + coord.specs[gid].block_size * coord.limits.context_parallel_size,
+                aligned
+                + coord.traits[gid].block_tokens(coord.specs[gid].block_size)
+                * coord.limits.context_parallel_size,
             )
         manager.cache_blocks(request, n)
 

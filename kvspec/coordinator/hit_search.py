@@ -57,7 +57,7 @@ def split_spec_groups(
             manager_cls=type(managers[gids[0]]),
             use_eagle=any(g in eagle_group_ids for g in gids),
             left_closed=traits[gids[0]].prefix_hits_left_closed,
-            block_size=spec.block_size * context_parallel_size,
+            block_size=traits[gids[0]].block_tokens(spec.block_size) * context_parallel_size,
         )
         for spec, gids in by_spec.items()
     ]
@@ -125,13 +125,15 @@ class PrefixHitSearch:
                 dcp_world_size=self.dcp_world_size,
                 pcp_world_size=self.pcp_world_size,
             )
-        ).blocks
+        )
+        blocks_found = hit.blocks
+        length = len(blocks_found[0]) * self._single_bs if hit.num_tokens is None else hit.num_tokens
         if self.num_groups == 1:
-            return hit, len(hit[0]) * self._single_bs
+            return blocks_found, length
         per_group: list[list[KVCacheBlock]] = [[] for _ in range(self.num_groups)]
-        for gid, blocks in zip(group.group_ids, hit):
+        for gid, blocks in zip(group.group_ids, blocks_found):
             per_group[gid] = blocks
-        return tuple(per_group), len(hit[0]) * self._single_bs
+        return tuple(per_group), length
 
     def _hybrid(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
         """Fixed point, as vLLM 0.23.0 runs it: each group in turn is searched up to the length the group
@@ -172,9 +174,10 @@ class PrefixHitSearch:
                     self.dcp_world_size,
                     self.pcp_world_size,
                 )
-                found = group.manager_cls.find_longest_cache_hit(query).blocks
+                answer = group.manager_cls.find_longest_cache_hit(query)
+                found = answer.blocks
                 results[idx] = found
-                length = len(found[0]) * bs
+                length = len(found[0]) * bs if answer.num_tokens is None else answer.num_tokens
                 if drop:
                     verified.add(idx)
                 elif length < current:
@@ -191,7 +194,7 @@ class PrefixHitSearch:
         for idx, group in enumerate(groups):
             found = results[idx]
             assert found is not None
-            keep = hit_length // group.block_size
+            keep = -(hit_length // -group.block_size)  # a reported hit may end inside its last block
             for gid, blocks in zip(group.group_ids, found):
                 del blocks[keep:]
                 per_group[gid] = blocks

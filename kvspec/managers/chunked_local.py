@@ -39,7 +39,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
             query.block_pool,
         )
         max_length, alignment_tokens = query.max_length, query.alignment_tokens
-        block_size = query.kv_cache_spec.block_size
+        block_size = query.traits.block_tokens(query.kv_cache_spec.block_size)
         if block_size != alignment_tokens:
             raise UnsupportedConfigurationError(
                 f"Chunked local attention needs hits aligned to its own block size {block_size}, "

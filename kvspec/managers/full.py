@@ -23,7 +23,11 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             query.kv_cache_group_ids,
             query.block_pool,
         )
-        block_size = query.kv_cache_spec.block_size * query.dcp_world_size * query.pcp_world_size
+        block_size = (
+            query.traits.block_tokens(query.kv_cache_spec.block_size)
+            * query.dcp_world_size
+            * query.pcp_world_size
+        )
         computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in kv_cache_group_ids)
         max_num_blocks = min(query.max_length // block_size, len(block_hashes))
         lookup = block_pool.get_cached_block

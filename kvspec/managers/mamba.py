@@ -48,7 +48,7 @@ class MambaManager(SingleTypeKVCacheManager):
             query.block_pool,
         )
         max_length, alignment_tokens = query.max_length, query.alignment_tokens
-        block_size = query.kv_cache_spec.block_size
+        block_size = query.traits.block_tokens(query.kv_cache_spec.block_size)
         max_num_blocks = min(max_length // block_size, len(block_hashes))
         null = block_pool.null_block
         computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in kv_cache_group_ids)

@@ -45,7 +45,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             query.block_pool,
         )
         use_eagle, alignment_tokens = query.use_eagle, query.alignment_tokens
-        block_size = query.kv_cache_spec.block_size
+        block_size = query.traits.block_tokens(query.kv_cache_spec.block_size)
         max_length = query.max_length
         need = cdiv(window - 1, block_size) + (1 if use_eagle else 0)
         max_num_blocks = min(max_length // block_size, len(block_hashes))

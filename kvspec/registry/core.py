@@ -8,6 +8,7 @@ registration leaves the registry exactly as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -75,10 +76,29 @@ class Registration(Generic[SpecT, MgrT]):
     uniform_type_base_spec: type[KVCacheSpec]
     capabilities: Capabilities | None = None
     source: str = "user"
+    #: Chooses the manager per spec *instance* (vLLM's platforms do: a compressed MLA spec runs another
+    #: manager than an uncompressed one of the same class); None: ``manager_cls`` for every instance.
+    manager_for: Callable[[Any], type[MgrT]] | None = None
+    #: The classes ``manager_for`` returned that passed ``check_manager_class`` (a class passes for good or
+    #: raises, so one check each suffices).
+    _checked_variants: set[type] = field(default_factory=set, compare=False, repr=False)
+
+    def manager_for_spec(self, spec: SpecT) -> type[MgrT]:
+        """The manager that runs ``spec``: ``manager_for(spec)`` when given (checked like ``manager_cls``
+        on first use of each class it returns), else ``manager_cls``."""
+        if self.manager_for is None:
+            return self.manager_cls
+        chosen: object = self.manager_for(spec)
+        if chosen is not self.manager_cls and chosen not in self._checked_variants:
+            with _INTROSPECTION_LOCK:
+                self._checked_variants.add(check_manager_class(chosen, self.spec_cls))
+        checked: type[MgrT] = chosen  # type: ignore[assignment]
+        return checked
 
     def same_as(self, other: Registration[Any, Any]) -> bool:
         return (
             self.manager_cls is other.manager_cls
+            and self.manager_for is other.manager_for
             and self.uniform_type_base_spec is other.uniform_type_base_spec
             and self.capabilities == other.capabilities
         )
@@ -168,8 +188,13 @@ class Registry(Generic[SpecT, MgrT]):
         *,
         capabilities: Capabilities | None = None,
         source: str = "user",
+        manager_for: Callable[[SpecT], type[MgrT]] | None = None,
     ) -> None:
         """Register ``spec_cls`` to be run by ``manager_cls``.
+
+        ``manager_for``: chooses the manager per spec instance (``manager_cls`` is still required: the
+        class-level answer, for listings and vLLM's facade); each class it returns is checked like
+        ``manager_cls`` when first chosen (``Registration.manager_for_spec``).
 
         ``uniform_type_base_spec``: the class whose layers may share a uniform-type group with this one
         (any spec class ``spec_cls`` derives from; default: ``spec_cls`` itself).
@@ -179,6 +204,13 @@ class Registry(Generic[SpecT, MgrT]):
         """
         with _INTROSPECTION_LOCK:
             entry = self._validate(spec_cls, manager_cls, uniform_type_base_spec, capabilities, source)
+            if manager_for is not None:
+                if not callable(manager_for):
+                    raise KVSpecTypeError(
+                        f"manager_for must be a callable spec -> manager class or None, got "
+                        f"{type(manager_for).__name__}."
+                    )
+                entry = dataclasses.replace(entry, manager_for=manager_for)
         with self._lock:
             self._check_conflict(entry, self._entries)
             self._journal(spec_cls, self._entries.get(spec_cls))
@@ -292,11 +324,16 @@ class Registry(Generic[SpecT, MgrT]):
             return found
 
     def get_manager_class(self, spec: KVCacheSpec) -> type[MgrT] | None:
-        """The manager class for the spec *instance* (MRO lookup, cached); None if its lineage is unknown.
+        """The manager class for the spec *instance* (MRO lookup, cached; a registration's ``manager_for``
+        decides per instance); None if its lineage is unknown.
 
         Passing a class raises KVSpecTypeError (use ``lookup(cls)``): vLLM answers None, silently.
         """
         manager: type[MgrT] | None = self._lookup_cache.managers[type(spec)]
+        if manager is not None:
+            entry = self._lookup_cache[type(spec)]
+            if entry is not None and entry.manager_for is not None:
+                return entry.manager_for_spec(spec)  # type: ignore[arg-type]
         return manager
 
     def get_uniform_type_base_spec(self, spec: KVCacheSpec) -> type[KVCacheSpec] | None:

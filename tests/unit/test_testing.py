@@ -14,6 +14,7 @@ from hypothesis import settings
 
 from examples.ascend_quant.plugin import AscendInt8AttentionManager, AscendInt8KVSpec
 from examples.ascend_quant.plugin import register as register_ascend
+from examples.compressed_latent.plugin import register as register_compressed
 from examples.ring_window.plugin import RingWindowSpec
 from examples.ring_window.plugin import register as register_ring
 from kvspec import (
@@ -85,6 +86,7 @@ def examples_registered() -> Iterator[None]:
     with default_registry.isolated():
         register_ascend(default_registry)
         register_ring(default_registry)
+        register_compressed(default_registry)
         yield
 
 
@@ -266,7 +268,7 @@ def test_example_device_views() -> None:
 
 
 @pytest.mark.usefixtures("examples_registered")
-@pytest.mark.parametrize("layout", ["ring_window", "ascend_quant"])
+@pytest.mark.parametrize("layout", ["ring_window", "ascend_quant", "compressed_latent"])
 def test_examples_run_in_simulate_through_a_layout_file(
     layout: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -37,13 +37,22 @@ def _setup_offline_hub() -> None:
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_CACHE=str(hub))
 
 
-def make_scheduler(num_blocks: int, block_size: int, budget: int, max_seqs: int) -> Any:
+def make_scheduler(num_blocks: int, block_size: int, budget: int, max_seqs: int, layout: str = "full") -> Any:
+    """vLLM's Scheduler over one full-attention group, or (``layout="mamba-align"``) over full attention,
+    a 128-token sliding window and a Mamba group in "align" mode (the Scheduler then cuts prefill chunks at
+    block boundaries, ``_mamba_block_aligned_split``)."""
     import torch
     import vllm.platforms as platforms
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+        SlidingWindowSpec,
+    )
     from vllm.v1.structured_output import StructuredOutputManager
 
     platforms._current_platform = CpuPlatform()  # the CUDA wheel finds no device here
@@ -55,15 +64,25 @@ def make_scheduler(num_blocks: int, block_size: int, budget: int, max_seqs: int)
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
     )
-    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=True)
+    mamba = layout == "mamba-align"
+    cache_config = CacheConfig(
+        block_size=block_size, enable_prefix_caching=True, mamba_cache_mode="align" if mamba else "none"
+    )
     cache_config.num_gpu_blocks = num_blocks
     vllm_config = VllmConfig(
         model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config
     )
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=8, head_size=64, dtype=torch.float16)
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)]
-    )
+    groups = [KVCacheGroupSpec(["layer.0"], spec)]
+    if mamba:
+        window = SlidingWindowSpec(
+            block_size=block_size, num_kv_heads=8, head_size=64, dtype=torch.float16, sliding_window=128
+        )
+        state = MambaSpec(
+            block_size=block_size, shapes=((16, 4),), dtypes=(torch.float32,), mamba_cache_mode="align"
+        )
+        groups += [KVCacheGroupSpec(["swa.0"], window), KVCacheGroupSpec(["mamba.0"], state)]
+    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     return Scheduler(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
@@ -126,7 +145,9 @@ def run(use_kvspec: bool, args: argparse.Namespace) -> tuple[list[tuple[Any, ...
     if use_kvspec:
         vllm_kv_cache_manager.install()
     try:
-        scheduler = make_scheduler(args.blocks, args.block_size, args.budget, args.max_seqs)
+        scheduler = make_scheduler(
+            args.blocks, args.block_size, args.budget, args.max_seqs, getattr(args, "layout", "full")
+        )
     finally:
         vllm_kv_cache_manager.uninstall()
     expected = "VllmKVCacheManager" if use_kvspec else "KVCacheManager"

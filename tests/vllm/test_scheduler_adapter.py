@@ -26,6 +26,27 @@ def test_same_scheduling_outputs_as_stock_vllm_with_preemptions() -> None:
     assert any(new for new, *_ in stock)  # block ids were compared, not empty tuples
 
 
+MAMBA_ARGS = argparse.Namespace(
+    requests=64, blocks=300, block_size=16, budget=256, max_seqs=12, seed=5, layout="mamba-align"
+)
+
+
+def test_mamba_align_hybrid_under_the_schedulers_aligned_splitting() -> None:
+    """Full attention + sliding window + Mamba "align": vLLM's Scheduler cuts prefill chunks at block
+    boundaries; every step's outputs (block ids included) match stock vLLM's (issue 18, item 10)."""
+    stock, _, stock_preemptions = loop.run(False, MAMBA_ARGS)
+    ours, _, our_preemptions = loop.run(True, MAMBA_ARGS)
+    assert scheduler_is_aligned() and stock_preemptions > 0
+    assert (len(ours), our_preemptions) == (len(stock), stock_preemptions)
+    for step, (a, b) in enumerate(zip(stock, ours, strict=True)):
+        assert a == b, f"step {step}"
+
+
+def scheduler_is_aligned() -> bool:
+    scheduler = loop.make_scheduler(32, 16, 64, 2, "mamba-align")
+    return bool(scheduler.need_mamba_block_aligned_split)
+
+
 def test_a_wrong_block_id_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison sees block ids: kvspec handing out blocks in another order fails it."""
     from kvspec.blocks.pool import BlockPool

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import html.parser
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -32,7 +34,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 VERSION = "0.23.0"
 SDIST = f"vllm-{VERSION}.tar.gz"
-INDEX = os.environ.get("KVSPEC_VLLM_INDEX", "https://pypi.org/simple/vllm/")
 
 TEST_FILES = (
     "tests/v1/core/test_prefix_caching.py",
@@ -61,6 +62,65 @@ HELPER_FILES = ("tests/v1/core/utils.py", "tests/v1/kv_connector/unit/utils.py")
 PACKAGES = ("tests", "tests/v1", "tests/v1/core", "tests/v1/kv_connector", "tests/v1/kv_connector/unit")
 
 
+def pip_index_url() -> str:
+    """The package index pip itself uses here: ``PIP_INDEX_URL``, else pip's configuration
+    (``pip config get``), else pip's built-in default. No index address is written in this repository."""
+    configured = os.environ.get("PIP_INDEX_URL", "").split()
+    if configured:
+        return configured[0]
+    for key in ("install.index-url", "download.index-url", "global.index-url"):
+        found = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "get", key], capture_output=True, text=True, check=False
+        )
+        if found.returncode == 0 and found.stdout.strip():
+            return found.stdout.strip()
+    from pip._internal.models.index import PyPI  # pip's default index, as pip resolves it
+
+    return str(PyPI.simple_url)
+
+
+class _Links(html.parser.HTMLParser):
+    """Anchors of a PEP 503 (HTML) simple-index page: (href, text)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._href: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None:
+            self.links.append((self._href, data.strip()))
+            self._href = None
+
+
+def find_sdist(index: str) -> tuple[str, str]:
+    """(download URL, sha256) of the sdist on ``index``'s project page (PEP 691 JSON, or PEP 503 HTML)."""
+    page = urllib.parse.urljoin(index.rstrip("/") + "/", "vllm/")
+    accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
+    with urllib.request.urlopen(
+        urllib.request.Request(page, headers={"Accept": accept}), timeout=120
+    ) as resp:
+        body = resp.read()
+        kind = resp.headers.get("Content-Type", "")
+    if "json" in kind:
+        entry = next((f for f in json.loads(body)["files"] if f["filename"] == SDIST), None)
+        if entry is not None:
+            return urllib.parse.urljoin(page, entry["url"]), str(entry["hashes"]["sha256"])
+    else:
+        parser = _Links()
+        parser.feed(body.decode())
+        for href, text in parser.links:
+            link = urllib.parse.urljoin(page, href)
+            fragment = urllib.parse.urlparse(link).fragment
+            if text == SDIST and fragment.startswith("sha256="):
+                return link.split("#", 1)[0], fragment.removeprefix("sha256=")
+    sys.exit(f"{SDIST} (with a sha256) is not on {page}")
+
+
 def fetch_sdist(cache: Path) -> Path:
     """The sdist archive, downloaded once and verified against the index's sha256."""
     cache.mkdir(parents=True, exist_ok=True)
@@ -69,19 +129,15 @@ def fetch_sdist(cache: Path) -> Path:
     if target.exists() and digest_file.exists():
         if hashlib.sha256(target.read_bytes()).hexdigest() == digest_file.read_text().strip():
             return target
-    req = urllib.request.Request(INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        files = json.load(resp)["files"]
-    entry = next((f for f in files if f["filename"] == SDIST), None)
-    if entry is None:
-        sys.exit(f"{SDIST} is not on {INDEX}")
+    index = pip_index_url()
+    url, sha256 = find_sdist(index)
     tmp = target.with_suffix(".part")
-    with urllib.request.urlopen(entry["url"], timeout=600) as resp, tmp.open("wb") as out:
+    with urllib.request.urlopen(url, timeout=600) as resp, tmp.open("wb") as out:
         shutil.copyfileobj(resp, out)
     got = hashlib.sha256(tmp.read_bytes()).hexdigest()
-    if got != entry["hashes"]["sha256"]:
+    if got != sha256:
         tmp.unlink()
-        sys.exit(f"{SDIST}: sha256 {got} differs from the index's {entry['hashes']['sha256']}")
+        sys.exit(f"{SDIST}: sha256 {got} differs from the index's {sha256}")
     tmp.replace(target)
     digest_file.write_text(got)
     return target

@@ -160,6 +160,10 @@ class CoordinatorCore:
         self.specs: tuple[KVCacheSpec, ...] = tuple(scheduler_spec(g.kv_cache_spec) for g in groups)
         self.traits: tuple[SpecTraits, ...] = tuple(traits_of(s) for s in self.specs)
         registrations = [registry.require(spec, f"group {gid}") for gid, spec in enumerate(self.specs)]
+        manager_classes = [
+            registry.role_manager(group.role) or registration.manager_for_spec(spec)
+            for group, spec, registration in zip(groups, self.specs, registrations, strict=True)
+        ]
         _check_caching_settings(self.specs, self.traits, enable_caching, use_eagle)
         self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(
             kv_cache_config, limits, enable_caching, hash_block_size
@@ -181,7 +185,7 @@ class CoordinatorCore:
         )
         self._eagle_group_ids: Final = _eagle_groups(groups, self.specs, use_eagle)
         self.managers: list[KVCacheManager] = [
-            registration.manager_for_spec(spec)(
+            manager_cls(
                 ManagerContext(
                     kv_cache_spec=spec,
                     traits=traits,
@@ -200,8 +204,8 @@ class CoordinatorCore:
                     max_num_batched_tokens=limits.batched_tokens,
                 )
             )
-            for gid, (spec, traits, registration) in enumerate(
-                zip(self.specs, self.traits, registrations, strict=True)
+            for gid, (spec, traits, manager_cls) in enumerate(
+                zip(self.specs, self.traits, manager_classes, strict=True)
             )
         ]
         # Each group's token target in allocate_slots: decoder groups follow the request's tokens; a group

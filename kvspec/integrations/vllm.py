@@ -231,8 +231,19 @@ class KVCacheSpecRegistry:
             raise VllmRegistrationError(str(exc)) from exc
 
     @classmethod
-    def get_manager_class(cls, spec: Any) -> type[KVCacheManager] | None:
-        manager: type[KVCacheManager] | None = cls._registry.get_manager_class(spec)
+    def register_role_manager(cls, role: str, manager_class: type[Any]) -> None:
+        """vLLM 0.34's role managers: every group with ``role`` runs ``manager_class``."""
+        try:
+            cls._registry.register_role_manager(str(role), manager_class)
+        except RegistrationError as exc:
+            raise VllmRegistrationError(str(exc)) from exc
+
+    @classmethod
+    def get_manager_class(cls, spec: Any, role: str | None = None) -> type[KVCacheManager] | None:
+        """The spec's manager; a registered ``role``'s manager wins (vLLM 0.34's two-argument form)."""
+        manager: type[KVCacheManager] | None = cls._registry.get_manager_class(
+            spec, None if role is None else str(role)
+        )
         return manager
 
     @classmethod

@@ -83,10 +83,18 @@ def config_from_vllm(
                 layer_names=tuple(g.layer_names),
                 kv_cache_spec=as_kvspec(g.kv_cache_spec, converter=spec_converter, registry=registry),
                 is_eagle_group=bool(getattr(g, "is_eagle_group", False)),
+                role=_role(getattr(g, "role", None)),
             )
             for g in config.kv_cache_groups
         ),
     )
+
+
+def _role(role: Any) -> str | None:
+    """vLLM 0.34's ``KVCacheGroupRole`` (a str enum) as its value; None without one."""
+    if role is None:
+        return None
+    return str(getattr(role, "value", role))
 
 
 def _hybrid(vllm_config: Any) -> bool:

@@ -28,6 +28,9 @@ class KVCacheGroupSpec:
     layer_names: tuple[str, ...]
     kv_cache_spec: KVCacheSpec
     is_eagle_group: bool = False
+    #: vLLM 0.34's group role: a role with a registered manager (``Registry.register_role_manager``) runs
+    #: this group with that manager. None: the spec's manager.
+    role: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

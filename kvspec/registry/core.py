@@ -116,6 +116,7 @@ class RegistrySnapshot(Generic[SpecT, MgrT]):
 
     entries: Mapping[type, Registration[SpecT, MgrT]] = field(default_factory=dict)
     strict: bool = False
+    role_managers: Mapping[str, type[MgrT]] = field(default_factory=dict)
 
 
 class _ManagerCache(dict[type, Any]):
@@ -173,8 +174,12 @@ class Registry(Generic[SpecT, MgrT]):
         self.name = name
         self._strict = strict
         self._entries: dict[type, Registration[SpecT, MgrT]] = {}
-        #: Per thread, the undo journals of the isolated() blocks it is inside: (spec class, previous entry).
-        self._journals: dict[int, list[list[tuple[type, Registration[SpecT, MgrT] | None]]]] = {}
+        #: vLLM 0.34's group roles: a group whose ``KVCacheGroupSpec.role`` is registered here runs this
+        #: manager, whatever its spec (a role's manager wins over the spec's).
+        self._role_managers: dict[str, type[MgrT]] = {}
+        #: Per thread, the undo journals of the isolated() blocks it is inside: (spec class, previous entry),
+        #: or (role, previous role manager).
+        self._journals: dict[int, list[list[tuple[type | str, Any]]]] = {}
         self._lookup_cache: _LookupCache[SpecT, MgrT] = _LookupCache(self)
         self._lock = threading.RLock()
 
@@ -260,6 +265,41 @@ class Registry(Generic[SpecT, MgrT]):
                 f"{entry.uniform_type_base_spec.__name__}."
             )
 
+    def register_role_manager(self, role: str, manager_cls: type[MgrT]) -> None:
+        """Run every KV cache group whose ``role`` is ``role`` with ``manager_cls`` (vLLM 0.34's
+        ``register_role_manager``). The manager is checked like a spec's; registering another manager for a
+        registered role raises ConflictingRegistrationError; the same one again is a no-op."""
+        given: object = role
+        if not isinstance(given, str) or not given:
+            raise KVSpecTypeError(f"A group role is a non-empty str, got {role!r}.")
+        with _INTROSPECTION_LOCK:
+            checked: type[MgrT] = check_manager_class(manager_cls, KVCacheSpec)
+        with self._lock:
+            old = self._role_managers.get(role)
+            if old is not None and old is not checked:
+                raise ConflictingRegistrationError(
+                    f"Conflicting manager registration for group role {role!r}: already run by "
+                    f"{old.__name__}; refused {checked.__name__}."
+                )
+            self._journal(role, old)
+            self._role_managers[role] = checked
+
+    def role_manager(self, role: str | None) -> type[MgrT] | None:
+        """The manager registered for ``role`` (None: no role, or none registered)."""
+        if role is None:
+            return None
+        with self._lock:
+            return self._role_managers.get(role)
+
+    def manager_for_group(self, spec: KVCacheSpec, role: str | None = None) -> type[MgrT]:
+        """The manager that runs a group of ``spec`` with ``role``: the role's manager when one is
+        registered, else the spec's (``manager_for`` per instance, else its class's). UnregisteredSpecError
+        if neither applies."""
+        by_role = self.role_manager(role)
+        if by_role is not None:
+            return by_role
+        return self.require(spec).manager_for_spec(spec)  # type: ignore[arg-type]
+
     def register_many(
         self, items: Sequence[tuple[type[SpecT], type[MgrT], type[KVCacheSpec] | None]]
     ) -> None:
@@ -323,12 +363,16 @@ class Registry(Generic[SpecT, MgrT]):
                 )
             return found
 
-    def get_manager_class(self, spec: KVCacheSpec) -> type[MgrT] | None:
+    def get_manager_class(self, spec: KVCacheSpec, role: str | None = None) -> type[MgrT] | None:
         """The manager class for the spec *instance* (MRO lookup, cached; a registration's ``manager_for``
-        decides per instance); None if its lineage is unknown.
+        decides per instance); a registered ``role``'s manager wins (vLLM 0.34). None if neither applies.
 
         Passing a class raises KVSpecTypeError (use ``lookup(cls)``): vLLM answers None, silently.
         """
+        if role is not None:
+            by_role = self.role_manager(role)
+            if by_role is not None:
+                return by_role
         manager: type[MgrT] | None = self._lookup_cache.managers[type(spec)]
         if manager is not None:
             entry = self._lookup_cache[type(spec)]
@@ -393,7 +437,7 @@ class Registry(Generic[SpecT, MgrT]):
 
     def snapshot(self) -> RegistrySnapshot[SpecT, MgrT]:
         with self._lock:
-            return RegistrySnapshot(dict(self._entries), self._strict)
+            return RegistrySnapshot(dict(self._entries), self._strict, dict(self._role_managers))
 
     def restore(self, snapshot: RegistrySnapshot[SpecT, MgrT]) -> None:
         """Replace every entry with the snapshot's; each entry is validated first (all or nothing)."""
@@ -415,11 +459,15 @@ class Registry(Generic[SpecT, MgrT]):
             for key in set(self._entries) | set(snapshot.entries):
                 if self._entries.get(key) is not snapshot.entries.get(key):
                     self._journal(key, self._entries.get(key))
+            for role in set(self._role_managers) | set(snapshot.role_managers):
+                if self._role_managers.get(role) is not snapshot.role_managers.get(role):
+                    self._journal(role, self._role_managers.get(role))
             self._entries = dict(snapshot.entries)
+            self._role_managers = dict(snapshot.role_managers)
             self._strict = snapshot.strict
             self._lookup_cache = _LookupCache(self)
 
-    def _journal(self, spec_cls: type, previous: Registration[SpecT, MgrT] | None) -> None:
+    def _journal(self, spec_cls: type | str, previous: Any) -> None:
         """Record a change for the isolated() blocks the calling thread is inside (called under the lock)."""
         stack = self._journals.get(threading.get_ident())
         if stack:
@@ -441,7 +489,7 @@ class Registry(Generic[SpecT, MgrT]):
                 self.restore(saved)
             return
         tid = threading.get_ident()
-        journal: list[tuple[type, Registration[SpecT, MgrT] | None]] = []
+        journal: list[tuple[type | str, Any]] = []
         with self._lock:
             self._journals.setdefault(tid, []).append(journal)
         try:
@@ -452,11 +500,12 @@ class Registry(Generic[SpecT, MgrT]):
                 stack.remove(journal)
                 if not stack:
                     del self._journals[tid]
-                for spec_cls, previous in reversed(journal):
+                for key, previous in reversed(journal):
+                    table: dict[Any, Any] = self._role_managers if isinstance(key, str) else self._entries
                     if previous is None:
-                        self._entries.pop(spec_cls, None)
+                        table.pop(key, None)
                     else:
-                        self._entries[spec_cls] = previous
+                        table[key] = previous
                 # Outer blocks of this thread recorded the same changes with the same previous entries,
                 # so undoing them again on their exit is consistent.
                 self._lookup_cache = _LookupCache(self)

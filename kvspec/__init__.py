@@ -123,6 +123,9 @@ if TYPE_CHECKING:
         ChunkedLocalAttentionManager as ChunkedLocalAttentionManager,
     )
     from kvspec.managers import (
+        CircularBufferManager as CircularBufferManager,
+    )
+    from kvspec.managers import (
         CrossAttentionManager as CrossAttentionManager,
     )
     from kvspec.managers import (
@@ -178,6 +181,9 @@ if TYPE_CHECKING:
     )
     from kvspec.specs import (
         ChunkedLocalAttentionSpec as ChunkedLocalAttentionSpec,
+    )
+    from kvspec.specs import (
+        CircularBufferSpec as CircularBufferSpec,
     )
     from kvspec.specs import (
         CrossAttentionSpec as CrossAttentionSpec,
@@ -290,6 +296,7 @@ _API: dict[str, tuple[str, ...]] = {
     ),
     "kvspec.managers": (
         "ChunkedLocalAttentionManager",
+        "CircularBufferManager",
         "CrossAttentionManager",
         "FullAttentionManager",
         "MambaManager",
@@ -315,6 +322,7 @@ _API: dict[str, tuple[str, ...]] = {
     "kvspec.specs": (
         "AttentionSpec",
         "ChunkedLocalAttentionSpec",
+        "CircularBufferSpec",
         "CrossAttentionSpec",
         "EncoderOnlyAttentionSpec",
         "FullAttentionSpec",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvspec.managers.base import SingleTypeKVCacheManager as SingleTypeKVCacheManager
 from kvspec.managers.chunked_local import ChunkedLocalAttentionManager as ChunkedLocalAttentionManager
+from kvspec.managers.circular_buffer import CircularBufferManager as CircularBufferManager
 from kvspec.managers.cross import CrossAttentionManager as CrossAttentionManager
 from kvspec.managers.full import (
     FullAttentionManager as FullAttentionManager,

@@ -1,4 +1,4 @@
-"""The built-in registrations (vLLM's register_all_kvcache_specs): ten spec classes and their managers.
+"""The built-in registrations (vLLM's register_all_kvcache_specs): eleven spec classes and their managers.
 
 This module sits above both the registry and the managers (neither imports the other). Importing it
 registers the built-ins into the default registry once; modules that use the default registry import it
@@ -11,6 +11,7 @@ from kvspec.contracts.manager import KVCacheManager
 from kvspec.contracts.spec import KVCacheSpec
 from kvspec.managers import (
     ChunkedLocalAttentionManager,
+    CircularBufferManager,
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
@@ -21,6 +22,7 @@ from kvspec.registry.core import AnyRegistry, Capabilities
 from kvspec.registry.core import default_registry as default_registry  # re-exported, registered
 from kvspec.specs import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     HiddenStateCacheSpec,
@@ -72,6 +74,7 @@ BUILTIN_REGISTRATIONS: tuple[
     ),
     (MambaSpec, MambaManager, MambaSpec, "kvspec.mamba", "state"),
     (CrossAttentionSpec, CrossAttentionManager, CrossAttentionSpec, "kvspec.cross_attention", "paged_kv"),
+    (CircularBufferSpec, CircularBufferManager, CircularBufferSpec, "kvspec.circular_buffer", "paged_kv"),
 )
 
 

@@ -9,6 +9,9 @@ from kvspec.specs.attention import (
     ChunkedLocalAttentionSpec as ChunkedLocalAttentionSpec,
 )
 from kvspec.specs.attention import (
+    CircularBufferSpec as CircularBufferSpec,
+)
+from kvspec.specs.attention import (
     CrossAttentionSpec as CrossAttentionSpec,
 )
 from kvspec.specs.attention import (

@@ -447,6 +447,20 @@ class CrossAttentionSpec(AttentionSpec):
         )
 
 
+@check_construction
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CircularBufferSpec(AttentionSpec):
+    """vLLM 0.34's ring: one block per request, for its whole life, holding the keys of the token group
+    still being compressed (``block_size`` is the ring capacity). Never prefix-cached nor hit; the other
+    groups of the model cache and hit as usual."""
+
+    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+        return self.page_size_bytes  # one block per request, whatever its length
+
+    def _declare_traits(self) -> SpecTraits:
+        return SpecTraits(prefix_cacheable=False, kind="circular_buffer", device_views=self.page_views())
+
+
 def _admission_cap(spec: AttentionSpec, max_num_batched_tokens: int, max_model_len: int) -> int:
     cap = spec.kv_cache_traits().admission_cap_blocks(spec.block_size, max_num_batched_tokens, max_model_len)
     if cap is None:  # pragma: no cover - both callers declare an admission lookback

@@ -117,31 +117,25 @@ class Request:
             self._embeds_digests[key] = digest
         return digest
 
-    def extra_keys_for_block(self, start: int, end: int) -> tuple[Any, ...] | None:
-        """Extra hash keys of tokens [start, end); advances the multimodal cursor (blocks go in order)."""
-        keys, self._next_mm_idx = generate_block_hash_extra_keys(
+    def _extra_keys(self, start: int, end: int, start_mm_idx: int) -> tuple[tuple[Any, ...] | None, int]:
+        return generate_block_hash_extra_keys(
             lora_name=self.lora_name,
             mm_features=self.mm_features,
             cache_salt=self.cache_salt,
             prompt_embeds_digest=(self._prompt_embeds_digest if self.prompt_embeds is not None else None),
             start=start,
             end=end,
-            start_mm_idx=self._next_mm_idx,
+            start_mm_idx=start_mm_idx,
         )
+
+    def extra_keys_for_block(self, start: int, end: int) -> tuple[Any, ...] | None:
+        """Extra hash keys of tokens [start, end); advances the multimodal cursor (blocks go in order)."""
+        keys, self._next_mm_idx = self._extra_keys(start, end, self._next_mm_idx)
         return keys
 
     def extra_keys_for_range(self, start: int, end: int) -> tuple[Any, ...] | None:
         """Extra hash keys of tokens [start, end), computed afresh (KV events; the hashing cursor stays)."""
-        keys, _ = generate_block_hash_extra_keys(
-            lora_name=self.lora_name,
-            mm_features=self.mm_features,
-            cache_salt=self.cache_salt,
-            prompt_embeds_digest=(self._prompt_embeds_digest if self.prompt_embeds is not None else None),
-            start=start,
-            end=end,
-            start_mm_idx=0,
-        )
-        return keys
+        return self._extra_keys(start, end, 0)[0]
 
     def __repr__(self) -> str:
         return (

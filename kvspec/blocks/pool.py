@@ -215,6 +215,22 @@ class FreeKVCacheBlockQueue:
         tail.prev_free_block = last
         self.num_free_blocks += count
 
+    def release_by_hash(self, ordered_blocks: Iterable[KVCacheBlock], keep_hashed_last: bool) -> None:
+        """Drop one reference on each block; of those reaching 0 (never the null block), the ones without a
+        hash (all of them unless ``keep_hashed_last``) join the head in the given order and the others the
+        tail in the given order (vLLM 0.34's ``free_blocks``)."""
+        first: list[KVCacheBlock] = []
+        last: list[KVCacheBlock] = []
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0 and not block.is_null:
+                if keep_hashed_last and block.block_hash is not None:
+                    last.append(block)
+                else:
+                    first.append(block)
+        self.prepend_n(first)
+        self.append_n(last)
+
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         out: list[KVCacheBlock] = []
         cur = self._head.next_free_block
@@ -372,6 +388,7 @@ class BlockPool:
         enable_kv_cache_events: bool = False,
         medium: str = "GPU",
         metrics_collector: BlockMetricsObserver | None = None,
+        free_unhashed_first: bool = False,
     ) -> None:
         if num_gpu_blocks <= 0:
             raise BlockPoolError(f"BlockPool needs at least 1 block (the null block), got {num_gpu_blocks}.")
@@ -388,6 +405,9 @@ class BlockPool:
         self.kv_event_queue: list[KVCacheEvent] = []
         #: Told when blocks are allocated, hit and evicted (kvspec.blocks.metrics); None: nothing is told.
         self.metrics_collector = metrics_collector
+        #: vLLM 0.34's free order (``ReleaseProfile.free_unhashed_first``): a freed block without a hash (any
+        #: block when caching is off) is reused first, a hashed one last.
+        self.free_unhashed_first = free_unhashed_first
 
     # -- the lookup API a hit search uses (kvspec.contracts.manager.HitQuery.block_pool); it never
     # changes the pool. The map itself (cached_block_hash_to_block) is the pool's to write.
@@ -523,7 +543,12 @@ class BlockPool:
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], prepend: bool = False) -> None:
         """Drop one reference on each block; blocks reaching 0 join the free queue in the given order
-        (at the tail, or at the head with ``prepend`` so they are reused first)."""
+        (at the tail, or at the head with ``prepend`` so they are reused first). With
+        ``free_unhashed_first`` (vLLM 0.34), blocks without a hash go to the head and hashed ones to the tail
+        unless ``prepend`` puts them all at the head."""
+        if self.free_unhashed_first and not prepend:
+            self.free_block_queue.release_by_hash(ordered_blocks, self.enable_caching)
+            return
         self.free_block_queue.release(ordered_blocks, prepend)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:

@@ -11,6 +11,7 @@ atomicity and how they treat bad counts are documented in :mod:`kvspec.coordinat
 from __future__ import annotations
 
 from kvspec.contracts.checking import check_door
+from kvspec.contracts.release import ReleaseProfile
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator._core import CoordinatorCore, KVCacheBlocks, as_count, resolve_block_sizes
 from kvspec.planning.config import KVCacheConfig
@@ -40,8 +41,10 @@ class KVCacheCoordinator(CoordinatorCore):
         hash_algorithm: str = "sha256",
         registry: AnyRegistry | None = None,
         prefix_cache_retention_interval: int | None = None,
+        profile: ReleaseProfile | None = None,
     ) -> None:
-        """``prefix_cache_retention_interval`` (tokens, a multiple of the scheduler block; None: cache
+        """``profile``: the vLLM release whose behaviour to reproduce (``kvspec.contracts.release``; None:
+        ``DEFAULT_PROFILE``). ``prefix_cache_retention_interval`` (tokens, a multiple of the scheduler block; None: cache
         every full block) keeps windowed groups' cached tails only once per interval plus at the prompt's
         replay boundary (vLLM's VLLM_PREFIX_CACHE_RETENTION_INTERVAL); it needs a sliding-window group."""
         super().__init__(
@@ -55,4 +58,5 @@ class KVCacheCoordinator(CoordinatorCore):
             hash_algorithm=hash_algorithm,
             registry=registry,
             prefix_cache_retention_interval=prefix_cache_retention_interval,
+            profile=profile,
         )

@@ -29,6 +29,7 @@ from kvspec.blocks.hashing import BlockHasher, get_hash_constructor
 from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
 from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.manager import KVCacheManager, ManagerContext
+from kvspec.contracts.release import DEFAULT_PROFILE, ReleaseProfile
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.contracts.traits import SpecTraits, traits_of
 from kvspec.coordinator.hit_search import PrefixHitSearch, split_spec_groups
@@ -146,9 +147,11 @@ class CoordinatorCore:
         hash_algorithm: str = "sha256",
         registry: AnyRegistry | None = None,
         prefix_cache_retention_interval: int | None = None,
+        profile: ReleaseProfile | None = None,
     ) -> None:
         # Documented on kvspec.coordinator.KVCacheCoordinator.__init__, the checked public door.
         registry = default_registry if registry is None else registry
+        self.profile: Final = DEFAULT_PROFILE if profile is None else profile
         _check_hash_settings(hash_block_size, hash_algorithm)
         self.kv_cache_config = kv_cache_config
         self.limits = limits
@@ -165,6 +168,10 @@ class CoordinatorCore:
             for group, spec, registration in zip(groups, self.specs, registrations, strict=True)
         ]
         _check_caching_settings(self.specs, self.traits, enable_caching, use_eagle)
+        for spec in self.specs:
+            mode = getattr(spec, "mamba_cache_mode", None)
+            if isinstance(mode, str):
+                self.profile.check_mamba_cache_mode(mode)
         self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(
             kv_cache_config, limits, enable_caching, hash_block_size
         )
@@ -182,6 +189,7 @@ class CoordinatorCore:
             enable_caching=enable_caching,
             hash_block_size=self.hash_block_size,
             enable_kv_cache_events=enable_kv_cache_events,
+            free_unhashed_first=self.profile.free_unhashed_first,
         )
         self._eagle_group_ids: Final = _eagle_groups(groups, self.specs, use_eagle)
         self.managers: list[KVCacheManager] = [

@@ -35,6 +35,7 @@ from kvspec.blocks.hashing import BlockHash, BlockHasher
 from kvspec.blocks.pool import BlockPool, KVCacheBlock
 from kvspec.blocks.request import Request
 from kvspec.blocks.request_view import RequestView
+from kvspec.contracts.release import ReleaseProfile, profile_for_vllm_version
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.coordinator.stats import PrefixCacheStats
@@ -331,6 +332,7 @@ class VllmKVCacheManager:
         metrics_collector: Any = None,
         registry: AnyRegistry | None = None,
         spec_converter: SpecConverter | None = None,
+        profile: ReleaseProfile | None = None,
     ) -> None:
         vllm_manager_module = importlib.import_module("vllm.v1.core.kv_cache_manager")
         self._vllm_blocks_cls: Any = vllm_manager_module.KVCacheBlocks
@@ -358,6 +360,10 @@ class VllmKVCacheManager:
             log_stats=log_stats,
             hash_block_size=hash_block_size if enable_caching else None,
             registry=registry,
+            # The installed vLLM's release decides which behaviours kvspec reproduces.
+            profile=profile_for_vllm_version(str(importlib.import_module("vllm").__version__))
+            if profile is None
+            else profile,
             prefix_cache_retention_interval=importlib.import_module(
                 "vllm.envs"
             ).VLLM_PREFIX_CACHE_RETENTION_INTERVAL,

@@ -72,3 +72,18 @@ def test_install_and_uninstall_route_the_scheduler() -> None:
     finally:
         vllm_kv_cache_manager.uninstall()
     assert scheduler_module.KVCacheManager is original
+
+
+def test_the_adapter_reproduces_the_installed_vllms_release() -> None:
+    import vllm
+
+    from kvspec.contracts.release import VLLM_0_23, profile_for_vllm_version
+
+    vllm_kv_cache_manager.install()
+    try:
+        scheduler = loop.make_scheduler(32, 16, 64, 2)
+    finally:
+        vllm_kv_cache_manager.uninstall()
+    profile = scheduler.kv_cache_manager.kvspec_coordinator.profile
+    assert profile is profile_for_vllm_version(vllm.__version__)
+    assert vllm.__version__ != "0.23.0" or profile is VLLM_0_23

@@ -1,0 +1,80 @@
+"""Which vLLM release kvspec reproduces: a typed, named profile of the KV-cache behaviours that changed.
+
+vLLM's KV-cache layer changed defaults between 0.23.0 and 0.34.0 (``shared/reference/vllm_0.34_changes.md``
+section 0). A :class:`ReleaseProfile` names one release and sets each such behaviour; the coordinator, its
+pool and the planner read it, and the vLLM adapter picks the profile of the installed vLLM
+(:func:`profile_for_vllm_version`). ``docs/VLLM.md`` has the table.
+
+The default stays :data:`VLLM_0_23` until every 0.34 behaviour is in (issue 19 lists them): a default
+halfway between two releases would reproduce neither.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvspec.errors import UnsupportedConfigurationError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReleaseProfile:
+    """The behaviours of one vLLM release that differ from another (all units tokens).
+
+    - ``free_unhashed_first``: a freed block without a hash (every freed block when caching is off) goes to
+      the free queue's head, to be reused first; a hashed one to the tail (0.34, ``BlockPool.free_blocks``).
+      False: every freed block goes to the tail unless a manager asks otherwise (0.23).
+    - ``default_block_size``: the block size when the user sets none (16 in 0.23, 64 in 0.34).
+    - ``prefix_cache_retention_interval``: the retention planned configurations get (None: dense, 0.23;
+      0: sparse, the latest replay boundary only, 0.34).
+    - ``mamba_cache_modes``: the Mamba cache modes the release runs (0.34 dropped "all").
+    """
+
+    name: str
+    vllm_version: str
+    free_unhashed_first: bool
+    default_block_size: int
+    prefix_cache_retention_interval: int | None
+    mamba_cache_modes: tuple[str, ...]
+
+    def check_mamba_cache_mode(self, mode: str) -> None:
+        """UnsupportedConfigurationError unless this release runs Mamba ``mode``."""
+        if mode not in self.mamba_cache_modes:
+            raise UnsupportedConfigurationError(
+                f"Mamba cache mode {mode!r} is not run by vLLM {self.vllm_version} (modes: "
+                f"{', '.join(self.mamba_cache_modes)}); choose one of those, or the {VLLM_0_23.name} profile."
+            )
+
+
+VLLM_0_23 = ReleaseProfile(
+    name="vllm-0.23",
+    vllm_version="0.23.0",
+    free_unhashed_first=False,
+    default_block_size=16,
+    prefix_cache_retention_interval=None,
+    mamba_cache_modes=("none", "all", "align"),
+)
+VLLM_0_34 = ReleaseProfile(
+    name="vllm-0.34",
+    vllm_version="0.34.0",
+    free_unhashed_first=True,
+    default_block_size=64,
+    prefix_cache_retention_interval=0,
+    mamba_cache_modes=("none", "align"),
+)
+#: Every profile, by name.
+PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_34)}
+#: The profile used when none is given (see the module docstring for why it is still 0.23).
+DEFAULT_PROFILE = VLLM_0_23
+
+
+def profile_for_vllm_version(version: str) -> ReleaseProfile:
+    """The profile of an installed vLLM: 0.34 and later releases get ``VLLM_0_34``, earlier ones
+    ``VLLM_0_23``. A version string that does not start with ``major.minor`` is an error."""
+    parts = version.split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1].split("+")[0].split("rc")[0].split("dev")[0])
+    except (IndexError, ValueError):
+        raise UnsupportedConfigurationError(
+            f"Cannot tell the vLLM release from version {version!r}; pass a ReleaseProfile explicitly."
+        ) from None
+    return VLLM_0_34 if (major, minor) >= (0, 34) else VLLM_0_23

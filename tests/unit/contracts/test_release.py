@@ -1,0 +1,82 @@
+"""Release profiles (issue 19, item 1 in part): the behaviours of vLLM 0.23.0 and 0.34.0 that differ, chosen
+by a typed, named profile. The free-order numbers were read off each release's own ``KVCacheManager`` on
+the same calls (12 blocks of 16 tokens; request a: 40 tokens, b: 20 tokens; a freed, then b)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvspec import KVCacheCoordinator, MambaSpec, SchedulerLimits
+from kvspec.contracts.release import (
+    DEFAULT_PROFILE,
+    PROFILES,
+    VLLM_0_23,
+    VLLM_0_34,
+    ReleaseProfile,
+    profile_for_vllm_version,
+)
+from kvspec.errors import UnsupportedConfigurationError
+from tests.helpers import free_ids, full_spec, make_config, make_request
+
+
+def _run(profile: ReleaseProfile, caching: bool) -> list[list[int]]:
+    coord = KVCacheCoordinator(
+        make_config([full_spec()], 12),
+        SchedulerLimits(max_model_len=1024),
+        enable_caching=caching,
+        profile=profile,
+    )
+    a = make_request(coord, "a", list(range(1, 41)))
+    b = make_request(coord, "b", list(range(100, 120)))
+    for request in (a, b):
+        blocks, hit = coord.get_computed_blocks(request)
+        assert coord.allocate_slots(request, request.num_tokens, hit, blocks) is not None
+        request.num_computed_tokens = request.num_tokens
+    orders = [free_ids(coord)]
+    coord.free(a)
+    orders.append(free_ids(coord))
+    coord.free(b)
+    orders.append(free_ids(coord))
+    return orders
+
+
+def test_vllm_0_34_reuses_unhashed_blocks_first() -> None:
+    assert _run(VLLM_0_34, caching=True) == [
+        [6, 7, 8, 9, 10, 11],
+        [3, 6, 7, 8, 9, 10, 11, 2, 1],  # a's partial block 3 (no hash) first; its cached blocks last
+        [5, 3, 6, 7, 8, 9, 10, 11, 2, 1, 4],
+    ]
+    assert _run(VLLM_0_34, caching=False) == [
+        [6, 7, 8, 9, 10, 11],
+        [3, 2, 1, 6, 7, 8, 9, 10, 11],  # without caching every freed block is reused first
+        [5, 4, 3, 2, 1, 6, 7, 8, 9, 10, 11],
+    ]
+
+
+def test_vllm_0_23_appends_every_freed_block() -> None:
+    assert _run(VLLM_0_23, caching=True)[1:] == [
+        [6, 7, 8, 9, 10, 11, 3, 2, 1],
+        [6, 7, 8, 9, 10, 11, 3, 2, 1, 5, 4],
+    ]
+    assert DEFAULT_PROFILE is VLLM_0_23  # until every 0.34 behaviour is in (see the module)
+
+
+def test_profiles_by_name_and_by_installed_version() -> None:
+    assert PROFILES == {"vllm-0.23": VLLM_0_23, "vllm-0.34": VLLM_0_34}
+    assert profile_for_vllm_version("0.23.0") is VLLM_0_23
+    assert profile_for_vllm_version("0.34.0") is VLLM_0_34
+    assert profile_for_vllm_version("0.35.1rc2") is VLLM_0_34
+    assert profile_for_vllm_version("0.33.0+cpu") is VLLM_0_23
+    with pytest.raises(UnsupportedConfigurationError, match="Cannot tell the vLLM release"):
+        profile_for_vllm_version("main")
+    assert (VLLM_0_23.default_block_size, VLLM_0_34.default_block_size) == (16, 64)
+
+
+def test_mamba_all_is_refused_by_the_0_34_profile() -> None:
+    mamba = MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="all")
+    config = make_config([full_spec(), mamba], 32)
+    limits = SchedulerLimits(max_model_len=256, mamba_cache_mode="all")
+    KVCacheCoordinator(config, limits, profile=VLLM_0_23)
+    with pytest.raises(UnsupportedConfigurationError, match=r"'all' is not run by vLLM 0\.34\.0"):
+        KVCacheCoordinator(config, limits, profile=VLLM_0_34)

@@ -135,6 +135,9 @@ if TYPE_CHECKING:
         MambaManager as MambaManager,
     )
     from kvspec.managers import (
+        RSWAManager as RSWAManager,
+    )
+    from kvspec.managers import (
         SingleTypeKVCacheManager as SingleTypeKVCacheManager,
     )
     from kvspec.managers import (
@@ -208,6 +211,9 @@ if TYPE_CHECKING:
     )
     from kvspec.specs import (
         MLAAttentionSpec as MLAAttentionSpec,
+    )
+    from kvspec.specs import (
+        RSWASpec as RSWASpec,
     )
     from kvspec.specs import (
         SinkFullAttentionSpec as SinkFullAttentionSpec,
@@ -300,6 +306,7 @@ _API: dict[str, tuple[str, ...]] = {
         "CrossAttentionManager",
         "FullAttentionManager",
         "MambaManager",
+        "RSWAManager",
         "SingleTypeKVCacheManager",
         "SinkFullAttentionManager",
         "SlidingWindowManager",
@@ -331,6 +338,7 @@ _API: dict[str, tuple[str, ...]] = {
         "KVQuantMode",
         "MLAAttentionSpec",
         "MambaSpec",
+        "RSWASpec",
         "SinkFullAttentionSpec",
         "SlidingWindowMLASpec",
         "SlidingWindowSpec",

@@ -167,8 +167,12 @@ class KVCacheManager(Protocol):
         """Release every block of the request (tail blocks become the first to be evicted)."""
         ...
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
-        """Free blocks that attention will never read again (outside the window, finished chunks)."""
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Free blocks that attention will never read again (outside the window, finished chunks).
+        ``num_prompt_tokens`` (tokens; None where the caller does not know it) is for managers that free a
+        gap after the prompt rather than a head (vLLM 0.34's R-SWA)."""
         ...
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:

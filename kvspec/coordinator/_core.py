@@ -367,8 +367,9 @@ class CoordinatorCore:
             free = self.block_pool.free_block_queue.num_free_blocks
             if _count_new_blocks(self, request_id, whole, whole, computed, total, encoder, True) > free:
                 return None
+        prompt = request.num_prompt_tokens
         for manager in self._skipping_managers:
-            manager.remove_skipped_blocks(request_id, total)
+            manager.remove_skipped_blocks(request_id, total, prompt)
         if attach or encoder:
             num_blocks = _count_new_blocks(self, request_id, need, main, computed, total, encoder, False)
         else:
@@ -480,9 +481,11 @@ class CoordinatorCore:
     def free_request_id(self, request_id: str) -> None:
         _free_request_id(self, request_id)
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         for manager in self.managers:
-            manager.remove_skipped_blocks(request_id, total_computed_tokens)
+            manager.remove_skipped_blocks(request_id, total_computed_tokens, num_prompt_tokens)
 
     def new_step_starts(self) -> None:
         for manager in self.managers:

@@ -13,4 +13,5 @@ from kvspec.managers.full import (
     SinkFullAttentionManager as SinkFullAttentionManager,
 )
 from kvspec.managers.mamba import MambaManager as MambaManager
+from kvspec.managers.rswa import RSWAManager as RSWAManager
 from kvspec.managers.sliding_window import SlidingWindowManager as SlidingWindowManager

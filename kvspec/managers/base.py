@@ -248,9 +248,12 @@ class SingleTypeKVCacheManager:
         if blocks:
             self._pool.free_blocks(reversed(blocks))
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
-        """Replace blocks attention no longer reads with the null block; cached ones stay evictable
-        at the queue's tail, scratch (uncached) ones go to its head to be reused first."""
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Replace the first ``get_num_skipped_tokens`` tokens' blocks with the null block; cached ones stay
+        evictable at the queue's tail, scratch (uncached) ones go to its head to be reused first.
+        ``num_prompt_tokens`` is unused here (see ``free_block_range`` for a gap after the prompt)."""
         num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
         if num_skipped_tokens <= 0:
             return
@@ -273,6 +276,25 @@ class SingleTypeKVCacheManager:
             self._pool.free_blocks(cached)
         if uncached:
             self._pool.free_blocks(uncached, prepend=True)
+
+    def free_block_range(self, request_id: str, first_block: int, last_block: int) -> None:
+        """Free the request's blocks in [first_block, last_block) from the last one back, stopping at a
+        null block (freed by an earlier call), and put the null block in their place. For a manager's
+        ``remove_skipped_blocks`` that frees a gap rather than a head (vLLM 0.34's
+        ``_remove_blocks_in_range``). Units: block indices."""
+        blocks = self._req_to_blocks.get(request_id)
+        if not blocks or first_block >= last_block:
+            return
+        null = self._null_block
+        freed: list[KVCacheBlock] = []
+        for i in range(min(last_block, len(blocks)) - 1, first_block - 1, -1):
+            block = blocks[i]
+            if block is null:
+                break
+            freed.append(block)
+            blocks[i] = null
+        if freed:
+            self._pool.free_blocks(freed)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return 0

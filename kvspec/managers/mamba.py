@@ -66,7 +66,9 @@ class MambaManager(SingleTypeKVCacheManager):
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return max(0, num_computed_tokens - 1)
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         # Draft tokens may be rejected, so the states they would skip past are kept.
         total = max(0, total_computed_tokens - self.num_speculative_blocks)
         super().remove_skipped_blocks(request_id, total)

@@ -1,4 +1,4 @@
-"""The built-in registrations (vLLM's register_all_kvcache_specs): eleven spec classes and their managers.
+"""The built-in registrations (vLLM's register_all_kvcache_specs): twelve spec classes and their managers.
 
 This module sits above both the registry and the managers (neither imports the other). Importing it
 registers the built-ins into the default registry once; modules that use the default registry import it
@@ -15,6 +15,7 @@ from kvspec.managers import (
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
+    RSWAManager,
     SinkFullAttentionManager,
     SlidingWindowManager,
 )
@@ -28,6 +29,7 @@ from kvspec.specs import (
     HiddenStateCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    RSWASpec,
     SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
@@ -75,6 +77,7 @@ BUILTIN_REGISTRATIONS: tuple[
     (MambaSpec, MambaManager, MambaSpec, "kvspec.mamba", "state"),
     (CrossAttentionSpec, CrossAttentionManager, CrossAttentionSpec, "kvspec.cross_attention", "paged_kv"),
     (CircularBufferSpec, CircularBufferManager, CircularBufferSpec, "kvspec.circular_buffer", "paged_kv"),
+    (RSWASpec, RSWAManager, FullAttentionSpec, "kvspec.rswa", "paged_kv"),
 )
 
 

@@ -21,6 +21,9 @@ from kvspec.specs.attention import (
     FullAttentionSpec as FullAttentionSpec,
 )
 from kvspec.specs.attention import (
+    RSWASpec as RSWASpec,
+)
+from kvspec.specs.attention import (
     SinkFullAttentionSpec as SinkFullAttentionSpec,
 )
 from kvspec.specs.attention import (

@@ -308,6 +308,20 @@ class SinkFullAttentionSpec(FullAttentionSpec):
 
 @check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RSWASpec(FullAttentionSpec):
+    """vLLM 0.34's reference sliding window (R-SWA): the prompt stays visible, and of the generated tokens
+    only the last ``rswa_window`` (tokens) are kept; the blocks in between are freed during decode. Grouped,
+    sized and searched for hits as full attention (no admission cap)."""
+
+    rswa_window: int
+
+    def __post_init__(self) -> None:
+        require_positive(self, "rswa_window", self.rswa_window)
+        FullAttentionSpec.__post_init__(self)
+
+
+@check_construction
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SlidingWindowSpec(AttentionSpec):
     """Each token attends to the last ``sliding_window`` tokens (itself included)."""
 

@@ -68,7 +68,9 @@ class CountingManager:
     def free(self, request_id: str) -> None:
         self.pool.free_blocks(reversed(self.blocks.pop(request_id, [])))
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         pass
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:

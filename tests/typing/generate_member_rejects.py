@@ -43,7 +43,8 @@ MANAGER_MEMBERS: dict[str, str] = {
     "cache_blocks": "    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:\n        pass\n",
     "free": "    def free(self, request_id: str) -> None:\n        pass\n",
     "remove_skipped_blocks": (
-        "    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:\n        pass\n"
+        "    def remove_skipped_blocks(\n        self, request_id: str, total_computed_tokens: int, "
+        "num_prompt_tokens: int | None = None\n    ) -> None:\n        pass\n"
     ),
     "get_num_common_prefix_blocks": (
         "    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:\n        return 0\n"

@@ -316,7 +316,9 @@ def test_kit_fails_an_encoder_sized_group_that_grows_after_admission() -> None:
         def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
             return 0
 
-        def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        def remove_skipped_blocks(
+            self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+        ) -> None:
             blocks = self.get_blocks(request_id)
             if blocks and isinstance(blocks, list):
                 blocks.extend(self.block_pool.get_new_blocks(1))

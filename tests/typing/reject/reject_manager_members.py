@@ -36,7 +36,9 @@ class NoGetNumBlocksToAllocate:
     def free(self, request_id: str) -> None:
         pass
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         pass
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
@@ -90,7 +92,9 @@ class NoAllocateNewComputedBlocks:
     def free(self, request_id: str) -> None:
         pass
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         pass
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
@@ -150,7 +154,9 @@ class NoAllocateNewBlocks:
     def free(self, request_id: str) -> None:
         pass
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         pass
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
@@ -210,7 +216,9 @@ class NoCacheBlocks:
     def free(self, request_id: str) -> None:
         pass
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         pass
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
@@ -270,7 +278,9 @@ class NoFree:
     def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         pass
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
@@ -393,7 +403,9 @@ class NoGetNumCommonPrefixBlocks:
     def free(self, request_id: str) -> None:
         pass
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         pass
 
     def get_blocks(self, request_id: str) -> Sequence[KVCacheBlock]:
@@ -453,7 +465,9 @@ class NoGetBlocks:
     def free(self, request_id: str) -> None:
         pass
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         pass
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
@@ -513,7 +527,9 @@ class NoFindLongestCacheHit:
     def free(self, request_id: str) -> None:
         pass
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         pass
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
@@ -572,7 +588,9 @@ class NoNewStepStarts:
     def free(self, request_id: str) -> None:
         pass
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         pass
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
@@ -632,7 +650,9 @@ class NoIterHeldBlocks:
     def free(self, request_id: str) -> None:
         pass
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         pass
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
@@ -692,7 +712,9 @@ class NoTakeNewBlockIds:
     def free(self, request_id: str) -> None:
         pass
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         pass
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:

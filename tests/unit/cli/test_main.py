@@ -96,7 +96,7 @@ def test_console_script() -> None:
     if not script.exists():
         pytest.skip("kvspec is not installed as a console script in this environment")
     proc = subprocess.run([str(script), "inspect", "--json"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and len(json.loads(proc.stdout)["registrations"]) == 11
+    assert proc.returncode == 0 and len(json.loads(proc.stdout)["registrations"]) == 12
 
 
 @pytest.mark.parametrize(
@@ -146,7 +146,7 @@ def test_malformed_config_file(tmp_path: Path) -> None:
 
 def test_inspect() -> None:
     data = json.loads(kvspec("inspect", "--json").stdout)
-    assert len(data["registrations"]) == 11
+    assert len(data["registrations"]) == 12
     full = next(r for r in data["registrations"] if r["spec"].endswith(".FullAttentionSpec"))
     assert full["manager"].endswith(".FullAttentionManager") and full["identifier"] == "kvspec.full_attention"
     table = kvspec("inspect")
@@ -261,7 +261,7 @@ def test_importing_kvspec_registers_the_builtins_on_first_use() -> None:
         "from kvspec.planning import get_kv_cache_config\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.stdout.split() == ["False", "11", "True"], proc.stderr
+    assert proc.stdout.split() == ["False", "12", "True"], proc.stderr
 
 
 def test_plan_counts_a_uniform_groups_layers_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -97,9 +97,9 @@ def test_builtins_registered_eagerly_in_a_fresh_registry_too() -> None:
     reg: Registry[KVCacheSpec, Any] = Registry()
     assert len(reg) == 0
     register_builtins(reg)
-    assert len(reg) == 11
+    assert len(reg) == 12
     register_builtins(reg)  # idempotent
-    assert len(reg) == 11
+    assert len(reg) == 12
 
 
 @pytest.mark.parametrize(("spec", "manager", "base"), BUILTINS, ids=lambda x: type(x).__name__)
@@ -407,7 +407,7 @@ class TestSnapshotsAndAtomicity:
 
     def test_listing(self) -> None:
         classes = [r.spec_cls for r in default_registry.registrations()]
-        assert len(classes) == 11
+        assert len(classes) == 12
         assert classes == sorted(classes, key=lambda c: f"{c.__module__}.{c.__qualname__}")
         assert all(r.source == "builtin" for r in default_registry.registrations())
         assert all(r.capabilities is not None for r in default_registry.registrations())

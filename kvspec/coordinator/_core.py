@@ -367,9 +367,10 @@ class CoordinatorCore:
             free = self.block_pool.free_block_queue.num_free_blocks
             if _count_new_blocks(self, request_id, whole, whole, computed, total, encoder, True) > free:
                 return None
-        prompt = request.num_prompt_tokens
-        for manager in self._skipping_managers:
-            manager.remove_skipped_blocks(request_id, total, prompt)
+        if self._skipping_managers:
+            prompt = request.num_prompt_tokens
+            for manager in self._skipping_managers:
+                manager.remove_skipped_blocks(request_id, total, prompt)
         if attach or encoder:
             num_blocks = _count_new_blocks(self, request_id, need, main, computed, total, encoder, False)
         else:

@@ -35,7 +35,7 @@ from kvspec.specs.dtypes import KVQuantMode
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
 
 VLLM_SPECS_MODULE = "vllm.v1.kv_cache_interface"
-#: The built-in spec classes both libraries define, by their shared name.
+#: The built-in spec classes both libraries define (vLLM 0.23 or 0.34), by their shared name.
 SPEC_CLASS_NAMES = (
     "FullAttentionSpec",
     "TQFullAttentionSpec",
@@ -48,6 +48,9 @@ SPEC_CLASS_NAMES = (
     "MambaSpec",
     "EncoderOnlyAttentionSpec",
     "CrossAttentionSpec",
+    # vLLM 0.34's: converting one to an older vLLM is refused with the installed version named.
+    "RSWASpec",
+    "CircularBufferSpec",
 )
 
 _C = TypeVar("_C", bound=type)
@@ -173,9 +176,11 @@ def to_vllm(spec: KVCacheSpec) -> Any:
     if isinstance(spec, UniformTypeKVCacheSpecs):
         inner = {layer: to_vllm(s) for layer, s in spec.kv_cache_specs.items()}
         return module.UniformTypeKVCacheSpecs(block_size=spec.block_size, kv_cache_specs=inner)
-    if name not in SPEC_CLASS_NAMES:
-        raise SpecConversionError(f"vLLM defines no {name}; it cannot be converted.")
-    return _convert(spec, getattr(module, name), to_vllm=True)
+    target = getattr(module, name, None) if name in SPEC_CLASS_NAMES else None
+    if target is None:
+        version = getattr(_vllm_module("vllm"), "__version__", "?")
+        raise SpecConversionError(f"vLLM {version} defines no {name}; it cannot be converted.")
+    return _convert(spec, target, to_vllm=True)
 
 
 def as_kvspec(

@@ -69,3 +69,17 @@ def test_vllm_enums_become_kvspec_values() -> None:
         isinstance(quant, kvspec.FullAttentionSpec)
         and quant.kv_quant_mode is kvspec.KVQuantMode.FP8_PER_TENSOR
     )
+
+
+def test_a_spec_the_installed_vllm_lacks_is_refused_with_its_version() -> None:
+    import vllm
+
+    from kvspec import RSWASpec
+    from kvspec.errors import SpecConversionError
+
+    spec = RSWASpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float16, rswa_window=32)
+    if hasattr(vllm_specs, "RSWASpec"):  # vLLM 0.34 and later define it: the fields cross both ways
+        assert to_kvspec(to_vllm(spec)) == spec
+    else:
+        with pytest.raises(SpecConversionError, match=f"vLLM {vllm.__version__} defines no RSWASpec"):
+            to_vllm(spec)

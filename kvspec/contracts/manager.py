@@ -13,6 +13,7 @@ from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from kvspec.blocks.pool import BlockPool, KVCacheBlock
 from kvspec.blocks.request_view import RequestView
+from kvspec.contracts.release import DEFAULT_PROFILE, ReleaseProfile
 from kvspec.contracts.spec import KVCacheSpec
 from kvspec.contracts.traits import SpecTraits, traits_of
 
@@ -44,6 +45,8 @@ class ManagerContext:
     prefix_cache_retention_interval: int | None = None
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
+    #: The vLLM release whose behaviour the manager reproduces (``kvspec.contracts.release``).
+    profile: ReleaseProfile = DEFAULT_PROFILE
 
     @property
     def block_size(self) -> int:

@@ -27,6 +27,8 @@ class ReleaseProfile:
     - ``prefix_cache_retention_interval``: the retention planned configurations get (None: dense, 0.23;
       0: sparse, the latest replay boundary only, 0.34).
     - ``mamba_cache_modes``: the Mamba cache modes the release runs (0.34 dropped "all").
+    - ``sink_reserves_blocks``: the sink manager takes ``sink_len // block_size`` blocks out of the pool for
+      its lifetime (0.23, A stm:1308); 0.34's does not (B stm:2204-2225).
     """
 
     name: str
@@ -35,6 +37,7 @@ class ReleaseProfile:
     default_block_size: int
     prefix_cache_retention_interval: int | None
     mamba_cache_modes: tuple[str, ...]
+    sink_reserves_blocks: bool
 
     def check_mamba_cache_mode(self, mode: str) -> None:
         """UnsupportedConfigurationError unless this release runs Mamba ``mode``."""
@@ -52,6 +55,7 @@ VLLM_0_23 = ReleaseProfile(
     default_block_size=16,
     prefix_cache_retention_interval=None,
     mamba_cache_modes=("none", "all", "align"),
+    sink_reserves_blocks=True,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -60,6 +64,7 @@ VLLM_0_34 = ReleaseProfile(
     default_block_size=64,
     prefix_cache_retention_interval=0,
     mamba_cache_modes=("none", "align"),
+    sink_reserves_blocks=False,
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_34)}

@@ -210,6 +210,7 @@ class CoordinatorCore:
                     prefix_cache_retention_interval=prefix_cache_retention_interval,
                     max_model_len=limits.max_model_len,
                     max_num_batched_tokens=limits.batched_tokens,
+                    profile=self.profile,
                 )
             )
             for gid, (spec, traits, manager_cls) in enumerate(

@@ -71,7 +71,9 @@ class SinkFullAttentionManager(FullAttentionManager):
                 f"SinkFullAttentionSpec.sink_len must be a positive multiple of block_size="
                 f"{self.block_size}, got {sink_len!r}."
             )
-        self.sink_blocks = self.block_pool.get_new_blocks(sink_len // self.block_size)
+        # vLLM 0.23 holds the sink's blocks for the manager's life; 0.34 no longer takes them from the pool.
+        reserve = self.context.profile.sink_reserves_blocks
+        self.sink_blocks = self.block_pool.get_new_blocks(sink_len // self.block_size) if reserve else []
 
     def iter_held_blocks(self) -> Iterator[KVCacheBlock]:
         yield from self.sink_blocks

@@ -80,3 +80,18 @@ def test_mamba_all_is_refused_by_the_0_34_profile() -> None:
     KVCacheCoordinator(config, limits, profile=VLLM_0_23)
     with pytest.raises(UnsupportedConfigurationError, match=r"'all' is not run by vLLM 0\.34\.0"):
         KVCacheCoordinator(config, limits, profile=VLLM_0_34)
+
+
+def test_the_sink_reserves_blocks_under_0_23_only() -> None:
+    from kvspec import SinkFullAttentionSpec
+
+    sink = SinkFullAttentionSpec(
+        block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32, sink_len=32
+    )
+    config = make_config([sink], 12)
+    limits = SchedulerLimits(max_model_len=1024)
+    old = KVCacheCoordinator(config, limits, profile=VLLM_0_23)
+    new = KVCacheCoordinator(config, limits, profile=VLLM_0_34)
+    assert old.block_pool.get_num_free_blocks() == 9  # 12 - the null block - 2 sink blocks
+    assert new.block_pool.get_num_free_blocks() == 11
+    assert old.reset_prefix_cache() and new.reset_prefix_cache()

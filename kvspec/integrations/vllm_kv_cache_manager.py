@@ -93,7 +93,11 @@ class VllmRequestView:
 
     @property
     def skip_reading_prefix_cache(self) -> bool:
-        return bool(self.vllm_request.skip_reading_prefix_cache)
+        request = self.vllm_request
+        skip = getattr(request, "skip_reading_prefix_cache", None)
+        if skip is None:  # vLLM 0.34: a hit limit of 0 turns the lookup off
+            return getattr(request, "prefix_cache_hit_limit", None) == 0
+        return bool(skip)
 
     @property
     def cache_salt(self) -> str | None:
@@ -146,6 +150,17 @@ class VllmRequestView:
 
     def __repr__(self) -> str:
         return f"VllmRequestView({self.request_id!r})"
+
+
+def _retention_interval(kv_cache_config: Any) -> int | None:
+    """vLLM 0.34 plans the retention into the config (``KVCacheConfig.prefix_cache_retention_interval``);
+    0.23 reads the ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL`` environment setting."""
+    if hasattr(kv_cache_config, "prefix_cache_retention_interval"):
+        planned: int | None = kv_cache_config.prefix_cache_retention_interval
+        return planned
+    envs = importlib.import_module("vllm.envs")
+    from_env: int | None = envs.VLLM_PREFIX_CACHE_RETENTION_INTERVAL
+    return from_env
 
 
 @functools.cache
@@ -232,16 +247,18 @@ class _BlockPoolFacade:
 
 
 @functools.cache
-def _vllm_event_api() -> tuple[Any, Any]:
-    """vLLM's event module and its external-hash conversion (looked up once, not per event)."""
+def _vllm_event_api() -> tuple[Any, Any, Any]:
+    """vLLM's event module, its external-hash conversion, and (vLLM 0.34) its conversion of the tagged
+    extra keys to the untagged form events publish, or None (0.23 publishes them as hashed)."""
     events = importlib.import_module("vllm.distributed.kv_events")
-    return events, importlib.import_module("vllm.v1.core.kv_cache_utils").maybe_convert_block_hash
+    utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
+    return events, utils.maybe_convert_block_hash, getattr(utils, "to_event_extra_keys", None)
 
 
 def event_to_vllm(event: object) -> Any:
     """vLLM's KV event for kvspec's (same fields; hashes in vLLM's external form, an int of the low 64 bits
     unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is off); anything else (already vLLM's) is returned as is."""
-    ev, external = _vllm_event_api()
+    ev, external, event_keys = _vllm_event_api()
     if isinstance(event, BlockStored):
         parent = event.parent_block_hash
         return ev.BlockStored(
@@ -252,7 +269,7 @@ def event_to_vllm(event: object) -> Any:
             lora_id=event.lora_id,
             medium=event.medium,
             lora_name=event.lora_name,
-            extra_keys=event.extra_keys,
+            extra_keys=event.extra_keys if event_keys is None else event_keys(event.extra_keys),
             group_idx=event.group_idx,
             kv_cache_spec_kind=event.kv_cache_spec_kind,
             kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,
@@ -364,9 +381,7 @@ class VllmKVCacheManager:
             profile=profile_for_vllm_version(str(importlib.import_module("vllm").__version__))
             if profile is None
             else profile,
-            prefix_cache_retention_interval=importlib.import_module(
-                "vllm.envs"
-            ).VLLM_PREFIX_CACHE_RETENTION_INTERVAL,
+            prefix_cache_retention_interval=_retention_interval(kv_cache_config),
         )
         # vLLM's collector (or kvspec's: same calls) is told of allocations, hits and evictions by kvspec's pool.
         self.kvspec_coordinator.block_pool.metrics_collector = metrics_collector

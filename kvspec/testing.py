@@ -295,7 +295,12 @@ class CoordinatorChecker:
                         f"next token reads (only the first {first_read} block(s) are skipped at {num_hit_tokens} "
                         "tokens): a prefix hit must be cached blocks where attention reads."
                     )
-            view = BlockHashListWithBlockSize(request.block_hashes, coord.hash_block_size, block_tokens)
+            view = BlockHashListWithBlockSize(
+                request.block_hashes,
+                coord.hash_block_size,
+                block_tokens,
+                coord.block_pool.coarse_hash_is_last_fine,
+            )
             for i, block in enumerate(group):
                 if block.is_null:
                     continue

@@ -240,17 +240,21 @@ def generate_block_hash_extra_keys(
 
 class BlockHashListWithBlockSize(Sequence[bytes]):
     """A lazy coarse view of a hash list: block i of the coarse size is the concatenation of ``scale``
-    fine hashes (a byte concatenation, not a re-hash, so it stays a prefix chain)."""
+    fine hashes (a byte concatenation, not a re-hash, so it stays a prefix chain; vLLM 0.23), or with
+    ``last_fine`` the last of them (it already chains over the whole prefix; vLLM 0.34)."""
 
-    __slots__ = ("_hashes", "_scale")
+    __slots__ = ("_hashes", "_last_fine", "_scale")
 
-    def __init__(self, hashes: Sequence[bytes], hash_block_size: int, target_block_size: int) -> None:
+    def __init__(
+        self, hashes: Sequence[bytes], hash_block_size: int, target_block_size: int, last_fine: bool = False
+    ) -> None:
         if target_block_size % hash_block_size:
             raise KVSpecError(
                 f"Block size {target_block_size} is not a multiple of the hash block size {hash_block_size}."
             )
         self._hashes = hashes
         self._scale = target_block_size // hash_block_size
+        self._last_fine = last_fine
 
     def __len__(self) -> int:
         return len(self._hashes) // self._scale
@@ -270,6 +274,8 @@ class BlockHashListWithBlockSize(Sequence[bytes]):
         if not 0 <= index < n:
             raise IndexError(index)
         s = self._scale
+        if self._last_fine:
+            return self._hashes[(index + 1) * s - 1]
         return b"".join(self._hashes[index * s : (index + 1) * s])
 
     def __iter__(self) -> Iterator[bytes]:

@@ -389,6 +389,7 @@ class BlockPool:
         medium: str = "GPU",
         metrics_collector: BlockMetricsObserver | None = None,
         free_unhashed_first: bool = False,
+        coarse_hash_is_last_fine: bool = False,
     ) -> None:
         if num_gpu_blocks <= 0:
             raise BlockPoolError(f"BlockPool needs at least 1 block (the null block), got {num_gpu_blocks}.")
@@ -408,6 +409,9 @@ class BlockPool:
         #: vLLM 0.34's free order (``ReleaseProfile.free_unhashed_first``): a freed block without a hash (any
         #: block when caching is off) is reused first, a hashed one last.
         self.free_unhashed_first = free_unhashed_first
+        #: How a block of a multiple of the hash block size is keyed (``ReleaseProfile``): the last fine hash
+        #: (vLLM 0.34) or the concatenation of its fine hashes (0.23).
+        self.coarse_hash_is_last_fine = coarse_hash_is_last_fine
 
     # -- the lookup API a hit search uses (kvspec.contracts.manager.HitQuery.block_pool); it never
     # changes the pool. The map itself (cached_block_hash_to_block) is the pool's to write.
@@ -454,7 +458,9 @@ class BlockPool:
             return
         hashes: Sequence[bytes] = request.block_hashes
         if block_size != self.hash_block_size:
-            hashes = BlockHashListWithBlockSize(hashes, self.hash_block_size, block_size)
+            hashes = BlockHashListWithBlockSize(
+                hashes, self.hash_block_size, block_size, self.coarse_hash_is_last_fine
+            )
         if len(hashes) < num_full_blocks:
             raise BlockPoolError(
                 f"Request {request.request_id!r} has {len(hashes)} block hashes of size {block_size}, "

@@ -27,6 +27,8 @@ class ReleaseProfile:
     - ``prefix_cache_retention_interval``: the retention planned configurations get (None: dense, 0.23;
       0: sparse, the latest replay boundary only, 0.34).
     - ``mamba_cache_modes``: the Mamba cache modes the release runs (0.34 dropped "all").
+    - ``coarse_hash_is_last_fine``: a block of a multiple of the hash block size (mixed block sizes) is
+      keyed by its last fine hash (0.34, B utils:1245-1248) rather than the concatenation of its fine hashes.
     - ``sink_reserves_blocks``: the sink manager takes ``sink_len // block_size`` blocks out of the pool for
       its lifetime (0.23, A stm:1308); 0.34's does not (B stm:2204-2225).
     """
@@ -38,6 +40,7 @@ class ReleaseProfile:
     prefix_cache_retention_interval: int | None
     mamba_cache_modes: tuple[str, ...]
     sink_reserves_blocks: bool
+    coarse_hash_is_last_fine: bool
 
     def check_mamba_cache_mode(self, mode: str) -> None:
         """UnsupportedConfigurationError unless this release runs Mamba ``mode``."""
@@ -56,6 +59,7 @@ VLLM_0_23 = ReleaseProfile(
     prefix_cache_retention_interval=None,
     mamba_cache_modes=("none", "all", "align"),
     sink_reserves_blocks=True,
+    coarse_hash_is_last_fine=False,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -65,6 +69,7 @@ VLLM_0_34 = ReleaseProfile(
     prefix_cache_retention_interval=0,
     mamba_cache_modes=("none", "align"),
     sink_reserves_blocks=False,
+    coarse_hash_is_last_fine=True,
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_34)}

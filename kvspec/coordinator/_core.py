@@ -190,6 +190,7 @@ class CoordinatorCore:
             hash_block_size=self.hash_block_size,
             enable_kv_cache_events=enable_kv_cache_events,
             free_unhashed_first=self.profile.free_unhashed_first,
+            coarse_hash_is_last_fine=self.profile.coarse_hash_is_last_fine,
         )
         self._eagle_group_ids: Final = _eagle_groups(groups, self.specs, use_eagle)
         self.managers: list[KVCacheManager] = [

@@ -99,7 +99,9 @@ class PrefixHitSearch:
     def _hash_view(self, hashes: Sequence[bytes], block_size: int) -> Sequence[bytes]:
         if block_size == self.hash_block_size:
             return hashes
-        return BlockHashListWithBlockSize(hashes, self.hash_block_size, block_size)
+        return BlockHashListWithBlockSize(
+            hashes, self.hash_block_size, block_size, self.block_pool.coarse_hash_is_last_fine
+        )
 
     def find(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
         """(blocks per group, hit tokens): the longest prefix of at most ``max_length`` tokens; a group left

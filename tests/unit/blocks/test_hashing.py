@@ -167,6 +167,10 @@ class TestGroupKeysAndViews:
         with pytest.raises(IndexError):
             view[2]
 
+    def test_coarse_view_of_vllm_0_34_is_the_last_fine_hash(self) -> None:
+        view = BlockHashListWithBlockSize([b"a", b"b", b"c", b"d", b"e"], 16, 32, last_fine=True)
+        assert list(view) == [b"b", b"d"] and view[-1] == b"d" and len(view) == 2
+
 
 def test_token_ids_must_fit_uint32() -> None:
     from kvspec import KVSpecError

@@ -95,3 +95,22 @@ def test_the_sink_reserves_blocks_under_0_23_only() -> None:
     assert old.block_pool.get_num_free_blocks() == 9  # 12 - the null block - 2 sink blocks
     assert new.block_pool.get_num_free_blocks() == 11
     assert old.reset_prefix_cache() and new.reset_prefix_cache()
+
+
+def test_a_coarse_block_is_keyed_by_its_last_fine_hash_under_0_34() -> None:
+    """Mixed block sizes (16-token hashes, a 32-token group): the 32-token block is cached under the
+    concatenation of its two fine hashes (0.23) or under the second one (0.34, B kv_cache_utils:1245-1248)."""
+    from kvspec.blocks.hashing import make_block_hash_with_group_id
+
+    for profile, last_fine in ((VLLM_0_23, False), (VLLM_0_34, True)):
+        config = make_config([full_spec(block_size=32), full_spec(block_size=16, heads=2)], 32)
+        coord = KVCacheCoordinator(config, SchedulerLimits(max_model_len=256), profile=profile)
+        request = make_request(coord, "a", list(range(1, 66)))
+        assert coord.allocate_slots(request, 65, 0, None) is not None
+        request.num_computed_tokens = 65
+        coord.cache_blocks(request, 65)
+        (first, *_), _ = coord.get_block_ids("a")
+        block = coord.block_pool.blocks[first]
+        fine = request.block_hashes[:2]
+        expected = fine[1] if last_fine else fine[0] + fine[1]
+        assert block.block_hash == make_block_hash_with_group_id(expected, 0)

@@ -36,7 +36,7 @@ from kvspec.blocks.request import Request
 from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.manager import KVCacheManager
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
-from kvspec.contracts.traits import SpecTraits, event_kind, traits_of
+from kvspec.contracts.traits import SpecTraits, block_tokens_of, event_kind, traits_of
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.device.kv_cache import allocate_kv_caches, page_views_of
 from kvspec.errors import KVSpecError, PluginContractError
@@ -395,7 +395,7 @@ def _common_prefix(rid: str, all_lists: Sequence[Sequence[KVCacheBlock]], own: S
 def _companion_full_attention(spec: KVCacheSpec) -> FullAttentionSpec | None:
     """A full-attention layer whose block holds as many tokens as the plugin's (its block size, or its
     compressed domain's tokens per block) and exactly its page (padded), or None."""
-    bs, page = traits_of(spec).block_tokens(spec.block_size), spec.page_size_bytes
+    bs, page = block_tokens_of(spec), spec.page_size_bytes
     if page < 2 * bs:
         return None
     return FullAttentionSpec(
@@ -652,7 +652,7 @@ def _scratch_registry(
 
 def _kit_limits(spec: KVCacheSpec, *, blocks_per_request: int) -> SchedulerLimits:
     """Limits sized in the spec's own blocks: a request of ``blocks_per_request`` blocks, half per step."""
-    bs = traits_of(spec).block_tokens(spec.block_size)
+    bs = block_tokens_of(spec)
     return SchedulerLimits(
         max_model_len=blocks_per_request * bs,
         max_num_batched_tokens=blocks_per_request // 2 * bs,
@@ -739,7 +739,7 @@ def plugin_state_machine(
     from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
     registry = _scratch_registry(spec, manager_cls, uniform_type_base_spec, None, "conformance-machine")
-    bs = traits_of(spec).block_tokens(spec.block_size)
+    bs = block_tokens_of(spec)
     limits = _kit_limits(spec, blocks_per_request=8)
     layers: dict[str, KVCacheSpec] = {"plugin.0": spec}
     companion = _companion_full_attention(spec) if beside_full_attention else None

@@ -192,12 +192,7 @@ class FreeKVCacheBlockQueue:
         given order, at the tail (evicted last) or with ``prepend`` at the head (reused first). One pass:
         this runs for every finished request."""
         if prepend:
-            released: list[KVCacheBlock] = []
-            for block in ordered_blocks:
-                block.ref_cnt -= 1
-                if block.ref_cnt == 0 and not block.is_null:
-                    released.append(block)
-            self.prepend_n(released)
+            self.release_by_hash(ordered_blocks, keep_hashed_last=False)  # every released block to the head
             return
         tail = self._tail
         last = tail.prev_free_block

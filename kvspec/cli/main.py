@@ -170,10 +170,9 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _block_tokens(spec: KVCacheSpec) -> int:
-    """Tokens one block of ``spec`` holds (its block size, or a compressed domain's declared tokens)."""
-    from kvspec.contracts.traits import traits_of
+    from kvspec.contracts.traits import block_tokens_of  # imported late: `kvspec --help` stays torch-free
 
-    return traits_of(spec).block_tokens(spec.block_size)
+    return block_tokens_of(spec)
 
 
 def _smallest_block(config: KVCacheConfig) -> int:

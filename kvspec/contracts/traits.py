@@ -247,6 +247,11 @@ def traits_of(spec: object) -> SpecTraits:
     return traits
 
 
+def block_tokens_of(spec: KVCacheSpec) -> int:
+    """Tokens one block of ``spec`` holds: its block size, or its declared ``tokens_per_block``."""
+    return traits_of(spec).block_tokens(spec.block_size)
+
+
 def full_attention_form(spec: KVCacheSpec, template: KVCacheSpec) -> KVCacheSpec:
     """``spec.to_full_attention(template)``, checked (hybrid manager off)."""
     convert = getattr(spec, "to_full_attention", None)

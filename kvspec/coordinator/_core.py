@@ -31,7 +31,7 @@ from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.manager import KVCacheManager, ManagerContext
 from kvspec.contracts.release import DEFAULT_PROFILE, ReleaseProfile
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
-from kvspec.contracts.traits import SpecTraits, traits_of
+from kvspec.contracts.traits import SpecTraits, block_tokens_of, traits_of
 from kvspec.coordinator.hit_search import PrefixHitSearch, split_spec_groups
 from kvspec.coordinator.stats import PrefixCacheStats, annotate_events, group_event_metadata
 from kvspec.errors import InvariantError, SchedulingError, UnsupportedConfigurationError
@@ -85,9 +85,9 @@ def resolve_block_sizes(
     own_boundaries = [traits_of(s).hits_at_own_block_boundaries for s in specs]
     cp = limits.context_parallel_size
     if len(specs) <= 1:
-        size = (traits_of(specs[0]).block_tokens(specs[0].block_size) if specs else 16) * cp
+        size = (block_tokens_of(specs[0]) if specs else 16) * cp
         return size, size if hash_block_size is None else hash_block_size
-    sizes = [traits_of(s).block_tokens(s.block_size) for s in specs]
+    sizes = [block_tokens_of(s) for s in specs]
     if cp > 1 and len(set(sizes)) > 1:
         raise UnsupportedConfigurationError(
             "Hybrid KV cache groups with multiple block sizes do not support context parallelism."
@@ -164,14 +164,10 @@ class CoordinatorCore:
         self.traits: tuple[SpecTraits, ...] = tuple(traits_of(s) for s in self.specs)
         registrations = [registry.require(spec, f"group {gid}") for gid, spec in enumerate(self.specs)]
         manager_classes = [
-            registry.role_manager(group.role) or registration.manager_for_spec(spec)
-            for group, spec, registration in zip(groups, self.specs, registrations, strict=True)
+            registry.manager_for_group(spec, group.role)
+            for group, spec in zip(groups, self.specs, strict=True)
         ]
         _check_caching_settings(self.specs, self.traits, enable_caching, use_eagle)
-        for spec in self.specs:
-            mode = getattr(spec, "mamba_cache_mode", None)
-            if isinstance(mode, str):
-                self.profile.check_mamba_cache_mode(mode)
         self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(
             kv_cache_config, limits, enable_caching, hash_block_size
         )

@@ -150,6 +150,8 @@ class PrefixHitSearch:
         hit_length = max_length
         groups = self.spec_groups
         results: list[GroupBlocks | None] = [None] * len(groups)
+        # Each group's hit in tokens as its manager reported it (HitResult.num_tokens, else its blocks).
+        lengths = [0] * len(groups)
         verified: set[int] = set()
         pool, alignment = self.block_pool, self.scheduler_block_size
         # One full-attention group and one other: the other's hit bounds the first; one pass decides.
@@ -158,9 +160,8 @@ class PrefixHitSearch:
             current = hit_length
             for idx, group in enumerate(groups):
                 bs = group.block_size
-                found = results[idx]
-                if group.left_closed and found is not None:
-                    current = min(current // bs * bs, len(found[0]) * bs)
+                if group.left_closed and results[idx] is not None:
+                    current = min(current // bs * bs, lengths[idx])
                     continue
                 drop = group.use_eagle and idx not in verified
                 # Positional construction (in HitQuery's field order): this runs per request admission.
@@ -180,6 +181,7 @@ class PrefixHitSearch:
                 found = answer.blocks
                 results[idx] = found
                 length = len(found[0]) * bs if answer.num_tokens is None else answer.num_tokens
+                lengths[idx] = length
                 if drop:
                     verified.add(idx)
                 elif length < current:
@@ -189,24 +191,21 @@ class PrefixHitSearch:
                 hit_length = current
                 if not simple:
                     continue
-            if self._agree(results, hit_length):
+            if self._agree(lengths, hit_length):
                 break
             verified = set(range(len(groups)))
         per_group: list[list[KVCacheBlock]] = [[] for _ in range(self.num_groups)]
-        for idx, group in enumerate(groups):
-            found = results[idx]
-            assert found is not None
+        for group, kept in zip(groups, results, strict=True):
+            assert kept is not None
             keep = -(hit_length // -group.block_size)  # a reported hit may end inside its last block
-            for gid, blocks in zip(group.group_ids, found):
+            for gid, blocks in zip(group.group_ids, kept):
                 del blocks[keep:]
                 per_group[gid] = blocks
         return tuple(per_group), hit_length
 
-    def _agree(self, results: Sequence[GroupBlocks | None], hit_length: int) -> bool:
-        """Every group holds exactly ``hit_length`` tokens of hit (a left-closed group at least as many)."""
-        for group, found in zip(self.spec_groups, results):
-            assert found is not None
-            length = len(found[0]) * group.block_size
+    def _agree(self, lengths: Sequence[int], hit_length: int) -> bool:
+        """Every group's hit is exactly ``hit_length`` tokens (a left-closed group's at least as many)."""
+        for group, length in zip(self.spec_groups, lengths):
             if length < hit_length or (length > hit_length and not group.left_closed):
                 return False
         return True

@@ -32,6 +32,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 f"MambaManager runs specs with mamba_cache_mode in {MAMBA_CACHE_MODES} and "
                 f"num_speculative_blocks >= 0; {type(spec).__name__} has {mode!r} and {num_spec_blocks!r}."
             )
+        self.context.profile.check_mamba_cache_mode(mode)  # the release may not run every mode
         self.mamba_cache_mode: MambaCacheMode = mode
         self.num_speculative_blocks: int = num_spec_blocks
         self.cached_blocks_this_step: set[bytes] = set()

@@ -26,6 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "facebook/opt-125m"
+_RUNNER_OUTPUT_HAS_INDEX = True
 
 
 def _setup_offline_hub() -> None:
@@ -132,15 +133,20 @@ def digest(output: Any) -> tuple[Any, ...]:
         cached_view,
         tuple(sorted(output.num_scheduled_tokens.items())),
         tuple(sorted(getattr(output, "preempted_req_ids", None) or ())),
-        tuple(output.num_common_prefix_blocks),
+        tuple(getattr(output, "num_common_prefix_blocks", ())),  # cascade attention: 0.23 only
         tuple(sorted(output.finished_req_ids)),
     )
 
 
 def run(use_kvspec: bool, args: argparse.Namespace) -> tuple[list[tuple[Any, ...]], list[float], int]:
+    import dataclasses
+
     from vllm.v1.outputs import ModelRunnerOutput
 
     from kvspec.integrations import vllm_kv_cache_manager
+
+    global _RUNNER_OUTPUT_HAS_INDEX
+    _RUNNER_OUTPUT_HAS_INDEX = "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}
 
     if use_kvspec:
         vllm_kv_cache_manager.install()
@@ -150,7 +156,7 @@ def run(use_kvspec: bool, args: argparse.Namespace) -> tuple[list[tuple[Any, ...
         )
     finally:
         vllm_kv_cache_manager.uninstall()
-    expected = "VllmKVCacheManager" if use_kvspec else "KVCacheManager"
+    expected = vllm_kv_cache_manager.adapter_class().__name__ if use_kvspec else "KVCacheManager"
     assert type(scheduler.kv_cache_manager).__name__ == expected, type(scheduler.kv_cache_manager)
     for request in make_requests(args.requests, args.block_size, args.seed):
         scheduler.add_request(request)
@@ -168,14 +174,12 @@ def run(use_kvspec: bool, args: argparse.Namespace) -> tuple[list[tuple[Any, ...
                 request.num_computed_tokens + output.num_scheduled_tokens[rid] >= request.num_tokens
             )
             sampled.append([7] if done_prefill else [])
-        runner_output = ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=sampled,
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=[],
+        fields: dict[str, Any] = dict(
+            req_ids=ids, sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]
         )
+        if _RUNNER_OUTPUT_HAS_INDEX:  # vLLM 0.23 (0.34 derives the index from req_ids)
+            fields["req_id_to_index"] = {rid: i for i, rid in enumerate(ids)}
+        runner_output = ModelRunnerOutput(**fields)
         scheduler.update_from_output(output, runner_output)
         times.append(time.perf_counter() - t0)
         preemptions += len(getattr(output, "preempted_req_ids", None) or ())

@@ -170,6 +170,12 @@ class KVCacheManager(Protocol):
         """Release every block of the request (tail blocks become the first to be evicted)."""
         ...
 
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        """Forget the request as ``free`` does but hand its blocks (in allocation order, leading null blocks
+        left out) to the caller instead of the pool; the caller releases them later, tail first, with
+        ``BlockPool.free_blocks(reversed(blocks))`` (an engine whose in-flight step may still write them)."""
+        ...
+
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:

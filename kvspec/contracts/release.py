@@ -31,6 +31,9 @@ class ReleaseProfile:
       keyed by its last fine hash (0.34, B utils:1245-1248) rather than the concatenation of its fine hashes.
     - ``sink_reserves_blocks``: the sink manager takes ``sink_len // block_size`` blocks out of the pool for
       its lifetime (0.23, A stm:1308); 0.34's does not (B stm:2204-2225).
+    - ``eagle_margin_within_hashes``: in a hybrid hit search an EAGLE group looks one block past the
+      candidate length, capped by the request's hashed tokens (0.34, B coord:875-885), which may pass the
+      search's maximum (the last token); 0.23 caps it by that maximum.
     """
 
     name: str
@@ -41,6 +44,7 @@ class ReleaseProfile:
     mamba_cache_modes: tuple[str, ...]
     sink_reserves_blocks: bool
     coarse_hash_is_last_fine: bool
+    eagle_margin_within_hashes: bool
 
     def check_mamba_cache_mode(self, mode: str) -> None:
         """UnsupportedConfigurationError unless this release runs Mamba ``mode``."""
@@ -60,6 +64,7 @@ VLLM_0_23 = ReleaseProfile(
     mamba_cache_modes=("none", "all", "align"),
     sink_reserves_blocks=True,
     coarse_hash_is_last_fine=False,
+    eagle_margin_within_hashes=False,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -70,6 +75,7 @@ VLLM_0_34 = ReleaseProfile(
     mamba_cache_modes=("none", "align"),
     sink_reserves_blocks=False,
     coarse_hash_is_last_fine=True,
+    eagle_margin_within_hashes=True,
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_34)}

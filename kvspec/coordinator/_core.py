@@ -239,6 +239,7 @@ class CoordinatorCore:
             scheduler_block_size=self.scheduler_block_size,
             dcp_world_size=limits.decode_context_parallel_size,
             pcp_world_size=limits.prefill_context_parallel_size,
+            eagle_margin_within_hashes=self.profile.eagle_margin_within_hashes,
         )
         self._event_metadata = group_event_metadata(
             self.traits,
@@ -284,6 +285,25 @@ class CoordinatorCore:
             self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
         return KVCacheBlocks(blocks), num_hit_tokens
 
+    def lookup_prefix(self, request: RequestView, max_length: int) -> tuple[KVCacheBlocks, int, int]:
+        """The longest cached prefix of at most ``max_length`` tokens, without recording stats (the
+        engine records what it admits with ``record_prefix_hit``): (blocks per group, hit tokens, uncached
+        shared prefix tokens: how far one group's hit reached past the common one, 0 if none; see
+        ``PrefixHitSearch.find_with_uncached``). Nothing when caching is off or the request skips reads."""
+        if not self.enable_caching or request.skip_reading_prefix_cache or not self.specs:
+            return self._empty, 0, 0
+        blocks, num_hit_tokens, uncached = self.hit_search.find_with_uncached(
+            request.block_hashes, max_length
+        )
+        return KVCacheBlocks(blocks), num_hit_tokens, uncached
+
+    def record_prefix_hit(self, request: RequestView, num_hit_tokens: int) -> None:
+        """Count one prefix-cache query of ``request`` that hit ``num_hit_tokens`` tokens (with log_stats;
+        a request that skips cache reads is not counted)."""
+        if self.prefix_cache_stats is None or not self.enable_caching or request.skip_reading_prefix_cache:
+            return
+        self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
+
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
@@ -304,13 +324,19 @@ class CoordinatorCore:
         num_encoder_tokens: SupportsIndex = 0,
         full_sequence_must_fit: bool = False,
         reserved_blocks: SupportsIndex = 0,
+        num_in_flight_tokens: SupportsIndex = 0,
+        watermark_blocks: SupportsIndex = 0,
     ) -> KVCacheBlocks | None:
         """Blocks for ``num_new_tokens`` more tokens of ``request``, or None if they do not fit.
 
         ``new_computed_blocks`` / ``num_new_computed_tokens`` come from ``get_computed_blocks`` for a
         request being admitted. ``num_lookahead_tokens`` reserves room for speculative tokens.
-        ``full_sequence_must_fit`` admits the request only if its whole prompt fits now. Counts are
-        ints >= 0 (any integer type; anything else is a SchedulingError before anything changes).
+        ``full_sequence_must_fit`` admits the request only if its whole prompt fits now.
+        ``reserved_blocks`` must stay free after this allocation; ``watermark_blocks`` too, and the
+        admission check of ``full_sequence_must_fit`` keeps them as well (vLLM 0.34's watermark).
+        ``num_in_flight_tokens`` of the computed tokens are scheduled but not yet processed (asynchronous
+        scheduling): blocks out of a window are freed only behind the processed ones. Counts are ints >= 0
+        (any integer type; anything else is a SchedulingError before anything changes).
         """
         request_id = request.request_id
         computed: tuple[Sequence[KVCacheBlock], ...]
@@ -321,6 +347,8 @@ class CoordinatorCore:
             and num_lookahead_tokens >= 0
             and type(reserved_blocks) is int
             and reserved_blocks >= 0
+            and num_in_flight_tokens == 0
+            and watermark_blocks == 0
             and request_id in self._admitted
             and new_computed_blocks is None
             and num_new_computed_tokens == 0
@@ -331,7 +359,7 @@ class CoordinatorCore:
             # A running request's step, the call made every step: its counts are tested above without a
             # call per count (the pure build pays for every Python call here) and narrowed to int.
             new_tokens, lookahead, reserved = num_new_tokens, num_lookahead_tokens, reserved_blocks
-            new_computed = external = encoder = 0
+            new_computed = external = encoder = in_flight = watermark = 0
             computed = self._empty.blocks
             attach = False
         else:
@@ -342,6 +370,8 @@ class CoordinatorCore:
             external = as_count("num_external_computed_tokens", num_external_computed_tokens)
             encoder = as_count("num_encoder_tokens", num_encoder_tokens)
             reserved = as_count("reserved_blocks", reserved_blocks)
+            in_flight = as_count("num_in_flight_tokens", num_in_flight_tokens)
+            watermark = as_count("watermark_blocks", watermark_blocks)
             attach = request_id not in self._admitted or new_computed_blocks is not None
             if attach and self.enable_caching and request_id not in self._admitted:
                 self._check_hasher(request)
@@ -363,12 +393,14 @@ class CoordinatorCore:
         if full_sequence_must_fit:
             whole = min(request.num_tokens, max_len)
             free = self.block_pool.free_block_queue.num_free_blocks
-            if _count_new_blocks(self, request_id, whole, whole, computed, total, encoder, True) > free:
+            needed = _count_new_blocks(self, request_id, whole, whole, computed, total, encoder, True)
+            if needed + watermark > free:
                 return None
         if self._skipping_managers:
             prompt = request.num_prompt_tokens
+            processed = total - in_flight if total > in_flight else 0
             for manager in self._skipping_managers:
-                manager.remove_skipped_blocks(request_id, total, prompt)
+                manager.remove_skipped_blocks(request_id, processed, prompt)
         if attach or encoder:
             num_blocks = _count_new_blocks(self, request_id, need, main, computed, total, encoder, False)
         else:
@@ -377,7 +409,7 @@ class CoordinatorCore:
             num_blocks = 0
             for manager in self._decoder_managers:
                 num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
-        if num_blocks > self.block_pool.free_block_queue.num_free_blocks - reserved:
+        if num_blocks + watermark > self.block_pool.free_block_queue.num_free_blocks - reserved:
             return None
         if attach:
             for gid, manager in self._decoder_groups:
@@ -479,6 +511,17 @@ class CoordinatorCore:
 
     def free_request_id(self, request_id: str) -> None:
         _free_request_id(self, request_id)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        """Forget the request as ``free`` does, returning its blocks (group by group, each in allocation
+        order) instead of releasing them: the engine releases them later with
+        ``block_pool.free_blocks(reversed(blocks))``, once no in-flight step can still write them."""
+        self._admitted.discard(request_id)
+        self._cached_tokens.pop(request_id, None)
+        blocks: list[KVCacheBlock] = []
+        for manager in self.managers:
+            blocks.extend(manager.pop_blocks_for_free(request_id))
+        return blocks
 
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None

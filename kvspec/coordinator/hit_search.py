@@ -82,8 +82,12 @@ class PrefixHitSearch:
         scheduler_block_size: int,
         dcp_world_size: int,
         pcp_world_size: int,
+        eagle_margin_within_hashes: bool = False,
     ) -> None:
         self.spec_groups = spec_groups
+        # ReleaseProfile.eagle_margin_within_hashes: how far an EAGLE group's search may reach past the
+        # candidate length (the request's hashed tokens, 0.34; the search's maximum, 0.23).
+        self.eagle_margin_within_hashes = eagle_margin_within_hashes
         self.num_groups = num_groups
         self.block_pool = block_pool
         self.hash_block_size = hash_block_size
@@ -106,10 +110,21 @@ class PrefixHitSearch:
     def find(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
         """(blocks per group, hit tokens): the longest prefix of at most ``max_length`` tokens; a group left
         out of the search (not prefix-cacheable) gets no block."""
+        blocks, length, _ = self.find_with_uncached(block_hashes, max_length)
+        return blocks, length
+
+    def find_with_uncached(
+        self, block_hashes: Sequence[bytes], max_length: int
+    ) -> tuple[GroupBlocks, int, int]:
+        """``find``'s answer and the uncached shared prefix (tokens): how far the longest single group's hit
+        reached past the common hit. A group that caches sparsely (sliding window or Mamba under retention)
+        lags the others at a prefix two requests share; the engine may stop a chunk there so that group
+        caches it (vLLM 0.34's ``shared_prefix_boundary``). 0 for a single group."""
         if not self.spec_groups:
-            return tuple([] for _ in range(self.num_groups)), 0
+            return tuple([] for _ in range(self.num_groups)), 0, 0
         if len(self.spec_groups) == 1:
-            return self._single(block_hashes, max_length)
+            blocks, length = self._single(block_hashes, max_length)
+            return blocks, length, 0
         return self._hybrid(block_hashes, max_length)
 
     def _single(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
@@ -137,7 +152,7 @@ class PrefixHitSearch:
             per_group[gid] = blocks
         return tuple(per_group), length
 
-    def _hybrid(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
+    def _hybrid(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int, int]:
         """Fixed point, as vLLM 0.23.0 runs it: each group in turn is searched up to the length the group
         before it reached; a pass that ends shorter than it began starts another. A left-closed group is
         searched once and then only bounds the length. An EAGLE group searches one block further and drops
@@ -148,6 +163,9 @@ class PrefixHitSearch:
         searches every group again at that length without the EAGLE extension until they agree, so each
         group's hit is exactly the common hit."""
         hit_length = max_length
+        longest = 0
+        # An EAGLE group's reach past the candidate: the search's maximum (0.23) or the hashed tokens (0.34).
+        reach = len(block_hashes) * self.hash_block_size if self.eagle_margin_within_hashes else max_length
         groups = self.spec_groups
         results: list[GroupBlocks | None] = [None] * len(groups)
         # Each group's hit in tokens as its manager reported it (HitResult.num_tokens, else its blocks).
@@ -167,7 +185,7 @@ class PrefixHitSearch:
                 # Positional construction (in HitQuery's field order): this runs per request admission.
                 query = HitQuery(
                     self._hash_view(block_hashes, bs),
-                    min(current + bs, max_length) if drop else current,
+                    min(current + bs, reach) if drop else current,
                     group.group_ids,
                     pool,
                     group.spec,
@@ -187,6 +205,8 @@ class PrefixHitSearch:
                 elif length < current:
                     verified.clear()
                 current = length
+                if length > longest:
+                    longest = length
             if current < hit_length:
                 hit_length = current
                 if not simple:
@@ -201,7 +221,7 @@ class PrefixHitSearch:
             for gid, blocks in zip(group.group_ids, kept):
                 del blocks[keep:]
                 per_group[gid] = blocks
-        return tuple(per_group), hit_length
+        return tuple(per_group), hit_length, max(longest - hit_length, 0)
 
     def _agree(self, lengths: Sequence[int], hit_length: int) -> bool:
         """Every group's hit is exactly ``hit_length`` tokens (a left-closed group's at least as many)."""

@@ -85,16 +85,66 @@ def _convert_value(name: str, value: Any, target_field: dataclasses.Field[Any], 
 
 
 def _convert(spec: Any, target_cls: type, to_vllm: bool) -> Any:
+    """``spec``'s fields copied into ``target_cls``, then its page checked: both sides must size a block
+    alike (vLLM 0.34 sizes pages from other fields than 0.23 and kvspec; see ``_to_vllm_034_fields``)."""
     if not dataclasses.is_dataclass(target_cls) or not dataclasses.is_dataclass(spec):
         raise SpecConversionError(f"{type(spec).__name__} is not a dataclass spec; it cannot be converted.")
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(target_cls):
-        if not f.init or not hasattr(spec, f.name):
-            continue
-        kwargs[f.name] = _convert_value(f.name, getattr(spec, f.name), f, to_vllm)
+    fields = {f.name: f for f in dataclasses.fields(target_cls) if f.init}
+    for name, f in fields.items():
+        if hasattr(spec, name):
+            kwargs[name] = _convert_value(name, getattr(spec, name), f, to_vllm)
     if not to_vllm and "shapes" in kwargs and "dtypes" in kwargs:
         kwargs["shapes"] = _vllm_state_shapes(kwargs["shapes"], kwargs["dtypes"])
-    return target_cls(**kwargs)
+    if to_vllm and "state_content_bytes" in fields:
+        _to_vllm_034_fields(spec, fields, kwargs)
+    tokens_per_state = getattr(spec, "tokens_per_state", None)
+    if not to_vllm and "compress_ratio" in fields and isinstance(tokens_per_state, int):
+        kwargs["compress_ratio"] = max(tokens_per_state, 1)
+    converted = target_cls(**kwargs)
+    if to_vllm and "state_content_bytes" in fields and "page_size_padded" in fields:
+        ours, theirs = _page_bytes(spec), _page_bytes(converted)
+        if (
+            ours is not None
+            and theirs is not None
+            and ours > theirs
+            and getattr(spec, "page_size_padded", 0) is None
+        ):
+            # Bytes vLLM 0.34 moved out of the spec (per-token-head scales into the attention backend,
+            # fp8_ds_mla's layout into state_content_bytes): the block keeps kvspec's size as padding.
+            kwargs["page_size_padded"] = ours
+            converted = target_cls(**kwargs)
+    if not to_vllm and "page_size_padded" in fields and kwargs.get("page_size_padded") is not None:
+        unpadded = getattr(converted, "unpadded_page_size_bytes", None)
+        if unpadded == kwargs["page_size_padded"]:  # a padding equal to the page is no padding
+            kwargs["page_size_padded"] = None
+            converted = target_cls(**kwargs)
+    ours, theirs = _page_bytes(spec), _page_bytes(converted)
+    if ours is not None and theirs is not None and ours != theirs:
+        raise SpecConversionError(
+            f"{type(spec).__name__} converts to a {theirs}-byte block but is a {ours}-byte block "
+            f"({_qualified_name(type(spec))}): a field that sizes the page has no counterpart on the other "
+            "side; convert it with the plugin's own converter (spec_converter=)."
+        )
+    return converted
+
+
+def _page_bytes(spec: Any) -> int | None:
+    try:
+        return int(spec.page_size_bytes)
+    except Exception:  # a spec whose page depends on the engine (e.g. a Mamba spec without shapes)
+        return None
+
+
+def _to_vllm_034_fields(spec: Any, fields: dict[str, dataclasses.Field[Any]], kwargs: dict[str, Any]) -> None:
+    """vLLM 0.34's names for what kvspec's fields say: a latent spec (vLLM's ``head_size_v`` defaults to
+    0 there) has no separate V head, and a compression ratio is ``tokens_per_state``."""
+    head_size_v = fields.get("head_size_v")
+    if head_size_v is not None and head_size_v.default == 0:
+        kwargs["head_size_v"] = 0
+    ratio = getattr(spec, "compress_ratio", 1)
+    if "tokens_per_state" in fields and isinstance(ratio, int) and ratio > 1:
+        kwargs["tokens_per_state"] = ratio
 
 
 def _vllm_state_shapes(shapes: Any, dtypes: Any) -> Any:

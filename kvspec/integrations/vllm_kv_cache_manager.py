@@ -32,22 +32,26 @@ from typing import Any, Final
 
 from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvspec.blocks.hashing import BlockHash, BlockHasher
-from kvspec.blocks.pool import BlockPool, KVCacheBlock
+from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
 from kvspec.blocks.request import Request
 from kvspec.blocks.request_view import RequestView
-from kvspec.contracts.release import ReleaseProfile, profile_for_vllm_version
+from kvspec.contracts.release import VLLM_0_34, ReleaseProfile, profile_for_vllm_version
 from kvspec.contracts.spec import SchedulerLimits
+from kvspec.contracts.traits import block_tokens_of
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.coordinator.stats import PrefixCacheStats
+from kvspec.errors import SchedulingError, UnsupportedConfigurationError
 from kvspec.integrations.vllm import SpecConverter
 from kvspec.integrations.vllm_managers import VllmManagerView
 from kvspec.integrations.vllm_planning import config_from_vllm
+from kvspec.managers.base import SingleTypeKVCacheManager
 from kvspec.registry.core import AnyRegistry
 
 __all__ = [
     "VllmBlockPool",
     "event_to_vllm",
     "VllmKVCacheManager",
+    "Vllm034KVCacheManager",
     "VllmRequestView",
     "install",
     "uninstall",
@@ -192,7 +196,12 @@ class _CoordinatorFacade:
         total_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        num_local_computed_tokens: int | None = None,
+        prefill_end: int = 0,
     ) -> int:
+        """vLLM's estimate (0.23's arguments; 0.34 adds ``num_local_computed_tokens``, which only matters
+        for sub-block partial hits kvspec does not make, and ``prefill_end``, read by 0.34's reworked Mamba
+        "align" reservation, which kvspec does not reproduce yet)."""
         return self._coordinator.get_num_blocks_to_allocate(
             request_id,
             num_tokens,
@@ -517,15 +526,22 @@ class VllmKVCacheManager:
         self.kvspec_coordinator.new_step_starts()
 
 
+def adapter_class() -> type[VllmKVCacheManager]:
+    """The adapter speaking the installed vLLM's interface: ``Vllm034KVCacheManager`` for 0.34 and later,
+    ``VllmKVCacheManager`` before."""
+    version = str(importlib.import_module("vllm").__version__)
+    return Vllm034KVCacheManager if profile_for_vllm_version(version) is VLLM_0_34 else VllmKVCacheManager
+
+
 def install(*, spec_converter: SpecConverter | None = None, registry: AnyRegistry | None = None) -> None:
     """Make vLLM's scheduler (and ``vllm.v1.core.kv_cache_manager.KVCacheManager``) kvspec's adapter.
 
     ``spec_converter`` (a plugin's conversion of its vLLM-side specs) and ``registry`` are passed to every
     adapter the scheduler builds; without them the class installed is ``VllmKVCacheManager`` itself."""
-    manager_cls: type[VllmKVCacheManager] = VllmKVCacheManager
+    manager_cls: type[VllmKVCacheManager] = adapter_class()
     if spec_converter is not None or registry is not None:
 
-        class BoundVllmKVCacheManager(VllmKVCacheManager):
+        class BoundVllmKVCacheManager(manager_cls):  # type: ignore[valid-type,misc]
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 kwargs.setdefault("spec_converter", spec_converter)
                 kwargs.setdefault("registry", registry)
@@ -544,3 +560,268 @@ def uninstall() -> None:
     for name, original in list(_originals.items()):
         setattr(importlib.import_module(name), "KVCacheManager", original)  # noqa: B010
         del _originals[name]
+
+
+class Vllm034KVCacheManager(VllmKVCacheManager):
+    """vLLM 0.34.0's ``KVCacheManager`` interface over ``kvspec.KVCacheCoordinator``, beside 0.23.0's.
+
+    0.34's Scheduler (``vllm/v1/core/sched/scheduler.py``) constructs it with ``max_in_flight_tokens`` (the
+    window admission cap's budget), a watermark and lookahead settings, and calls what 0.23's did plus:
+    ``get_computed_blocks(request, max_cache_hit_length)`` returning a third value (the uncached shared
+    prefix boundary), ``prefix_cache_lookup_enabled``, ``get_num_cached_tokens``,
+    ``record_prefix_cache_stats`` (0.34 counts a hit when the request is admitted, not when it is looked
+    up), ``get_computed_blocks_for_connector``, ``pop_blocks_for_free`` (deferred frees),
+    ``get_block_ids_for_computed_tokens``, ``estimate_cached_tokens``, ``truncate_computed_blocks``,
+    ``record_blocks_for_zeroing`` and the connector hand-offs ``take_kv_cache_block_copies``,
+    ``take_boundary_state_offloads``, ``finalize_partial_tail_offloads`` (empty: kvspec makes no partial
+    sub-block hits, so there is no copy-on-write block and no boundary state to hand off).
+
+    Refused at construction, each with the setting that turns it off: EAGLE lookahead block hashes
+    (``num_hash_lookahead_tokens`` > 0: ``speculative_config.disable_lookahead_block_hashes=True``) and
+    multi-module MTP re-prefill (``num_prefill_lookahead`` > 1).
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: Any,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+        registry: AnyRegistry | None = None,
+        spec_converter: SpecConverter | None = None,
+        profile: ReleaseProfile | None = None,
+    ) -> None:
+        if num_hash_lookahead_tokens:
+            raise UnsupportedConfigurationError(
+                f"num_hash_lookahead_tokens={num_hash_lookahead_tokens}: kvspec does not hash EAGLE lookahead "
+                "tokens into blocks (vLLM 0.34's default with a speculative config); set "
+                "speculative_config.disable_lookahead_block_hashes=True to run on kvspec."
+            )
+        if num_prefill_lookahead > 1:
+            raise UnsupportedConfigurationError(
+                f"num_prefill_lookahead={num_prefill_lookahead}: kvspec does not re-prefill multi-module MTP "
+                "tails; use a single-module draft (num_prefill_lookahead <= 1) to run on kvspec."
+            )
+        if not 0.0 <= watermark <= 1.0:
+            raise UnsupportedConfigurationError(f"watermark must be within [0, 1], got {watermark!r}.")
+        super().__init__(
+            kv_cache_config,
+            max_model_len,
+            scheduler_block_size,
+            hash_block_size,
+            # Without a budget vLLM 0.34 caps admission by the model length (its manager's fallback).
+            max_num_batched_tokens=max_model_len if max_in_flight_tokens is None else max_in_flight_tokens,
+            enable_caching=enable_caching,
+            use_eagle=use_eagle,
+            log_stats=log_stats,
+            enable_kv_cache_events=enable_kv_cache_events,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            metrics_collector=metrics_collector,
+            registry=registry,
+            spec_converter=spec_converter,
+            profile=profile,
+        )
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        # kvspec keeps no Mamba checkpoint at a shared-prefix junction (vLLM's opt-in); the Scheduler reads it.
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids: tuple[int, ...] = ()
+        self._kvspec_specs = self.kvspec_coordinator.specs
+        self._kvspec_traits = self.kvspec_coordinator.traits
+        statuses = importlib.import_module("vllm.v1.request").RequestStatus
+        self._admission_statuses = (statuses.WAITING, statuses.PREEMPTED)
+
+    # -- prefix hits ----------------------------------------------------------------------------------
+
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
+        return self.enable_caching and request.prefix_cache_hit_limit != 0
+
+    def get_computed_blocks(  # type: ignore[override]
+        self, request: Any, max_cache_hit_length: int | None = None
+    ) -> tuple[Any, int, int]:
+        """(blocks, hit tokens, shared-prefix boundary): no stats are recorded here (the Scheduler calls
+        ``record_prefix_cache_stats`` for what it admits)."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        max_length = request.get_max_cache_hit_length(max_cache_hit_length)
+        blocks, num_hits, uncached = self.kvspec_coordinator.lookup_prefix(self._view(request), max_length)
+        boundary = num_hits + uncached if uncached else 0
+        return self._to_vllm(blocks), num_hits, boundary
+
+    def get_computed_blocks_for_connector(
+        self, request: Any, max_cache_hit_length: int | None = None
+    ) -> tuple[Any, int, int, bool]:
+        """The ``get_computed_blocks`` triple and ``hit_diverged``: kvspec's hit is always the one every
+        group agrees on, so it never diverges."""
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+
+    def get_num_cached_tokens(self, request: Any) -> int:
+        """Tokens of ``request`` in the prefix cache; a probe: no reference taken, no stats, no event."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return 0
+        _, num_hits, _ = self.kvspec_coordinator.lookup_prefix(self._view(request), request.num_tokens - 1)
+        return num_hits
+
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        if self.log_stats and self.prefix_cache_lookup_enabled(request):
+            self.kvspec_coordinator.record_prefix_hit(self._view(request), num_hits)
+
+    def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
+        """The hit ``blocks`` cut at ``num_computed_tokens`` (a multiple of every group's block); no ref
+        count changes. A Mamba group keeps what it has when it ends earlier (a connector supplies the
+        state)."""
+        truncated: list[list[KVCacheBlock]] = []
+        for group_blocks, spec, traits in zip(
+            blocks.blocks, self._kvspec_specs, self._kvspec_traits, strict=True
+        ):
+            if not traits.prefix_cacheable:
+                truncated.append([])
+                continue
+            block_tokens = block_tokens_of(spec)
+            if num_computed_tokens % block_tokens:
+                raise SchedulingError(
+                    f"truncate_computed_blocks: {num_computed_tokens} tokens is not a multiple of a group's "
+                    f"block ({block_tokens} tokens)."
+                )
+            keep = num_computed_tokens // block_tokens
+            if keep > len(group_blocks) and not traits.hits_at_own_block_boundaries:
+                raise SchedulingError(
+                    f"truncate_computed_blocks: {num_computed_tokens} tokens is past the hit "
+                    f"({len(group_blocks)} blocks of {block_tokens} tokens)."
+                )
+            truncated.append(list(group_blocks[:keep]))
+        return self.create_kv_cache_blocks(tuple(truncated))
+
+    # -- allocation -----------------------------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> Any:
+        """0.23's call plus the watermark (kept free when admitting a waiting or preempted request while
+        others are scheduled) and the in-flight tokens (not freed out of a window before they are processed).
+        ``skip_zeroing_group_ids`` needs nothing: kvspec records no block of an external load for zeroing."""
+        if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
+            raise ValueError(
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+            )
+        watermark = (
+            self.watermark_blocks
+            if self.watermark_blocks and has_scheduled_reqs and request.status in self._admission_statuses
+            else 0
+        )
+        computed = None if new_computed_blocks is None else KVCacheBlocks(tuple(new_computed_blocks.blocks))
+        result = self.kvspec_coordinator.allocate_slots(
+            self._view(request),
+            num_new_tokens,
+            num_new_computed_tokens,
+            computed,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            num_encoder_tokens,
+            full_sequence_must_fit,
+            reserved_blocks,
+            request.num_in_flight_tokens,
+            watermark,
+        )
+        return self._to_vllm(result)
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        self.kvspec_coordinator.remove_skipped_blocks(
+            request_id, processed_computed_tokens, num_prompt_tokens
+        )
+
+    def pop_blocks_for_free(self, request: Any) -> list[KVCacheBlock]:
+        self._views.pop(request.request_id, None)
+        return self.kvspec_coordinator.pop_blocks_for_free(request.request_id)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kvspec_coordinator.reset_prefix_cache()
+
+    # -- queries --------------------------------------------------------------------------------------
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[BlockId], ...]:
+        """The request's block ids, each attention group's cut to the blocks its computed tokens touch
+        (groups sized otherwise, such as cross attention or Mamba, whole)."""
+        out: list[list[BlockId]] = []
+        for ids, spec, traits in zip(
+            self.kvspec_coordinator.get_block_ids(request_id),
+            self._kvspec_specs,
+            self._kvspec_traits,
+            strict=True,
+        ):
+            if traits.allocate_per_encoder_input or traits.hits_at_own_block_boundaries:
+                out.append(ids)
+            else:
+                out.append(ids[: -(num_computed_tokens // -block_tokens_of(spec))])
+        return tuple(out)
+
+    def estimate_cached_tokens(self, request: Any) -> int:
+        """Tokens of the request its blocks publish to the prefix cache (the least over cacheable groups)."""
+        cached: int | None = None
+        blocks = self.kvspec_coordinator.get_blocks(request.request_id).blocks
+        for group_blocks, spec, traits in zip(blocks, self._kvspec_specs, self._kvspec_traits, strict=True):
+            if not traits.prefix_cacheable or traits.allocate_per_encoder_input:
+                continue
+            group = 0
+            block_tokens = block_tokens_of(spec)
+            for index in range(len(group_blocks) - 1, -1, -1):
+                if group_blocks[index].block_hash is not None:
+                    group = (index + 1) * block_tokens
+                    break
+            cached = group if cached is None else min(cached, group)
+        return cached or 0
+
+    # -- zeroing and connector hand-offs --------------------------------------------------------------
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Record the request's blocks from ``start_token`` on for zeroing again (a failed load left them
+        unwritten), in the groups that record new blocks."""
+        for manager, spec in zip(self.kvspec_coordinator.managers, self._kvspec_specs, strict=True):
+            if not isinstance(manager, SingleTypeKVCacheManager) or not manager.tracks_new_block_ids:
+                continue
+            block_tokens = block_tokens_of(spec)
+            if start_token % block_tokens:
+                raise SchedulingError(
+                    f"record_blocks_for_zeroing: start_token {start_token} is not a multiple of the group's "
+                    f"block ({block_tokens} tokens)."
+                )
+            manager.record_new_block_ids(request_id, start_token // block_tokens)
+
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        return []

@@ -248,6 +248,17 @@ class SingleTypeKVCacheManager:
         if blocks:
             self._pool.free_blocks(reversed(blocks))
 
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        blocks = self._req_to_blocks.pop(request_id, None)
+        self._num_cached_block.pop(request_id, None)
+        if not blocks:
+            return []
+        first = 0
+        null = self._null_block
+        while first < len(blocks) and blocks[first] is null:
+            first += 1
+        return list(blocks[first:])
+
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
@@ -313,6 +324,15 @@ class SingleTypeKVCacheManager:
             for block in blocks:
                 if not block.is_null:
                     yield block
+
+    def record_new_block_ids(self, request_id: str, first_block: int) -> None:
+        """Report the request's blocks from index ``first_block`` on in ``take_new_block_ids`` again (an
+        engine whose external load left them unwritten zeroes them); nothing unless the spec zeroes new
+        blocks."""
+        if self._track_new_block_ids:
+            self._new_block_ids.extend(
+                [b.block_id for b in self._req_to_blocks.get(request_id, ())[first_block:]]
+            )
 
     def take_new_block_ids(self) -> list[int]:
         ids, self._new_block_ids = self._new_block_ids, []

@@ -172,5 +172,10 @@ class MambaManager(SingleTypeKVCacheManager):
         self._allocated_block_reqs.discard(request_id)
         super().free(request_id)
 
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        self.last_state_block_idx.pop(request_id, None)
+        self._allocated_block_reqs.discard(request_id)
+        return super().pop_blocks_for_free(request_id)
+
     def new_step_starts(self) -> None:
         self.cached_blocks_this_step.clear()

@@ -66,7 +66,10 @@ class CountingManager:
         pass
 
     def free(self, request_id: str) -> None:
-        self.pool.free_blocks(reversed(self.blocks.pop(request_id, [])))
+        self.pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)))
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return self.blocks.pop(request_id, [])
 
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None

@@ -42,6 +42,9 @@ MANAGER_MEMBERS: dict[str, str] = {
     ),
     "cache_blocks": "    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:\n        pass\n",
     "free": "    def free(self, request_id: str) -> None:\n        pass\n",
+    "pop_blocks_for_free": (
+        "    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:\n        return []\n"
+    ),
     "remove_skipped_blocks": (
         "    def remove_skipped_blocks(\n        self, request_id: str, total_computed_tokens: int, "
         "num_prompt_tokens: int | None = None\n    ) -> None:\n        pass\n"

@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import logging
 import math
+import os
 import random
 import sys
 import time
@@ -57,7 +58,7 @@ def _consistent_hit(w: Workload, hit: Any) -> bool:
     """A hit every group serves exactly (kvspec's answers must be, for a listed difference to apply)."""
     if not isinstance(hit, tuple):
         return False  # the call raised
-    blocks, length = hit
+    blocks, length, *_ = hit  # 0.34 adds the shared-prefix boundary
     return all(tokens == length for tokens in _group_tokens(w, blocks))
 
 
@@ -73,11 +74,11 @@ def _hit_past_attention_blocks(w: Workload, what: str, stock: Any, ours: Any) ->
 def _second_full_group_untrimmed(w: Workload, what: str, stock: Any, ours: Any) -> bool:
     if not what.startswith("get_computed_blocks") or not isinstance(stock, tuple):
         return False
-    blocks, length = stock
+    blocks, length, *rest = stock
     trimmed = tuple(
         ids[: length // (spec.block_size * w.dcp)] for spec, ids in zip(w.group_specs, blocks, strict=True)
     )
-    return _consistent_hit(w, ours) and (trimmed, length) == ours
+    return _consistent_hit(w, ours) and (trimmed, length, *rest) == ours
 
 
 #: Differences kvspec keeps on purpose. A workload that meets one ends there (the two states part), counted
@@ -408,7 +409,7 @@ def _managers(w: Workload) -> tuple[Any, Any]:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-    from kvspec.integrations.vllm_kv_cache_manager import VllmKVCacheManager
+    from kvspec.integrations.vllm_kv_cache_manager import adapter_class
 
     _constructible_sink_manager()
     config = KVCacheConfig(
@@ -431,11 +432,11 @@ def _managers(w: Workload) -> tuple[Any, Any]:
         enable_kv_cache_events=w.kv_events,
         dcp_world_size=w.dcp,
     )
-    stock_kwargs = dict(kwargs)
     if not RELEASE_0_23:  # vLLM 0.34 renamed the budget (in-flight tokens: one batch with sync scheduling)
-        stock_kwargs["max_in_flight_tokens"] = stock_kwargs.pop("max_num_batched_tokens")
-    return _guarded(lambda cls: cls(**stock_kwargs), KVCacheManager), _guarded(
-        lambda cls: cls(**kwargs), VllmKVCacheManager
+        kwargs["max_in_flight_tokens"] = kwargs.pop("max_num_batched_tokens")
+    # kvspec's adapter for the installed release speaks that release's interface (0.34: Vllm034KVCacheManager).
+    return _guarded(lambda cls: cls(**kwargs), KVCacheManager), _guarded(
+        lambda cls: cls(**kwargs), adapter_class()
     )
 
 
@@ -672,7 +673,8 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
                             f"get_computed_blocks({rid})",
                             "get_computed_blocks",
                             request,
-                            norm=lambda result: (_ids(result[0]), result[1]),
+                            # 0.34 adds the uncached shared-prefix boundary: compared too.
+                            norm=lambda result: (_ids(result[0]), *result[1:]),
                         )
                     hit = hits[0][1]
                     num_new = min(request.num_tokens - request.num_computed_tokens - hit, budget)
@@ -708,6 +710,10 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
                         outcome.refusals += 1
                         break
                     outcome.hit_tokens += hit
+                    if not RELEASE_0_23 and request.num_computed_tokens == 0:  # 0.34 counts at admission
+                        both.call(
+                            f"record_prefix_cache_stats({rid})", "record_prefix_cache_stats", request, hit
+                        )
                     request.num_computed_tokens += hit
                     waiting.pop(0)
                     running.append(rid)
@@ -740,9 +746,8 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
                         running.remove(rid)
                         finished.add(rid)
                         both.call(f"free({rid}) [finished]", "free", request)
-        if RELEASE_0_23:  # 0.34 records hits outside get_computed_blocks (record_prefix_cache_stats)
-            stock_stats, our_stats = both.stock.make_prefix_cache_stats(), both.ours.make_prefix_cache_stats()
-            both.same("prefix cache stats", vars(stock_stats), vars(our_stats))
+        stock_stats, our_stats = both.stock.make_prefix_cache_stats(), both.ours.make_prefix_cache_stats()
+        both.same("prefix cache stats", vars(stock_stats), vars(our_stats))
     except Divergence as exc:
         outcome.divergence = str(exc)
     except BothRefused as exc:
@@ -787,7 +792,7 @@ def summary(outcomes: list[Outcome]) -> str:
             or "none"
         ),
     ]
-    for o in diverged[:10]:
+    for o in diverged[: int(os.environ.get("KVSPEC_DIFF_SHOW", "10"))]:
         lines.append(f"seed {o.seed} {o.families}: {o.divergence}")
     for o in [o for o in outcomes if o.stalled or o.refused][:10]:
         lines.append(f"seed {o.seed} {o.families}: {'stalled' if o.stalled else o.refused}")

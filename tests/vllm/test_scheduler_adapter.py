@@ -1,4 +1,5 @@
-"""vLLM 0.23.0's real Scheduler on kvspec's adapter (run by `nox -s vllm`; skipped where vLLM is absent)."""
+"""vLLM's real Scheduler on kvspec's adapter, for the installed release (0.23.0 or 0.34.0: `nox -s vllm` runs
+this file under both; skipped where vLLM is absent)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def test_install_and_uninstall_route_the_scheduler() -> None:
     original = scheduler_module.KVCacheManager
     vllm_kv_cache_manager.install()
     try:
-        assert scheduler_module.KVCacheManager is vllm_kv_cache_manager.VllmKVCacheManager
+        assert scheduler_module.KVCacheManager is vllm_kv_cache_manager.adapter_class()
     finally:
         vllm_kv_cache_manager.uninstall()
     assert scheduler_module.KVCacheManager is original
@@ -77,7 +78,7 @@ def test_install_and_uninstall_route_the_scheduler() -> None:
 def test_the_adapter_reproduces_the_installed_vllms_release() -> None:
     import vllm
 
-    from kvspec.contracts.release import VLLM_0_23, profile_for_vllm_version
+    from kvspec.contracts.release import VLLM_0_23, VLLM_0_34, profile_for_vllm_version
 
     vllm_kv_cache_manager.install()
     try:
@@ -87,3 +88,11 @@ def test_the_adapter_reproduces_the_installed_vllms_release() -> None:
     profile = scheduler.kv_cache_manager.kvspec_coordinator.profile
     assert profile is profile_for_vllm_version(vllm.__version__)
     assert vllm.__version__ != "0.23.0" or profile is VLLM_0_23
+    assert vllm.__version__ != "0.34.0" or profile is VLLM_0_34
+    # The adapter speaks the release's Scheduler interface (0.34's get_computed_blocks returns 3 values).
+    expected = (
+        vllm_kv_cache_manager.Vllm034KVCacheManager
+        if profile is VLLM_0_34
+        else vllm_kv_cache_manager.VllmKVCacheManager
+    )
+    assert type(scheduler.kv_cache_manager) is expected

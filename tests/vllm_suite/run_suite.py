@@ -1,8 +1,9 @@
-"""Run vLLM 0.23.0's own KV-cache and scheduler tests twice: on stock vLLM, and on kvspec through the shim.
+"""Run vLLM's own KV-cache and scheduler tests twice: on stock vLLM, and on kvspec through the shim.
 
-Called by ``nox -s vllm`` in a virtualenv holding vllm==0.23.0 (no deps), CPU torch and kvspec. Steps:
+Called by ``nox -s vllm`` in a virtualenv holding the vLLM release (0.23.0 or 0.34.0, ``--release``; no deps),
+CPU torch and kvspec. Steps:
 
-1. obtain vLLM 0.23.0's source distribution from the package index (the simple API's JSON form; the
+1. obtain that release's source distribution from the package index (the simple API's JSON form; the
    archive's sha256 is checked against the index) and cache it under ``.nox/vllm-sdist/``;
 2. unpack only the test files below (and the helpers they import) into ``.nox/vllm-suite/``;
 3. write a local Hugging Face cache holding the ``config.json`` of the models the tests name (the hub is
@@ -16,6 +17,7 @@ vLLM's code is never copied into this repository: the files are fetched at run t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import html.parser
 import json
@@ -32,34 +34,117 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-VERSION = "0.23.0"
-SDIST = f"vllm-{VERSION}.tar.gz"
 
-TEST_FILES = (
-    "tests/v1/core/test_prefix_caching.py",
-    "tests/v1/core/test_kv_cache_utils.py",
-    "tests/v1/core/test_single_type_kv_cache_manager.py",
-    "tests/v1/test_kv_cache_spec_registry.py",
-    "tests/v1/core/test_kv_sharing.py",
-    "tests/v1/core/test_kv_cache_metrics.py",
-    "tests/v1/core/test_scheduler.py",
-)
-# What the shim routes to kvspec in each file. A file not listed still runs vLLM's own classes on the kvspec
-# side (the shim does not route them yet): its kvspec column is not a kvspec result.
-ROUTED = {
-    "tests/v1/core/test_prefix_caching.py": "KVCacheManager (and its block pool, coordinator, managers)",
-    "tests/v1/core/test_scheduler.py": "the Scheduler's KVCacheManager",
-    "tests/v1/core/test_single_type_kv_cache_manager.py": "BlockPool, KVCacheBlock, the managers (vLLM-style)",
-    "tests/v1/test_kv_cache_spec_registry.py": "specs, managers, the registry (kvspec's facade)",
-    "tests/v1/core/test_kv_sharing.py": "add_kv_sharing_layers_to_kv_cache_groups (kvspec.planning decides)",
-    "tests/v1/core/test_kv_cache_metrics.py": "BlockMetricsState, KVCacheMetricsCollector (kvspec.blocks.metrics)",
-    "tests/v1/core/test_kv_cache_utils.py": (
-        "KVCacheBlock, FreeKVCacheBlockQueue, KVCacheManager, the planning functions (kvspec.integrations."
-        "vllm_planning); the block-hash functions stay vLLM's (under the adapter vLLM's engine hashes)"
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """One vLLM release's test files in scope, what the shim routes to kvspec in each, and the helper
+    files and packages they import."""
+
+    version: str
+    test_files: tuple[str, ...]
+    # What the shim routes to kvspec in each file. A file not listed still runs vLLM's own classes on the
+    # kvspec side (the shim does not route them): its kvspec column is not a kvspec result.
+    routed: dict[str, str]
+    helper_files: tuple[str, ...]
+    packages: tuple[str, ...]
+
+    @property
+    def sdist(self) -> str:
+        return f"vllm-{self.version}.tar.gz"
+
+
+_SCHEDULER = "the Scheduler's KVCacheManager"
+RELEASES = {
+    "0.23.0": Release(
+        version="0.23.0",
+        test_files=(
+            "tests/v1/core/test_prefix_caching.py",
+            "tests/v1/core/test_kv_cache_utils.py",
+            "tests/v1/core/test_single_type_kv_cache_manager.py",
+            "tests/v1/test_kv_cache_spec_registry.py",
+            "tests/v1/core/test_kv_sharing.py",
+            "tests/v1/core/test_kv_cache_metrics.py",
+            "tests/v1/core/test_scheduler.py",
+        ),
+        routed={
+            "tests/v1/core/test_prefix_caching.py": "KVCacheManager (and its block pool, coordinator, managers)",
+            "tests/v1/core/test_scheduler.py": _SCHEDULER,
+            "tests/v1/core/test_single_type_kv_cache_manager.py": "BlockPool, KVCacheBlock, the managers (vLLM-style)",
+            "tests/v1/test_kv_cache_spec_registry.py": "specs, managers, the registry (kvspec's facade)",
+            "tests/v1/core/test_kv_sharing.py": "add_kv_sharing_layers_to_kv_cache_groups (kvspec.planning decides)",
+            "tests/v1/core/test_kv_cache_metrics.py": "BlockMetricsState, KVCacheMetricsCollector (kvspec.blocks.metrics)",
+            "tests/v1/core/test_kv_cache_utils.py": (
+                "KVCacheBlock, FreeKVCacheBlockQueue, KVCacheManager, the planning functions (kvspec.integrations."
+                "vllm_planning); the block-hash functions stay vLLM's (under the adapter vLLM's engine hashes)"
+            ),
+        },
+        helper_files=("tests/v1/core/utils.py", "tests/v1/kv_connector/unit/utils.py"),
+        packages=(
+            "tests",
+            "tests/v1",
+            "tests/v1/core",
+            "tests/v1/kv_connector",
+            "tests/v1/kv_connector/unit",
+        ),
+    ),
+    "0.34.0": Release(
+        version="0.34.0",
+        test_files=(
+            "tests/v1/core/test_prefix_caching.py",
+            "tests/v1/core/test_kv_cache_utils.py",
+            "tests/v1/core/test_kv_cache_planning.py",
+            "tests/v1/core/test_kv_cache_config_builder.py",
+            "tests/v1/core/test_contiguous_kv_packing.py",
+            "tests/v1/core/test_single_type_kv_cache_manager.py",
+            "tests/v1/core/test_kv_cache_metrics.py",
+            "tests/v1/core/test_kv_sharing.py",
+            "tests/v1/core/test_prompt_block_hash_vectors.py",
+            "tests/v1/core/test_mamba_align_chunk_split.py",
+            "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py",
+            "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py",
+            "tests/v1/core/prefix_cache/test_mamba_eagle_resume_checkpoint.py",
+            "tests/v1/test_kv_cache_spec_registry.py",
+            "tests/v1/core/test_scheduler.py",
+            "tests/v1/core/test_async_scheduler.py",
+            "tests/v1/core/test_deferred_block_free.py",
+            "tests/v1/core/test_swa_inflight_window_free.py",
+            "tests/v1/core/test_prefix_replay.py",
+            "tests/v1/core/test_priority_preemption_bug.py",
+            "tests/v1/core/test_priority_scheduler_random.py",
+            "tests/v1/core/test_worker_slot_overflow.py",
+        ),
+        routed={
+            "tests/v1/core/test_prefix_caching.py": "KVCacheManager (kvspec's coordinator, pool and managers)",
+            "tests/v1/core/test_scheduler.py": _SCHEDULER,
+            "tests/v1/core/test_async_scheduler.py": _SCHEDULER,
+            "tests/v1/core/test_deferred_block_free.py": _SCHEDULER,
+            "tests/v1/core/test_swa_inflight_window_free.py": _SCHEDULER,
+            "tests/v1/core/test_prefix_replay.py": _SCHEDULER,
+            "tests/v1/core/test_priority_preemption_bug.py": _SCHEDULER,
+            "tests/v1/core/test_priority_scheduler_random.py": _SCHEDULER,
+            "tests/v1/core/test_worker_slot_overflow.py": _SCHEDULER,
+            "tests/v1/core/test_mamba_align_chunk_split.py": _SCHEDULER,
+        },
+        helper_files=(
+            "tests/v1/core/utils.py",
+            "tests/v1/kv_connector/unit/utils.py",
+            "tests/v1/core/prefix_cache/__init__.py",
+            "tests/v1/spec_decode/utils.py",
+            # test_prompt_block_hash_vectors.py's golden hashes
+            "rust/src/engine-core-client/src/tests/prompt_block_hash_vectors.json",
+        ),
+        packages=(
+            "tests",
+            "tests/v1",
+            "tests/v1/core",
+            "tests/v1/core/prefix_cache",
+            "tests/v1/spec_decode",
+            "tests/v1/kv_connector",
+            "tests/v1/kv_connector/unit",
+        ),
     ),
 }
-HELPER_FILES = ("tests/v1/core/utils.py", "tests/v1/kv_connector/unit/utils.py")
-PACKAGES = ("tests", "tests/v1", "tests/v1/core", "tests/v1/kv_connector", "tests/v1/kv_connector/unit")
 
 
 def pip_index_url() -> str:
@@ -97,7 +182,7 @@ class _Links(html.parser.HTMLParser):
             self._href = None
 
 
-def find_sdist(index: str) -> tuple[str, str]:
+def find_sdist(index: str, sdist: str) -> tuple[str, str]:
     """(download URL, sha256) of the sdist on ``index``'s project page (PEP 691 JSON, or PEP 503 HTML)."""
     page = urllib.parse.urljoin(index.rstrip("/") + "/", "vllm/")
     accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
@@ -107,7 +192,7 @@ def find_sdist(index: str) -> tuple[str, str]:
         body = resp.read()
         kind = resp.headers.get("Content-Type", "")
     if "json" in kind:
-        entry = next((f for f in json.loads(body)["files"] if f["filename"] == SDIST), None)
+        entry = next((f for f in json.loads(body)["files"] if f["filename"] == sdist), None)
         if entry is not None:
             return urllib.parse.urljoin(page, entry["url"]), str(entry["hashes"]["sha256"])
     else:
@@ -116,43 +201,43 @@ def find_sdist(index: str) -> tuple[str, str]:
         for href, text in parser.links:
             link = urllib.parse.urljoin(page, href)
             fragment = urllib.parse.urlparse(link).fragment
-            if text == SDIST and fragment.startswith("sha256="):
+            if text == sdist and fragment.startswith("sha256="):
                 return link.split("#", 1)[0], fragment.removeprefix("sha256=")
-    sys.exit(f"{SDIST} (with a sha256) is not on {page}")
+    sys.exit(f"{sdist} (with a sha256) is not on {page}")
 
 
-def fetch_sdist(cache: Path) -> Path:
+def fetch_sdist(cache: Path, sdist: str) -> Path:
     """The sdist archive, downloaded once and verified against the index's sha256."""
     cache.mkdir(parents=True, exist_ok=True)
-    target = cache / SDIST
-    digest_file = cache / (SDIST + ".sha256")
+    target = cache / sdist
+    digest_file = cache / (sdist + ".sha256")
     if target.exists() and digest_file.exists():
         if hashlib.sha256(target.read_bytes()).hexdigest() == digest_file.read_text().strip():
             return target
     index = pip_index_url()
-    url, sha256 = find_sdist(index)
+    url, sha256 = find_sdist(index, sdist)
     tmp = target.with_suffix(".part")
     with urllib.request.urlopen(url, timeout=600) as resp, tmp.open("wb") as out:
         shutil.copyfileobj(resp, out)
     got = hashlib.sha256(tmp.read_bytes()).hexdigest()
     if got != sha256:
         tmp.unlink()
-        sys.exit(f"{SDIST}: sha256 {got} differs from the index's {sha256}")
+        sys.exit(f"{sdist}: sha256 {got} differs from the index's {sha256}")
     tmp.replace(target)
     digest_file.write_text(got)
     return target
 
 
-def unpack(archive: Path, work: Path) -> None:
+def unpack(archive: Path, work: Path, release: Release) -> None:
     if work.exists():
         shutil.rmtree(work)
-    wanted = {f"vllm-{VERSION}/{name}" for name in TEST_FILES + HELPER_FILES}
+    wanted = {f"vllm-{release.version}/{name}" for name in release.test_files + release.helper_files}
     with tarfile.open(archive) as tar:
         for member in tar.getmembers():
             if member.name in wanted:
                 member.name = member.name.split("/", 1)[1]
                 tar.extract(member, work, filter="data")
-    for package in PACKAGES:
+    for package in release.packages:
         (work / package / "__init__.py").touch()
     # The work dir is pytest's rootdir (node ids "tests/v1/..."), not kvspec's pyproject above it.
     (work / "pytest.ini").write_text("[pytest]\n")
@@ -170,7 +255,7 @@ def write_hf_cache(hub: Path) -> None:
         (repo / "refs" / "main").write_text(revision)
 
 
-def run_pytest(work: Path, mode: str, extra: list[str]) -> dict[str, str]:
+def run_pytest(work: Path, mode: str, extra: list[str], release: Release) -> dict[str, str]:
     """pytest over the files in ``mode`` ("stock" or "kvspec"); the outcome of every test by node id."""
     conftest = work / "conftest.py"
     shutil.copy(HERE / ("shim_conftest.py" if mode == "kvspec" else "stock_conftest.py"), conftest)
@@ -195,19 +280,21 @@ def run_pytest(work: Path, mode: str, extra: list[str]) -> dict[str, str]:
         "--tb=line",
         f"--junitxml={report}",
     ]
-    print(f"\n=== vLLM {VERSION}'s tests on {mode} ===", flush=True)
-    subprocess.run([*cmd, *TEST_FILES, *extra], cwd=work, env=env, check=False)
-    return parse_report(report)
+    print(f"\n=== vLLM {release.version}'s tests on {mode} ===", flush=True)
+    subprocess.run([*cmd, *release.test_files, *extra], cwd=work, env=env, check=False)
+    return parse_report(report, release)
 
 
-def parse_report(report: Path) -> dict[str, str]:
+def parse_report(report: Path, release: Release) -> dict[str, str]:
     """node id -> passed | failed | skipped | xfailed, from a junit XML report."""
     outcomes: dict[str, str] = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         classname, name = case.get("classname", ""), case.get("name", "")
         parts = classname.split(".")
         # classname is the module's dotted path, then the class for tests defined in a class
-        split = next((i for i in range(len(parts), 0, -1) if "/".join(parts[:i]) + ".py" in TEST_FILES), None)
+        split = next(
+            (i for i in range(len(parts), 0, -1) if "/".join(parts[:i]) + ".py" in release.test_files), None
+        )
         if split is None:
             continue
         nodeid = "::".join(["/".join(parts[:split]) + ".py", *parts[split:], name])
@@ -221,18 +308,20 @@ def parse_report(report: Path) -> dict[str, str]:
     return outcomes
 
 
-def summarize(results: dict[str, dict[str, str]]) -> int:
+def summarize(results: dict[str, dict[str, str]], release: Release) -> int:
     """Print the per-file table; return how many tests pass on stock vLLM but fail on kvspec unlisted."""
     modes = list(results)
-    print(f"\nvLLM {VERSION}'s tests per file: passed / failed / skipped (+ xfailed: known kvspec gaps)")
     print(
-        f"{'file':<52}"
+        f"\nvLLM {release.version}'s tests per file: passed / failed / skipped (+ xfailed: known kvspec gaps)"
+    )
+    print(
+        f"{'file':<66}"
         + "".join(f"{m:>24}" for m in modes)
         + ("   kvspec of stock's passes" if len(modes) == 2 else "")
     )
     regressions: list[str] = []
-    for file in TEST_FILES:
-        row = f"{file:<52}"
+    for file in release.test_files:
+        row = f"{file:<66}"
         for mode in modes:
             c = Counter(o for t, o in results[mode].items() if t.startswith(file + "::"))
             row += f"{c['passed']:>9} /{c['failed']:>4} /{c['skipped']:>4} (+{c['xfailed']})"
@@ -244,7 +333,7 @@ def summarize(results: dict[str, dict[str, str]]) -> int:
             share = f"{len(both)} / {len(stock_passes)}" if stock_passes else "-"
             row += f"   {share:>12}"
             regressions += [t for t in stock_passes if results["kvspec"].get(t) == "failed"]
-        if file not in ROUTED:
+        if file not in release.routed:
             row += "   (not routed: vLLM's own code ran)"
         print(row)
     for test in regressions:
@@ -255,19 +344,32 @@ def summarize(results: dict[str, dict[str, str]]) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--mode", choices=("both", "stock", "kvspec"), default="both")
+    parser.add_argument(
+        "--release", choices=sorted(RELEASES), default=None, help="default: the installed vLLM"
+    )
     args, extra = parser.parse_known_args()
+    version = args.release or _installed_vllm_version()
+    if version not in RELEASES:
+        sys.exit(f"vLLM {version} is installed; this runner knows the tests of {', '.join(sorted(RELEASES))}")
+    release = RELEASES[version]
     cache = ROOT / ".nox" / "vllm-sdist"
-    work = ROOT / ".nox" / "vllm-suite"
-    unpack(fetch_sdist(cache), work)
+    work = ROOT / ".nox" / f"vllm-suite-{release.version}"
+    unpack(fetch_sdist(cache, release.sdist), work, release)
     write_hf_cache(work / "hub")
     modes = ("stock", "kvspec") if args.mode == "both" else (args.mode,)
-    results = {mode: run_pytest(work, mode, extra) for mode in modes}
-    if summarize(results):
+    results = {mode: run_pytest(work, mode, extra, release) for mode in modes}
+    if summarize(results, release):
         sys.exit(1)
     if "kvspec" in results and any(o == "failed" for o in results["kvspec"].values()):
         failed = sorted(t for t, o in results["kvspec"].items() if o == "failed")
         stock = results.get("stock", {})
         print(f"{len(failed)} fail on kvspec; all of them fail on stock vLLM too" if stock else "")
+
+
+def _installed_vllm_version() -> str:
+    from importlib.metadata import version
+
+    return version("vllm")
 
 
 if __name__ == "__main__":

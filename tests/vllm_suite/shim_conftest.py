@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.environ["KVSPEC_SUITE_ROOT"], "tests", "vllm_
 from expected_differences import EXPECTED_DIFFERENCES, KNOWN_GAPS, OUT_OF_SCOPE  # type: ignore[import-not-found]
 
 # The stock run's marker and CPU platform, shared (importing it sets the platform).
-from stock_conftest import pytest_configure  # type: ignore[import-not-found]  # noqa: F401
+from stock_conftest import caplog_vllm, pytest_configure  # type: ignore[import-not-found]  # noqa: F401
 
 from kvspec.integrations import vllm_kv_cache_manager
 

@@ -36,6 +36,9 @@ class NoGetNumBlocksToAllocate:
     def free(self, request_id: str) -> None:
         pass
 
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return []
+
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
@@ -91,6 +94,9 @@ class NoAllocateNewComputedBlocks:
 
     def free(self, request_id: str) -> None:
         pass
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return []
 
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -154,6 +160,9 @@ class NoAllocateNewBlocks:
     def free(self, request_id: str) -> None:
         pass
 
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return []
+
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
@@ -215,6 +224,9 @@ class NoCacheBlocks:
 
     def free(self, request_id: str) -> None:
         pass
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return []
 
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -278,6 +290,9 @@ class NoFree:
     def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         pass
 
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return []
+
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
@@ -308,6 +323,71 @@ default_registry.register(FullAttentionSpec, NoFree)  # E: [arg-type] "type[NoFr
 
 def _free_is_required(manager: NoFree) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoFree", expected "KVCacheManager")  # N: free
+
+
+class NoPopBlocksForFree:
+    def __init__(self, context: ManagerContext) -> None:
+        self.context = context
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        return 0
+
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        pass
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
+        return []
+
+    def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
+        pass
+
+    def free(self, request_id: str) -> None:
+        pass
+
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        pass
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        return 0
+
+    def get_blocks(self, request_id: str) -> Sequence[KVCacheBlock]:
+        return []
+
+    @classmethod
+    def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
+        return HitResult(())
+
+    def new_step_starts(self) -> None:
+        pass
+
+    def iter_held_blocks(self) -> Iterator[KVCacheBlock]:
+        yield from ()
+
+    def take_new_block_ids(self) -> list[int]:
+        return []
+
+
+default_registry.register(FullAttentionSpec, NoPopBlocksForFree)  # E: [arg-type] "type[NoPopBlocksForFree]"; expected "type[KVCacheManager] | None"
+
+
+def _pop_blocks_for_free_is_required(manager: NoPopBlocksForFree) -> KVCacheManager:
+    return manager  # E: [return-value] (got "NoPopBlocksForFree", expected "KVCacheManager")  # N: pop_blocks_for_free
 
 
 class NoRemoveSkippedBlocks:
@@ -342,6 +422,9 @@ class NoRemoveSkippedBlocks:
 
     def free(self, request_id: str) -> None:
         pass
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return []
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         return 0
@@ -402,6 +485,9 @@ class NoGetNumCommonPrefixBlocks:
 
     def free(self, request_id: str) -> None:
         pass
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return []
 
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -465,6 +551,9 @@ class NoGetBlocks:
     def free(self, request_id: str) -> None:
         pass
 
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return []
+
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
@@ -527,6 +616,9 @@ class NoFindLongestCacheHit:
     def free(self, request_id: str) -> None:
         pass
 
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return []
+
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
@@ -587,6 +679,9 @@ class NoNewStepStarts:
 
     def free(self, request_id: str) -> None:
         pass
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return []
 
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -650,6 +745,9 @@ class NoIterHeldBlocks:
     def free(self, request_id: str) -> None:
         pass
 
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return []
+
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
@@ -711,6 +809,9 @@ class NoTakeNewBlockIds:
 
     def free(self, request_id: str) -> None:
         pass
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        return []
 
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None

@@ -28,6 +28,9 @@ class BlockStored:
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    #: Per stored block, the tokens after it that its hash covers (EAGLE lookahead block hashes); None
+    #: without lookahead hashing.
+    lookahead_token_ids: list[list[int]] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -385,6 +385,7 @@ class BlockPool:
         metrics_collector: BlockMetricsObserver | None = None,
         free_unhashed_first: bool = False,
         coarse_hash_is_last_fine: bool = False,
+        hash_lookahead_tokens: int = 0,
     ) -> None:
         if num_gpu_blocks <= 0:
             raise BlockPoolError(f"BlockPool needs at least 1 block (the null block), got {num_gpu_blocks}.")
@@ -407,6 +408,10 @@ class BlockPool:
         #: How a block of a multiple of the hash block size is keyed (``ReleaseProfile``): the last fine hash
         #: (vLLM 0.34) or the concatenation of its fine hashes (0.23).
         self.coarse_hash_is_last_fine = coarse_hash_is_last_fine
+        #: Tokens after each block that its hash also covers (vLLM 0.34's EAGLE lookahead block hashes: the
+        #: drafter's KV at a block's last position depends on them). A block is published only once its hash
+        #: exists, and its BlockStored event carries those tokens and extra keys over the block and them.
+        self.hash_lookahead_tokens = hash_lookahead_tokens
 
     # -- the lookup API a hit search uses (kvspec.contracts.manager.HitQuery.block_pool); it never
     # changes the pool. The map itself (cached_block_hash_to_block) is the pool's to write.
@@ -477,12 +482,17 @@ class BlockPool:
             # One entry per stored block, None for a block without extra keys (vLLM 0.23's form).
             needs_keys = request.needs_extra_keys
             extra: list[tuple[Any, ...] | None] = []
+            lookahead = self.hash_lookahead_tokens
+            lookahead_ids: list[list[int]] | None = [] if lookahead else None
             for i in range(num_cached_blocks, num_full_blocks):
                 if blocks[i].is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
                     continue
+                end = (i + 1) * block_size
                 extra.append(
-                    request.extra_keys_for_range(i * block_size, (i + 1) * block_size) if needs_keys else None
+                    request.extra_keys_for_range(i * block_size, end + lookahead) if needs_keys else None
                 )
+                if lookahead_ids is not None:
+                    lookahead_ids.append(list(request.all_token_ids[end : end + lookahead]))
             self.kv_event_queue.append(
                 BlockStored(
                     block_hashes=stored,
@@ -497,6 +507,7 @@ class BlockPool:
                     cache_salt=request.cache_salt,
                     extra_keys=extra or None,
                     group_idx=kv_cache_group_id,
+                    lookahead_token_ids=lookahead_ids,
                 )
             )
 

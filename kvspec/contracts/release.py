@@ -34,6 +34,9 @@ class ReleaseProfile:
     - ``eagle_margin_within_hashes``: in a hybrid hit search an EAGLE group looks one block past the
       candidate length, capped by the request's hashed tokens (0.34, B coord:875-885), which may pass the
       search's maximum (the last token); 0.23 caps it by that maximum.
+    - ``publish_only_hashed_blocks``: a block is published to the prefix cache only once the request has its
+      hash (0.34: the engine may hash later, e.g. EAGLE lookahead hashes wait for the tokens after the
+      block); 0.23 requires every computed full block to be hashed (kvspec: a ``BlockPoolError``).
     """
 
     name: str
@@ -45,6 +48,7 @@ class ReleaseProfile:
     sink_reserves_blocks: bool
     coarse_hash_is_last_fine: bool
     eagle_margin_within_hashes: bool
+    publish_only_hashed_blocks: bool
 
     def check_mamba_cache_mode(self, mode: str) -> None:
         """UnsupportedConfigurationError unless this release runs Mamba ``mode``."""
@@ -65,6 +69,7 @@ VLLM_0_23 = ReleaseProfile(
     sink_reserves_blocks=True,
     coarse_hash_is_last_fine=False,
     eagle_margin_within_hashes=False,
+    publish_only_hashed_blocks=False,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -76,6 +81,7 @@ VLLM_0_34 = ReleaseProfile(
     sink_reserves_blocks=False,
     coarse_hash_is_last_fine=True,
     eagle_margin_within_hashes=True,
+    publish_only_hashed_blocks=True,
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_34)}

@@ -42,8 +42,13 @@ class KVCacheCoordinator(CoordinatorCore):
         registry: AnyRegistry | None = None,
         prefix_cache_retention_interval: int | None = None,
         profile: ReleaseProfile | None = None,
+        hash_lookahead_tokens: int = 0,
+        num_reprefillable_tokens: int = 0,
     ) -> None:
-        """``profile``: the vLLM release whose behaviour to reproduce (``kvspec.contracts.release``; None:
+        """``num_reprefillable_tokens``: the last computed tokens a multi-module MTP drafter may prefill
+        again (vLLM 0.34's num_prefill_lookahead - 1); they are not published until final.
+        ``hash_lookahead_tokens``: tokens after each block that the engine's block hash also covers
+        (vLLM 0.34's EAGLE lookahead block hashes); blocks are published only once hashed. ``profile``: the vLLM release whose behaviour to reproduce (``kvspec.contracts.release``; None:
         ``DEFAULT_PROFILE``). ``prefix_cache_retention_interval`` (tokens, a multiple of the scheduler block; None: cache
         every full block) keeps windowed groups' cached tails only once per interval plus at the prompt's
         replay boundary (vLLM's VLLM_PREFIX_CACHE_RETENTION_INTERVAL); it needs a sliding-window group."""
@@ -59,4 +64,6 @@ class KVCacheCoordinator(CoordinatorCore):
             registry=registry,
             prefix_cache_retention_interval=prefix_cache_retention_interval,
             profile=profile,
+            hash_lookahead_tokens=hash_lookahead_tokens,
+            num_reprefillable_tokens=num_reprefillable_tokens,
         )

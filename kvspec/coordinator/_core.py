@@ -148,6 +148,8 @@ class CoordinatorCore:
         registry: AnyRegistry | None = None,
         prefix_cache_retention_interval: int | None = None,
         profile: ReleaseProfile | None = None,
+        hash_lookahead_tokens: int = 0,
+        num_reprefillable_tokens: int = 0,
     ) -> None:
         # Documented on kvspec.coordinator.KVCacheCoordinator.__init__, the checked public door.
         registry = default_registry if registry is None else registry
@@ -180,6 +182,7 @@ class CoordinatorCore:
                         f"{self.hash_block_size}."
                     )
         _check_retention_interval(prefix_cache_retention_interval, self.scheduler_block_size, self.traits)
+        self.prefix_cache_retention_interval: Final = prefix_cache_retention_interval
         self.block_pool = BlockPool(
             kv_cache_config.num_blocks,
             enable_caching=enable_caching,
@@ -187,8 +190,24 @@ class CoordinatorCore:
             enable_kv_cache_events=enable_kv_cache_events,
             free_unhashed_first=self.profile.free_unhashed_first,
             coarse_hash_is_last_fine=self.profile.coarse_hash_is_last_fine,
+            hash_lookahead_tokens=hash_lookahead_tokens,
+        )
+        self.hash_lookahead_tokens: Final = hash_lookahead_tokens
+        # Blocks are published only as far as the request is hashed (lookahead hashes lag the tokens).
+        self._publish_only_hashed: Final = (
+            hash_lookahead_tokens > 0 or self.profile.publish_only_hashed_blocks
         )
         self._eagle_group_ids: Final = _eagle_groups(groups, self.specs, use_eagle)
+        if num_reprefillable_tokens < 0:
+            raise UnsupportedConfigurationError(
+                f"num_reprefillable_tokens must be >= 0 (tokens), got {num_reprefillable_tokens}."
+            )
+        if enable_caching and self._eagle_group_ids and self.scheduler_block_size <= num_reprefillable_tokens:
+            raise UnsupportedConfigurationError(
+                f"Multi-module MTP with prefix caching requires scheduler_block_size (={self.scheduler_block_size}) "
+                f">= num_speculative_tokens (={num_reprefillable_tokens + 1}); use a larger block or fewer tokens."
+            )
+        self.num_reprefillable_tokens: Final = num_reprefillable_tokens
         self.managers: list[KVCacheManager] = [
             manager_cls(
                 ManagerContext(
@@ -250,6 +269,13 @@ class CoordinatorCore:
         # Requests whose prefix hit was attached: later calls take the short per-step path.
         self._admitted: set[str] = set()
         self._cached_tokens: dict[str, int] = {}
+        # External tokens attach in two phases (all groups' hits, then all groups' external blocks) when every
+        # decoder manager splits allocate_new_computed_blocks as the base class does.
+        self._two_phase_external: Final = len(self._decoder_groups) > 1 and all(
+            isinstance(m, SingleTypeKVCacheManager)
+            and type(m).allocate_new_computed_blocks is SingleTypeKVCacheManager.allocate_new_computed_blocks
+            for m in self._decoder_managers
+        )
         # Managers that can free blocks early; full attention's remove_skipped_blocks is a no-op.
         self._skipping_managers = [m for m in self.managers if _may_skip_blocks(type(m))]
 
@@ -412,8 +438,18 @@ class CoordinatorCore:
         if num_blocks + watermark > self.block_pool.free_block_queue.num_free_blocks - reserved:
             return None
         if attach:
-            for gid, manager in self._decoder_groups:
-                manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)
+            if external and self._two_phase_external and request_id not in self._admitted:
+                # Every group's hit blocks are taken before any group allocates for external tokens, or
+                # that allocation could evict a later group's hit and hand one block out twice.
+                for gid, manager in self._decoder_groups:
+                    assert isinstance(manager, SingleTypeKVCacheManager)
+                    manager.add_local_computed_blocks(request_id, computed[gid], local, external)
+                for _, manager in self._decoder_groups:
+                    assert isinstance(manager, SingleTypeKVCacheManager)
+                    manager.allocate_external_computed_blocks(request_id, local, external)
+            else:
+                for gid, manager in self._decoder_groups:
+                    manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)
             for _, manager in self._encoder_groups:
                 manager.allocate_new_computed_blocks(request_id, (), 0, 0)
             self._admitted.add(request_id)
@@ -624,7 +660,19 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
     """Publish the request's full blocks up to ``num_computed_tokens`` (aligned for hybrids)."""
     if not coord.enable_caching:
         return
+    if coord._publish_only_hashed:
+        # A block's hash may come later (lookahead hashes wait for the tokens after it): publish what is hashed.
+        hashed = len(request.block_hashes) * coord.hash_block_size
+        if hashed < num_computed_tokens:
+            num_computed_tokens = hashed
     scheduler_block = coord.scheduler_block_size
+    # The last tokens a multi-module MTP drafter may re-prefill are not final: not published yet.
+    reprefillable = coord.num_reprefillable_tokens
+    single = len(coord.specs) == 1
+    if reprefillable and single:
+        num_computed_tokens = (
+            num_computed_tokens - reprefillable if num_computed_tokens > reprefillable else 0
+        )
     aligned = num_computed_tokens // scheduler_block * scheduler_block
     if not coord._eagle_group_ids:
         # Nothing new to publish until another scheduler block is complete (the common decode step).
@@ -632,16 +680,19 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
             return
         coord._cached_tokens[request.request_id] = aligned
     groups = coord._caching_groups
-    if len(coord.specs) == 1:
+    if single:
         if groups:
             groups[0][1].cache_blocks(request, num_computed_tokens)
         return
+    finalized = num_computed_tokens - reprefillable if num_computed_tokens > reprefillable else 0
+    finalized_aligned = finalized // scheduler_block * scheduler_block
     for gid, manager in groups:
         n = aligned
         if gid in coord._eagle_group_ids and aligned > 0:
+            # An EAGLE hit matches one block past the aligned boundary and drops it: that block is cached.
             n = min(
-                num_computed_tokens,
-                aligned
+                finalized,
+                finalized_aligned
                 + coord.traits[gid].block_tokens(coord.specs[gid].block_size)
                 * coord.limits.context_parallel_size,
             )
@@ -702,10 +753,15 @@ def _check_retention_interval(
 ) -> None:
     if interval is None:
         return
-    if not any(t.sliding_window is not None for t in traits):
+    # Retention thins the caches of windowed and state (Mamba-like) groups; 0 (vLLM 0.34's planned default)
+    # is accepted as a no-op for any model, a positive interval only where it has an effect.
+    if not any(t.sliding_window is not None or t.hits_at_own_block_boundaries for t in traits):
+        if interval == 0:
+            return
         raise UnsupportedConfigurationError(
-            "prefix_cache_retention_interval is set but no KV cache group has a sliding window, so "
-            "retention has no effect; leave it None (it only thins sliding-window caches)."
+            "prefix_cache_retention_interval is set but this model has no sliding-window or Mamba KV cache "
+            "group, so retention has no effect; set it to 0 or None (it only thins sliding-window and Mamba "
+            "caches)."
         )
     if (
         isinstance(interval, bool)

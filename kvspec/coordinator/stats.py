@@ -82,6 +82,7 @@ def annotate_events(
                     group_idx=event.group_idx,
                     kv_cache_spec_kind=meta.kind,
                     kv_cache_spec_sliding_window=meta.sliding_window,
+                    lookahead_token_ids=event.lookahead_token_ids,
                 )
             else:
                 (log or logger).warning("Group index `%s` not in KV cache metadata", event.group_idx)

@@ -218,6 +218,24 @@ class _CoordinatorFacade:
         ``num_cached_block``: private fields on kvspec's managers)."""
         return [VllmManagerView(m) for m in self._coordinator.managers]
 
+    # vLLM 0.34's coordinator state the Scheduler and its tests read.
+    @property
+    def retention_interval(self) -> int | None:
+        """The sparse retention interval in effect (tokens; None: dense)."""
+        return self._coordinator.prefix_cache_retention_interval
+
+    #: kvspec makes no sub-block (partial) prefix hits.
+    enable_partial_hash_hits = False
+
+    @property
+    def group_block_sizes(self) -> tuple[int, ...]:
+        """Each group's block in tokens (context parallelism included), as vLLM 0.34's coordinator lists it."""
+        return tuple(m.block_size for m in self._coordinator.managers)  # type: ignore[attr-defined]
+
+    @property
+    def eagle_group_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(self._coordinator._eagle_group_ids))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._coordinator, name)
 
@@ -270,7 +288,12 @@ def event_to_vllm(event: object) -> Any:
     ev, external, event_keys = _vllm_event_api()
     if isinstance(event, BlockStored):
         parent = event.parent_block_hash
+        # vLLM 0.34's event also carries the EAGLE lookahead tokens (0.23's has no such field).
+        lookahead = (
+            {} if event.lookahead_token_ids is None else {"lookahead_token_ids": event.lookahead_token_ids}
+        )
         return ev.BlockStored(
+            **lookahead,
             block_hashes=[external(h) for h in event.block_hashes],
             parent_block_hash=None if parent is None else external(parent),
             token_ids=list(event.token_ids),
@@ -359,6 +382,8 @@ class VllmKVCacheManager:
         registry: AnyRegistry | None = None,
         spec_converter: SpecConverter | None = None,
         profile: ReleaseProfile | None = None,
+        hash_lookahead_tokens: int = 0,
+        num_reprefillable_tokens: int = 0,
     ) -> None:
         vllm_manager_module = importlib.import_module("vllm.v1.core.kv_cache_manager")
         self._vllm_blocks_cls: Any = vllm_manager_module.KVCacheBlocks
@@ -391,6 +416,8 @@ class VllmKVCacheManager:
             if profile is None
             else profile,
             prefix_cache_retention_interval=_retention_interval(kv_cache_config),
+            hash_lookahead_tokens=hash_lookahead_tokens,
+            num_reprefillable_tokens=num_reprefillable_tokens,
         )
         # vLLM's collector (or kvspec's: same calls) is told of allocations, hits and evictions by kvspec's pool.
         self.kvspec_coordinator.block_pool.metrics_collector = metrics_collector
@@ -576,9 +603,10 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
     ``take_boundary_state_offloads``, ``finalize_partial_tail_offloads`` (empty: kvspec makes no partial
     sub-block hits, so there is no copy-on-write block and no boundary state to hand off).
 
-    Refused at construction, each with the setting that turns it off: EAGLE lookahead block hashes
-    (``num_hash_lookahead_tokens`` > 0: ``speculative_config.disable_lookahead_block_hashes=True``) and
-    multi-module MTP re-prefill (``num_prefill_lookahead`` > 1).
+    ``num_hash_lookahead_tokens`` (EAGLE lookahead block hashes, 0.34's default with a draft model: vLLM's
+    engine hashes each block with the tokens after it) makes the pool publish a block only once its hash
+    exists and put those tokens in its events; ``num_prefill_lookahead`` (multi-module MTP) keeps the last
+    ``num_prefill_lookahead - 1`` computed tokens, which the drafter may prefill again, unpublished.
     """
 
     def __init__(
@@ -603,17 +631,6 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
         spec_converter: SpecConverter | None = None,
         profile: ReleaseProfile | None = None,
     ) -> None:
-        if num_hash_lookahead_tokens:
-            raise UnsupportedConfigurationError(
-                f"num_hash_lookahead_tokens={num_hash_lookahead_tokens}: kvspec does not hash EAGLE lookahead "
-                "tokens into blocks (vLLM 0.34's default with a speculative config); set "
-                "speculative_config.disable_lookahead_block_hashes=True to run on kvspec."
-            )
-        if num_prefill_lookahead > 1:
-            raise UnsupportedConfigurationError(
-                f"num_prefill_lookahead={num_prefill_lookahead}: kvspec does not re-prefill multi-module MTP "
-                "tails; use a single-module draft (num_prefill_lookahead <= 1) to run on kvspec."
-            )
         if not 0.0 <= watermark <= 1.0:
             raise UnsupportedConfigurationError(f"watermark must be within [0, 1], got {watermark!r}.")
         super().__init__(
@@ -633,8 +650,11 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
             registry=registry,
             spec_converter=spec_converter,
             profile=profile,
+            hash_lookahead_tokens=int(num_hash_lookahead_tokens),
+            num_reprefillable_tokens=max(0, num_prefill_lookahead - 1),
         )
         self.enable_kv_cache_events = enable_kv_cache_events
+        self._live_stats: Any = self._vllm_stats_cls() if log_stats else None
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         # kvspec keeps no Mamba checkpoint at a shared-prefix junction (vLLM's opt-in); the Scheduler reads it.
         self.mamba_shared_prefix_checkpoint = False
@@ -675,9 +695,28 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
         _, num_hits, _ = self.kvspec_coordinator.lookup_prefix(self._view(request), request.num_tokens - 1)
         return num_hits
 
+    # vLLM 0.34's Scheduler and tests hold the stats object and read it as it fills: it is a live vLLM
+    # ``PrefixCacheStats`` here (0.23's adapter hands out copies of the coordinator's).
+    @property
+    def prefix_cache_stats(self) -> Any:
+        return self._live_stats
+
+    @prefix_cache_stats.setter
+    def prefix_cache_stats(self, stats: Any) -> None:
+        self._live_stats = stats
+
+    def make_prefix_cache_stats(self) -> Any:
+        if not self.log_stats:
+            return None
+        stats, self._live_stats = self._live_stats, self._vllm_stats_cls()
+        return stats
+
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        """Count one admitted lookup (the Scheduler calls it once per admission, preempted ones apart)."""
         if self.log_stats and self.prefix_cache_lookup_enabled(request):
-            self.kvspec_coordinator.record_prefix_hit(self._view(request), num_hits)
+            self._live_stats.record(
+                num_tokens=request.num_tokens, num_hits=num_hits, preempted=request.num_preemptions > 0
+            )
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
         """The hit ``blocks`` cut at ``num_computed_tokens`` (a multiple of every group's block); no ref
@@ -763,7 +802,11 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
         return self.kvspec_coordinator.pop_blocks_for_free(request.request_id)
 
     def reset_prefix_cache(self) -> bool:
-        return self.kvspec_coordinator.reset_prefix_cache()
+        if not self.kvspec_coordinator.reset_prefix_cache():
+            return False
+        if self.log_stats:
+            self._live_stats.reset = True
+        return True
 
     # -- queries --------------------------------------------------------------------------------------
 

@@ -101,6 +101,9 @@ VLLM_STATE_NAMES: dict[str, str] = {
 }
 
 
+_CONTEXT_NAMES = frozenset({"dcp_world_size", "pcp_world_size", "max_model_len"})
+
+
 class VllmManagerView:
     """One of kvspec's managers as vLLM's coordinator lists it (``single_type_managers``): every attribute is
     the manager's, vLLM's state names included, and ``isinstance`` sees the manager's class."""
@@ -115,6 +118,8 @@ class VllmManagerView:
         return type(self._manager)
 
     def __getattr__(self, name: str) -> Any:
+        if name in _CONTEXT_NAMES:  # settings vLLM keeps on the manager, kvspec on its context
+            return getattr(self._manager.context, name)
         return getattr(self._manager, VLLM_STATE_NAMES.get(name, name))
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -8,6 +8,7 @@ vLLM's objects. ``get_kv_cache_configs`` also does what vLLM's does to the confi
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -58,12 +59,25 @@ def config_to_vllm(config: KVCacheConfig) -> Any:
     return iface.KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=[
-            iface.KVCacheTensor(size=t.size, shared_by=list(t.shared_by)) for t in config.kv_cache_tensors
+            _tensor_to_vllm(iface, t.size, list(t.shared_by), config.num_blocks)
+            for t in config.kv_cache_tensors
         ],
         kv_cache_groups=[
             iface.KVCacheGroupSpec(list(g.layer_names), to_vllm(g.kv_cache_spec), g.is_eagle_group)
             for g in config.kv_cache_groups
         ],
+    )
+
+
+def _tensor_to_vllm(iface: Any, size: int, layers: list[str], num_blocks: int) -> Any:
+    """vLLM's ``KVCacheTensor``. 0.23 lists the layers sharing the tensor (``shared_by``); 0.34 places layers
+    by strides: kvspec's layers share the whole tensor (one per group, overlaid: a block id belongs to one
+    group at a time), so each starts at byte 0 (layer stride 0) with one page per block."""
+    names = {f.name for f in dataclasses.fields(iface.KVCacheTensor)}
+    if "shared_by" in names:
+        return iface.KVCacheTensor(size=size, shared_by=layers)
+    return iface.KVCacheTensor(
+        size=size, layers=layers, layer_stride=0, block_stride=size // max(num_blocks, 1)
     )
 
 
@@ -76,7 +90,9 @@ def config_from_vllm(
     return KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=tuple(
-            KVCacheTensor(size=t.size, shared_by=tuple(t.shared_by)) for t in config.kv_cache_tensors
+            # vLLM 0.34 names the layers of a tensor ``layers`` (0.23: ``shared_by``).
+            KVCacheTensor(size=t.size, shared_by=tuple(getattr(t, "shared_by", None) or t.layers))
+            for t in config.kv_cache_tensors
         ),
         kv_cache_groups=tuple(
             KVCacheGroupSpec(

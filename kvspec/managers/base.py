@@ -175,15 +175,29 @@ class SingleTypeKVCacheManager:
                     f"Request {request_id!r} is already running; it cannot take new prefix-hit blocks."
                 )
             return
+        self.add_local_computed_blocks(
+            request_id, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
+        )
+        self.allocate_external_computed_blocks(
+            request_id, num_local_computed_tokens, num_external_computed_tokens
+        )
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """First half of ``allocate_new_computed_blocks``: take the prefix-hit blocks (those attention still
+        reads; null blocks stand for the skipped ones). The coordinator does this for every group before any
+        group allocates blocks for external tokens, so that allocation cannot evict another group's hit."""
         req_blocks = self._req_to_blocks.setdefault(request_id, [])
         total = num_local_computed_tokens + num_external_computed_tokens
-        num_skipped_tokens = self.get_num_skipped_tokens(total)
-        num_skipped_blocks = num_skipped_tokens // self._block_size
+        num_skipped_blocks = self.get_num_skipped_tokens(total) // self._block_size
         blocks = list(new_computed_blocks)
-        external = num_external_computed_tokens
         if num_skipped_blocks > 0:
             blocks = blocks[num_skipped_blocks:]
-            external = min(total - num_skipped_tokens, external)
         if self._caching:
             self._pool.touch(blocks)
         elif blocks:
@@ -191,13 +205,21 @@ class SingleTypeKVCacheManager:
         req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(blocks)
         self._num_cached_block[request_id] = len(req_blocks)
-        if external > 0:
-            num_new = cdiv(total, self._block_size) - len(req_blocks)
-            if num_new > 0:
-                allocated = self._pool.get_new_blocks(num_new)
-                req_blocks.extend(allocated)
-                if self._track_new_block_ids:
-                    self._new_block_ids.extend([b.block_id for b in allocated])
+
+    def allocate_external_computed_blocks(
+        self, request_id: str, num_local_computed_tokens: int, num_external_computed_tokens: int
+    ) -> None:
+        """Second half of ``allocate_new_computed_blocks``: fresh blocks for the tokens a connector loads."""
+        if num_external_computed_tokens <= 0:
+            return
+        req_blocks = self._req_to_blocks.setdefault(request_id, [])
+        total = num_local_computed_tokens + num_external_computed_tokens
+        num_new = cdiv(total, self._block_size) - len(req_blocks)
+        if num_new > 0:
+            allocated = self._pool.get_new_blocks(num_new)
+            req_blocks.extend(allocated)
+            if self._track_new_block_ids:
+                self._new_block_ids.extend([b.block_id for b in allocated])
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int

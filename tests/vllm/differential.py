@@ -130,6 +130,38 @@ def _installed_vllm_is_0_23() -> bool:
 
 RELEASE_0_23 = _installed_vllm_is_0_23()
 
+
+def _mixed_block_sizes(w: Workload) -> bool:
+    return (
+        len({s.block_size for f, s in zip(w.families, w.group_specs, strict=True) if f != "mamba_none"}) > 1
+    )
+
+
+#: vLLM 0.34 behaviour kvspec does not reproduce yet (issue 19): a workload that meets one ends there and is
+#: counted apart, as an expected difference is. Each recogniser names the workloads the gap can reach.
+KNOWN_GAPS_0_34: dict[str, ExpectedDifference] = {
+    "vLLM 0.34's reworked Mamba 'align'": ExpectedDifference(
+        reason=(
+            "0.34 reworked Mamba 'align': prefill checkpoints and their reservation (prefill_end), boundary "
+            "state hand-offs, frees across null gaps; kvspec reproduces 0.23's rules"
+        ),
+        vllm_line="vllm/v1/core/single_type_kv_cache_manager.py:1553-1632, 1670-1777",
+        matches=lambda w, what, stock, ours: "mamba_align" in w.families,
+    ),
+    "vLLM 0.34's partial prompt-tail entries": ExpectedDifference(
+        reason=(
+            "with group blocks larger than the hash block, 0.34 registers the prompt's last hash boundary "
+            "inside a block as a partial prefix-cache entry (the block becomes hashed: it is freed to the "
+            "queue's tail and stored / removed in KV events); kvspec publishes full blocks only"
+        ),
+        vllm_line="vllm/v1/core/single_type_kv_cache_manager.py:845-902; block_pool.py:459-560",
+        matches=lambda w, what, stock, ours: w.enable_caching and _mixed_block_sizes(w),
+    ),
+}
+#: The differences the installed release's run may meet: kvspec's deliberate ones against 0.23, the known
+#: gaps against 0.34 (0.34 fixed the bugs behind the 0.23 list).
+ACTIVE_DIFFERENCES = EXPECTED_DIFFERENCES if RELEASE_0_23 else KNOWN_GAPS_0_34
+
 FAMILIES = (
     "full",
     "sliding_window",
@@ -475,7 +507,7 @@ class _Lockstep:
     def same(self, what: str, stock: Any, ours: Any) -> None:
         self.outcome.calls += 1
         if stock != ours:
-            for name, expected in EXPECTED_DIFFERENCES.items():
+            for name, expected in ACTIVE_DIFFERENCES.items():
                 if expected.matches(self.w, what, stock, ours):
                     raise Expected(name)
             raise Divergence(

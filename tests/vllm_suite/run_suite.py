@@ -231,6 +231,7 @@ def fetch_sdist(cache: Path, sdist: str) -> Path:
 def unpack(archive: Path, work: Path, release: Release) -> None:
     if work.exists():
         shutil.rmtree(work)
+    work.mkdir(parents=True)
     wanted = {f"vllm-{release.version}/{name}" for name in release.test_files + release.helper_files}
     with tarfile.open(archive) as tar:
         for member in tar.getmembers():
@@ -255,16 +256,19 @@ def write_hf_cache(hub: Path) -> None:
         (repo / "refs" / "main").write_text(revision)
 
 
-def run_pytest(work: Path, mode: str, extra: list[str], release: Release) -> dict[str, str]:
-    """pytest over the files in ``mode`` ("stock" or "kvspec"); the outcome of every test by node id."""
-    conftest = work / "conftest.py"
-    shutil.copy(HERE / ("shim_conftest.py" if mode == "kvspec" else "stock_conftest.py"), conftest)
-    report = work / f"report-{mode}.xml"
+def start_pytest(
+    work: Path, hub: Path, mode: str, extra: list[str], release: Release
+) -> subprocess.Popen[bytes]:
+    """pytest over the files in ``mode`` ("stock" or "kvspec"), in its own copy of the tests (``work``: the
+    two runs go side by side, one per core), its output to ``work/pytest.log``."""
+    shutil.copy(
+        HERE / ("shim_conftest.py" if mode == "kvspec" else "stock_conftest.py"), work / "conftest.py"
+    )
     env = dict(os.environ)
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
-        HF_HUB_CACHE=str(work / "hub"),
+        HF_HUB_CACHE=str(hub),
         HF_HOME=str(work / "hf-home"),
         VLLM_LOGGING_LEVEL="ERROR",
         KVSPEC_SUITE_ROOT=str(ROOT),
@@ -278,11 +282,20 @@ def run_pytest(work: Path, mode: str, extra: list[str], release: Release) -> dic
         "no:cacheprovider",
         "-rs",
         "--tb=line",
-        f"--junitxml={report}",
+        f"--junitxml={work / 'report.xml'}",
     ]
+    log = (work / "pytest.log").open("wb")
+    return subprocess.Popen(
+        [*cmd, *release.test_files, *extra], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+
+
+def finish_pytest(proc: subprocess.Popen[bytes], work: Path, mode: str, release: Release) -> dict[str, str]:
+    """Wait for a run, print its output, and return the outcome of every test by node id."""
+    proc.wait()
     print(f"\n=== vLLM {release.version}'s tests on {mode} ===", flush=True)
-    subprocess.run([*cmd, *release.test_files, *extra], cwd=work, env=env, check=False)
-    return parse_report(report, release)
+    sys.stdout.write((work / "pytest.log").read_text(errors="replace"))
+    return parse_report(work / "report.xml", release)
 
 
 def parse_report(report: Path, release: Release) -> dict[str, str]:
@@ -354,10 +367,13 @@ def main() -> None:
     release = RELEASES[version]
     cache = ROOT / ".nox" / "vllm-sdist"
     work = ROOT / ".nox" / f"vllm-suite-{release.version}"
-    unpack(fetch_sdist(cache, release.sdist), work, release)
-    write_hf_cache(work / "hub")
+    archive = fetch_sdist(cache, release.sdist)
     modes = ("stock", "kvspec") if args.mode == "both" else (args.mode,)
-    results = {mode: run_pytest(work, mode, extra, release) for mode in modes}
+    for mode in modes:
+        unpack(archive, work / mode, release)
+    write_hf_cache(work / "hub")
+    running = {mode: start_pytest(work / mode, work / "hub", mode, extra, release) for mode in modes}
+    results = {mode: finish_pytest(proc, work / mode, mode, release) for mode, proc in running.items()}
     if summarize(results, release):
         sys.exit(1)
     if "kvspec" in results and any(o == "failed" for o in results["kvspec"].values()):

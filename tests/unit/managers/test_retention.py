@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvspec import KVCacheCoordinator, SchedulerLimits, UnsupportedConfigurationError
-from tests.helpers import full_spec, make_config, make_request, sw_spec
+from tests.helpers import full_spec, make_config, make_request, schedule, sw_spec
 
 
 def coordinator(specs: list[object], interval: int | None, *, use_eagle: bool = False) -> KVCacheCoordinator:
@@ -51,7 +51,7 @@ def test_interval_keeps_one_tail_per_segment_plus_the_replay_tail() -> None:
 @pytest.mark.parametrize(
     ("specs", "interval", "message"),
     [
-        ([full_spec(16)], 64, "no KV cache group has a sliding window"),
+        ([full_spec(16)], 64, "no sliding-window or Mamba KV cache group"),
         ([sw_spec(32, 16)], -16, "non-negative int"),
         ([full_spec(32), sw_spec(32, 16)], 48, "multiple of scheduler_block_size \\(32\\)"),
     ],
@@ -59,6 +59,16 @@ def test_interval_keeps_one_tail_per_segment_plus_the_replay_tail() -> None:
 def test_bad_intervals_are_refused(specs: list[object], interval: int, message: str) -> None:
     with pytest.raises(UnsupportedConfigurationError, match=message):
         coordinator(specs, interval)
+
+
+def test_interval_zero_is_accepted_where_retention_has_nothing_to_thin() -> None:
+    """vLLM 0.34 plans 0 into every configuration: a full-attention model caches densely with it."""
+    coord = coordinator([full_spec(16)], 0)
+    first = make_request(coord, "first", list(range(100)))
+    schedule(coord, first)
+    coord.free(first)
+    _, hit = coord.get_computed_blocks(make_request(coord, "again", list(range(100))))
+    assert hit == 96
 
 
 def test_eagle_group_makes_its_same_spec_siblings_eagle() -> None:

@@ -47,20 +47,28 @@ from kvspec.contracts.release import VLLM_0_34, ReleaseProfile
 from kvspec.planning import generate_scheduler_kv_cache_config, get_kv_cache_configs
 
 
-def _release_profile() -> ReleaseProfile:
-    """The profile of the installed vLLM (kvspec reproduces that release; 0.23 when vLLM is absent), or the one
-    KVSPEC_BENCH_PROFILE names."""
+def _installed_profile() -> ReleaseProfile:
+    """The profile of the installed vLLM's release (0.23 when vLLM is absent)."""
     import importlib.metadata
 
-    from kvspec.contracts.release import PROFILES, VLLM_0_23, profile_for_vllm_version
+    from kvspec.contracts.release import VLLM_0_23, profile_for_vllm_version
 
-    forced = os.environ.get("KVSPEC_BENCH_PROFILE")  # e.g. vllm-0.23 against 0.34: shows the check is sensitive
-    if forced:
-        return PROFILES[forced]
     try:
         return profile_for_vllm_version(importlib.metadata.version("vllm"))
     except importlib.metadata.PackageNotFoundError:
         return VLLM_0_23
+
+
+def _release_profile() -> ReleaseProfile:
+    """The profile of the installed vLLM (kvspec reproduces that release; 0.23 when vLLM is absent), or the one
+    KVSPEC_BENCH_PROFILE names."""
+
+    from kvspec.contracts.release import PROFILES
+
+    forced = os.environ.get(
+        "KVSPEC_BENCH_PROFILE"
+    )  # e.g. vllm-0.23 against 0.34: shows the check is sensitive
+    return PROFILES[forced] if forced else _installed_profile()
 
 
 PROFILE = _release_profile()
@@ -676,7 +684,7 @@ def check_identical(runners: list[Any], quick: bool, lines: list[str]) -> bool:
         ("chunked local 3:1 full", "chunked32", 16384),
         ("SW + full + Mamba", "hybrid128", 65536),
     ]
-    if PROFILE is VLLM_0_34:
+    if _installed_profile() is VLLM_0_34:
         # 0.34 runs Mamba with prefix caching in "align" mode only, which it reworked (a known gap: issue
         # 19); its two new families get a shape of their own.
         lines.append("SW + full + Mamba: not compared against vLLM 0.34 (its reworked Mamba 'align' mode)")

@@ -26,7 +26,9 @@ def test_no_divergence_and_every_family_and_setting_covered(subset: list[differe
     report = differential.summary(subset)
     assert not [o for o in subset if o.divergence or o.stalled or o.refused], report
     families = {f for o in subset if not o.expected for f in o.families}
-    assert families == set(differential.FAMILIES), report
+    # vLLM 0.34 has no Mamba "all" mode (and its Mamba "align" is a known gap: those workloads end early).
+    expected = set(differential.FAMILIES) - (set() if differential.RELEASE_0_23 else {"mamba_all"})
+    assert families == expected, report
     settings = {s for o in subset for s in o.features}
     assert {
         "DCP 2",

@@ -79,9 +79,19 @@ def bench(session: nox.Session) -> None:
     """kvspec against vllm==0.23.0 (installed with --no-deps next to CPU torch 2.13.0); not part of `nox`.
     Runs the pure kvspec of this checkout and, in a worker process, its compiled build beside vLLM
     (the build from KVSPEC_COMPILED_DIR if it holds one, else a new one; KVSPEC_BENCH_PURE_ONLY=1 skips it)."""
+    _bench(session, "0.23.0")
+
+
+@nox.session(python="3.11", default=False)
+def bench034(session: nox.Session) -> None:
+    """``bench`` against vllm==0.34.0 (kvspec under the VLLM_0_34 profile; W4 planning is not compared)."""
+    _bench(session, "0.34.0")
+
+
+def _bench(session: nox.Session, version: str) -> None:
     import os
 
-    _install_vllm(session)
+    _install_vllm(session, version)
     session.install("beartype>=0.19")
     extra: list[str] = []
     if os.environ.get("KVSPEC_BENCH_PURE_ONLY", "") not in ("1", "true", "yes"):

@@ -35,6 +35,7 @@ from kvspec.blocks.pool import KVCacheBlock
 from kvspec.blocks.request import Request
 from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.manager import KVCacheManager
+from kvspec.contracts.release import ReleaseProfile
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.contracts.traits import SpecTraits, block_tokens_of, event_kind, traits_of
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
@@ -415,6 +416,7 @@ class _Driver:
         registry: AnyRegistry,
         caching: bool,
         label: str,
+        profile: ReleaseProfile | None = None,
     ) -> None:
         self.coord = KVCacheCoordinator(
             generate_scheduler_kv_cache_config([config]),
@@ -423,6 +425,7 @@ class _Driver:
             enable_kv_cache_events=True,
             log_stats=True,
             registry=registry,
+            profile=profile,
         )
         self.checker = CoordinatorChecker(self.coord)
         self.label = label
@@ -528,8 +531,9 @@ class _Scenario(_Driver):
         caching: bool,
         report: ConformanceReport,
         label: str,
+        profile: ReleaseProfile | None = None,
     ) -> None:
-        super().__init__(config, limits, registry, caching, label)
+        super().__init__(config, limits, registry, caching, label, profile)
         self.report = report
 
     def admit_whole(self, request: Request) -> int:
@@ -668,11 +672,14 @@ def check_plugin(
     uniform_type_base_spec: type[KVCacheSpec] | None = None,
     registry: AnyRegistry | None = None,
     num_blocks: int = 64,
+    profile: ReleaseProfile | None = None,
 ) -> ConformanceReport:
     """Check a spec/manager pair end to end (see the module docstring); raise on the first failure.
 
     The pair is registered in a scratch registry that starts from ``registry`` (default: the default
-    registry), so the caller's registry is never changed. Returns what was checked.
+    registry), so the caller's registry is never changed. ``profile``: the vLLM release whose behaviour the
+    coordinators reproduce (default ``DEFAULT_PROFILE``; a spec only one release runs, such as Mamba "all",
+    needs that release's). Returns what was checked.
     """
     scratch = _scratch_registry(spec, manager_cls, uniform_type_base_spec, registry, "conformance")
     report = ConformanceReport(spec_class=type(spec).__qualname__, manager_class=manager_cls.__qualname__)
@@ -706,7 +713,7 @@ def check_plugin(
         modes = [True, False] if traits.supports_prefix_caching else [False]
         for caching in modes:
             tag = f"{label}, caching {'on' if caching else 'off'}"
-            _Scenario(config, limits, scratch, caching, report, tag).run(traits)
+            _Scenario(config, limits, scratch, caching, report, tag, profile).run(traits)
     registration = scratch.lookup(type(spec))
     identifier = registration.capabilities.identifier if registration and registration.capabilities else None
     report.checks.append(f"event kind {event_kind(traits, identifier)!r}")
@@ -731,6 +738,7 @@ def plugin_state_machine(
     *,
     uniform_type_base_spec: type[KVCacheSpec] | None = None,
     beside_full_attention: bool = True,
+    profile: ReleaseProfile | None = None,
 ) -> type[Any]:
     """A hypothesis ``RuleBasedStateMachine`` class driving a coordinator of ``spec`` (and, by default, a
     full-attention layer beside it) through random admissions, steps, preemptions, frees and resets,
@@ -760,7 +768,9 @@ def plugin_state_machine(
         )
         def setup(self, num_blocks: int, chunk: int, caching: bool) -> None:
             config = get_kv_cache_config(layers, 0, limits, num_blocks_override=num_blocks, registry=registry)
-            self.driver = _Driver(config, limits, registry, caching and caching_allowed, "state machine")
+            self.driver = _Driver(
+                config, limits, registry, caching and caching_allowed, "state machine", profile
+            )
             self.coord = self.driver.coord
             self.chunk = chunk
 

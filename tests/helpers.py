@@ -19,6 +19,7 @@ from kvspec import (
     SlidingWindowSpec,
     SpecCollection,
 )
+from kvspec.contracts.release import ReleaseProfile
 
 
 def full_spec(block_size: int = 16, dtype: torch.dtype = torch.float32, heads: int = 1) -> FullAttentionSpec:
@@ -49,6 +50,7 @@ def make_coordinator(
     events: bool = False,
     log_stats: bool = False,
     hash_algorithm: str = "sha256",
+    profile: ReleaseProfile | None = None,
 ) -> KVCacheCoordinator:
     return KVCacheCoordinator(
         make_config(specs, num_blocks),
@@ -58,6 +60,7 @@ def make_coordinator(
         enable_kv_cache_events=events,
         log_stats=log_stats,
         hash_algorithm=hash_algorithm,
+        profile=profile,
     )
 
 

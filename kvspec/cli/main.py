@@ -72,7 +72,45 @@ def _group_rows(config: KVCacheConfig, limits: SchedulerLimits) -> list[dict[str
     return rows
 
 
+#: --vllm-release values, newest first: release -> kvspec.contracts.release profile name.
+RELEASE_CHOICES = ("0.34", "0.23")
+
+
+def _profile(release: str) -> Any:
+    from kvspec.contracts.release import PROFILES
+
+    return PROFILES[f"vllm-{release}"]
+
+
 def build_plan(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan under ``args.vllm_release``'s defaults; with the default block size, also the figures under
+    the other release where they differ (``plan["other_release"]``)."""
+    release = getattr(args, "vllm_release", RELEASE_CHOICES[0])
+    profile = _profile(release)
+    explicit_block = args.block_size is not None
+    plan = _build_plan(args, args.block_size or profile.default_block_size)
+    plan["vllm_release"] = release
+    plan["block_size_default"] = not explicit_block
+    layered = plan.get("fits") and any(
+        row["sliding_window"] or row["kind"] == "mamba" for stage in plan["stages"] for row in stage["groups"]
+    )
+    plan["prefix_cache_retention_interval"] = profile.prefix_cache_retention_interval if layered else None
+    other = next(r for r in RELEASE_CHOICES if r != release)
+    if not explicit_block and _profile(other).default_block_size != profile.default_block_size:
+        alt = _build_plan(args, _profile(other).default_block_size)
+        plan["other_release"] = {
+            "vllm_release": other,
+            "block_size": _profile(other).default_block_size,
+            "fits": alt["fits"],
+            "num_blocks": alt.get("num_blocks"),
+            "groups": len(alt["stages"][0]["groups"]) if alt.get("fits") else None,
+            "token_slots": alt.get("token_slots"),
+            "max_concurrency": alt.get("max_concurrency"),
+        }
+    return plan
+
+
+def _build_plan(args: argparse.Namespace, block_size: int) -> dict[str, Any]:
     from kvspec.contracts.spec import SchedulerLimits
     from kvspec.models import build_model_layout
     from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memory_usage_bytes_from_groups
@@ -80,7 +118,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
 
     layout = build_model_layout(
         args.model,
-        block_size=args.block_size,
+        block_size=block_size,
         dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype,
         tensor_parallel_size=args.tp,
@@ -227,6 +265,19 @@ def print_plan(plan: dict[str, Any]) -> None:
             f"needs {_human(stage['bytes_per_request'])}"
         )
     print_line(f"blocks: [bold]{plan['num_blocks']:,}[/bold] (every worker)")
+    default = " (its default)" if plan.get("block_size_default") else ""
+    retention = plan.get("prefix_cache_retention_interval")
+    print_line(
+        f"vLLM {plan.get('vllm_release', RELEASE_CHOICES[0])} defaults: block size {plan['block_size']}{default}"
+        + (f", sparse prefix-cache retention (interval {retention})" if retention is not None else "")
+    )
+    other = plan.get("other_release")
+    if other is not None and other["fits"]:
+        print_line(
+            f"  vLLM {other['vllm_release']} (block size {other['block_size']}) differs: {other['num_blocks']:,} "
+            f"blocks, {other['groups']} group(s), {other['token_slots']:,} token slots, max concurrency "
+            f"{other['max_concurrency']:.2f}"
+        )
     print_line(
         f"token slots: [bold]{plan['token_slots']:,}[/bold] (tokens whose KV the blocks hold when every group "
         "keeps every token; windows and Mamba states keep fewer, so more fit)"
@@ -385,7 +436,19 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len", type=_positive, default=None, help="tokens per request (default: the model's)"
     )
-    p.add_argument("--block-size", type=_positive, default=16, help="tokens per block (default 16)")
+    p.add_argument(
+        "--block-size",
+        type=_positive,
+        default=None,
+        help="tokens per block (default: the release's, 64 for vLLM 0.34, 16 for 0.23)",
+    )
+    p.add_argument(
+        "--vllm-release",
+        choices=RELEASE_CHOICES,
+        default=RELEASE_CHOICES[0],
+        help="the vLLM release whose defaults to plan with (default 0.34: block size 64, sparse prefix-cache "
+        "retention for windowed and Mamba groups)",
+    )
     p.add_argument("--dtype", default=None, help="model dtype: bf16, fp16, fp32 (default: the config's)")
     p.add_argument(
         "--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="KV cache dtype (default auto)"

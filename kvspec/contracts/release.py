@@ -5,8 +5,8 @@ section 0). A :class:`ReleaseProfile` names one release and sets each such behav
 pool and the planner read it, and the vLLM adapter picks the profile of the installed vLLM
 (:func:`profile_for_vllm_version`). ``docs/VLLM.md`` has the table.
 
-The default stays :data:`VLLM_0_23` until every 0.34 behaviour is in (issue 19 lists them): a default
-halfway between two releases would reproduce neither.
+The default is :data:`VLLM_0_34`, the current release; :data:`VLLM_0_23` reproduces 0.23.0 (platforms such as
+vllm-ascend still run it). What 0.34 changed that kvspec does not reproduce yet is listed in ``docs/VLLM.md``.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ VLLM_0_34 = ReleaseProfile(
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_34)}
-#: The profile used when none is given (see the module docstring for why it is still 0.23).
-DEFAULT_PROFILE = VLLM_0_23
+#: The profile used when none is given: the current vLLM release.
+DEFAULT_PROFILE = VLLM_0_34
 
 
 def profile_for_vllm_version(version: str) -> ReleaseProfile:

@@ -185,7 +185,7 @@ def test_tp_that_replicates_kv_heads_is_accepted_and_each_rank_holds_one() -> No
     proc = run("plan", "--tp", "16", "--json")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
-    assert plan["stages"][0]["groups"][0]["page_size_bytes"] == 16 * 1 * 2 * 128 * 2  # one KV head per rank
+    assert plan["stages"][0]["groups"][0]["page_size_bytes"] == 64 * 1 * 2 * 128 * 2  # one KV head per rank
 
 
 CLOSED_PIPE = """

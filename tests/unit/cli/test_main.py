@@ -28,17 +28,41 @@ def test_bare_plan_runs_on_the_default_model() -> None:
     proc = kvspec("plan")
     assert proc.returncode == 0, proc.stderr
     assert "meta-llama/Llama-3.1-8B" in proc.stdout
-    assert "blocks: 20,480" in proc.stdout  # 40 GiB / (32 layers x 64 KiB)
-    assert "token slots: 327,680" in proc.stdout  # 20,480 blocks x 16 tokens, one group
+    # vLLM 0.34's default block of 64 tokens: 40 GiB / (32 layers x 256 KiB)
+    assert "blocks: 5,120" in proc.stdout and "vLLM 0.34 defaults: block size 64 (its default)" in proc.stdout
+    assert "token slots: 327,680" in proc.stdout  # 5,120 blocks x 64 tokens, one group
     assert "max concurrency: 2.50 requests of 131,072 tokens" in proc.stdout
+    # Where vLLM 0.23 differs (16-token blocks): 40 GiB / (32 layers x 64 KiB)
+    assert "vLLM 0.23 (block size 16) differs: 20,480 blocks, 1 group(s), 327,680 token slots" in proc.stdout
+    old = kvspec("plan", "--vllm-release", "0.23")
+    assert "blocks: 20,480" in old.stdout and "vLLM 0.34 (block size 64) differs: 5,120 blocks" in old.stdout
+    assert (
+        "differs" not in kvspec("plan", "--block-size", "32").stdout
+    )  # an explicit block size: no other release
 
 
 def test_plan_json_hybrid(tmp_path: Path) -> None:
     png = tmp_path / "layout.png"
-    proc = kvspec("plan", "google/gemma-3-27b-it", "--memory", "20GiB", "--json", "--plot", str(png))
+    proc = kvspec(
+        "plan",
+        "google/gemma-3-27b-it",
+        "--memory",
+        "20GiB",
+        "--json",
+        "--plot",
+        str(png),
+        "--vllm-release",
+        "0.23",
+    )
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["fits"] and plan["num_blocks"] == 20 * 2**30 // (128 * 1024) // 10 == 16_384
+    # vLLM 0.34's defaults: 64-token blocks (4x the page), sparse retention for the sliding-window groups.
+    assert (
+        plan["other_release"]["num_blocks"] == 16_384 // 4 and plan["prefix_cache_retention_interval"] is None
+    )
+    now = json.loads(kvspec("plan", "google/gemma-3-27b-it", "--memory", "20GiB", "--json").stdout)
+    assert now["num_blocks"] == 4_096 and now["prefix_cache_retention_interval"] == 0
     groups = plan["stages"][0]["groups"]
     assert [g["layers"] for g in groups] == [9, 9, 9, 9, 8, 8, 10]
     assert {g["page_size_bytes"] for g in groups} == {131_072}
@@ -73,11 +97,16 @@ def test_plan_tp_pp_and_dtypes() -> None:
 
 
 def test_model_that_does_not_fit() -> None:
-    proc = kvspec("plan", "deepseek-v3", "--memory", "10GiB")
+    proc = kvspec("plan", "deepseek-v3", "--memory", "10GiB", "--vllm-release", "0.23")
     assert proc.returncode == 1
     assert "Does not fit" in proc.stdout and "max_model_len that would fit: 152,784" in proc.stdout
-    data = json.loads(kvspec("plan", "deepseek-v3", "--memory", "10GiB", "--json").stdout)
+    data = json.loads(
+        kvspec("plan", "deepseek-v3", "--memory", "10GiB", "--json", "--vllm-release", "0.23").stdout
+    )
     assert data["fits"] is False and data["max_model_len_that_fits"] == 152_784
+    # vLLM 0.34's 64-token blocks: the fitting length is a whole number of them
+    now = json.loads(kvspec("plan", "deepseek-v3", "--memory", "10GiB", "--json").stdout)
+    assert now["max_model_len_that_fits"] == 152_768 == 152_784 // 64 * 64
     assert data["needed_bytes"] == 61 * 576 * 2 * 163_840
 
 
@@ -219,8 +248,11 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path: Path) -> None:
 
 def test_token_slots_do_not_depend_on_max_model_len_and_ranks_are_named() -> None:
     """Token slots are what the blocks hold (not concurrency x max_model_len); bytes per token are per rank."""
-    short = json.loads(kvspec("plan", "--max-model-len", "17", "--json").stdout)
+    short = json.loads(kvspec("plan", "--max-model-len", "17", "--json", "--vllm-release", "0.23").stdout)
     assert short["token_slots"] == 327_680 and short["tokens_at_max_concurrency"] == 10_240 * 17
+    # 64-token blocks: a 17-token request still takes a whole block
+    short = json.loads(kvspec("plan", "--max-model-len", "17", "--json").stdout)
+    assert short["token_slots"] == 327_680 and short["tokens_at_max_concurrency"] == 5_120 * 17
     tp2 = json.loads(kvspec("plan", "--tp", "2", "--json").stdout)
     assert tp2["bytes_per_token_per_rank"] == 65_536 and tp2["bytes_per_token_all_ranks"] == 131_072
 

@@ -59,7 +59,7 @@ def test_vllm_0_23_appends_every_freed_block() -> None:
         [6, 7, 8, 9, 10, 11, 3, 2, 1],
         [6, 7, 8, 9, 10, 11, 3, 2, 1, 5, 4],
     ]
-    assert DEFAULT_PROFILE is VLLM_0_23  # until every 0.34 behaviour is in (see the module)
+    assert DEFAULT_PROFILE is VLLM_0_34  # the current release; 0.23 is chosen by name
 
 
 def test_profiles_by_name_and_by_installed_version() -> None:

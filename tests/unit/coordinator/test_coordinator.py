@@ -18,6 +18,7 @@ from kvspec import (
     SchedulingError,
     UnsupportedConfigurationError,
 )
+from kvspec.contracts.release import VLLM_0_23
 from tests.helpers import (
     free_ids,
     full_spec,
@@ -37,7 +38,8 @@ def common_tokens(n: int = 48) -> list[int]:
 class TestPrefill:
     @pytest.mark.parametrize("algorithm", ["sha256", "xxhash"])
     def test_prefill(self, algorithm: str) -> None:
-        coord = make_coordinator([full_spec()], 11, hash_algorithm=algorithm)
+        # vLLM 0.23.0's test_prefill, with its numbers (0.34 reuses freed unhashed blocks first: test_release)
+        coord = make_coordinator([full_spec()], 11, hash_algorithm=algorithm, profile=VLLM_0_23)
         r0 = make_request(coord, "0", common_tokens() + [100] * 7)
         computed, n = coord.get_computed_blocks(r0)
         assert n == 0 and computed.get_block_ids() == ([],)
@@ -176,7 +178,7 @@ class TestHybrid:
 
     def test_hybrid_with_mamba(self) -> None:
         mamba = MambaSpec(block_size=16, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode="all")
-        coord = make_coordinator([full_spec(), mamba], 30)
+        coord = make_coordinator([full_spec(), mamba], 30, profile=VLLM_0_23)  # Mamba "all": 0.23 only
         r0 = make_request(coord, "0", common_tokens() + [1] * 7)
         schedule(coord, r0)
         coord.check_invariants()
@@ -431,7 +433,7 @@ class TestConfigurationErrors:
         sink = SinkFullAttentionSpec(
             block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32, sink_len=32
         )
-        coord = make_coordinator([sink], 10)
+        coord = make_coordinator([sink], 10, profile=VLLM_0_23)  # 0.34's sink manager reserves none
         assert coord.num_free_blocks == 7
         schedule(coord, make_request(coord, "0", list(range(20))))
         coord.check_invariants()

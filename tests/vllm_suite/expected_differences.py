@@ -48,7 +48,7 @@ EXPECTED_DIFFERENCES_034: dict[str, str] = {}
 _HISPARSE = (
     "HiSparse (HiSparseHotSpec / HiSparseResidentSpec, the HISPARSE_SOURCE role: experimental host-offloaded "
     "sparse MLA, off unless hisparse_config is set) is not built in kvspec (issue 19 lets it stay out with "
-    "its test count stated: 69 tests of test_prefix_caching.py, 2 of test_scheduler.py)"
+    "its test count stated: 71 tests of test_prefix_caching.py, 2 of test_scheduler.py)"
 )
 _INTERNALS = (
     "reads the identity of vLLM's private hash map, which vLLM 0.34 replaces on reset and kvspec clears"

@@ -494,18 +494,44 @@ class VllmKVCacheManager:
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
     ) -> Any:
+        return self._allocate(
+            request,
+            (num_new_tokens, num_new_computed_tokens),
+            new_computed_blocks,
+            (num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens, reserved_blocks),
+            delay_cache_blocks,
+            full_sequence_must_fit,
+        )
+
+    def _allocate(
+        self,
+        request: Any,
+        new: tuple[int, int],
+        new_computed_blocks: Any,
+        counts: tuple[int, int, int, int],
+        delay_cache_blocks: bool,
+        full_sequence_must_fit: bool,
+        in_flight: int = 0,
+        watermark: int = 0,
+    ) -> Any:
+        """The coordinator's allocate_slots for a vLLM request and vLLM's hit blocks (both releases' call):
+        ``new`` = (new tokens, new computed tokens), ``counts`` = (lookahead, external, encoder tokens,
+        reserved blocks)."""
+        lookahead, external, encoder, reserved = counts
         computed = None if new_computed_blocks is None else KVCacheBlocks(tuple(new_computed_blocks.blocks))
         result = self.kvspec_coordinator.allocate_slots(
             self._view(request),
-            num_new_tokens,
-            num_new_computed_tokens,
+            new[0],
+            new[1],
             computed,
-            num_lookahead_tokens,
-            num_external_computed_tokens,
+            lookahead,
+            external,
             delay_cache_blocks,
-            num_encoder_tokens,
+            encoder,
             full_sequence_must_fit,
-            reserved_blocks,
+            reserved,
+            in_flight,
+            watermark,
         )
         return self._to_vllm(result)
 
@@ -773,22 +799,16 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
             if self.watermark_blocks and has_scheduled_reqs and request.status in self._admission_statuses
             else 0
         )
-        computed = None if new_computed_blocks is None else KVCacheBlocks(tuple(new_computed_blocks.blocks))
-        result = self.kvspec_coordinator.allocate_slots(
-            self._view(request),
-            num_new_tokens,
-            num_new_computed_tokens,
-            computed,
-            num_lookahead_tokens,
-            num_external_computed_tokens,
+        return self._allocate(
+            request,
+            (num_new_tokens, num_new_computed_tokens),
+            new_computed_blocks,
+            (num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens, reserved_blocks),
             delay_cache_blocks,
-            num_encoder_tokens,
             full_sequence_must_fit,
-            reserved_blocks,
             request.num_in_flight_tokens,
             watermark,
         )
-        return self._to_vllm(result)
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None

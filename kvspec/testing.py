@@ -270,14 +270,13 @@ class CoordinatorChecker:
                 f"a hit of {num_hit_tokens} tokens covers the whole {request.num_tokens}-token prompt."
             )
         for gid, group in enumerate(computed.blocks):
-            spec = coord.specs[gid]
             if not coord.traits[gid].prefix_cacheable:
                 if group:
                     raise _fail(f"group {gid} is not prefix-cacheable but got {len(group)} hit block(s).")
                 continue
             if not group and num_hit_tokens == 0:
                 continue
-            block_tokens = coord.traits[gid].block_tokens(spec.block_size) * self._cp
+            block_tokens = coord.group_block_sizes[gid]
             # A manager may report a hit ending inside its last block (HitResult.num_tokens).
             if -(num_hit_tokens // -block_tokens) != len(group):
                 raise _fail(
@@ -311,10 +310,6 @@ class CoordinatorChecker:
                         "under this request's hash for that position (find_longest_cache_hit matched the "
                         "wrong block)."
                     )
-
-    @property
-    def _cp(self) -> int:
-        return self.coord.limits.context_parallel_size if self.coord.num_groups == 1 else 1
 
     def after_step(self, running: Mapping[str, RequestView]) -> None:
         coord = self.coord
@@ -369,7 +364,7 @@ class CoordinatorChecker:
         n = min(request.num_computed_tokens, self.coord.max_model_len)
         if n <= 0 or not blocks:
             return
-        bs = traits.block_tokens(self.coord.specs[gid].block_size) * self._cp
+        bs = self.coord.group_block_sizes[gid]
         index = (n - 1) // bs
         if index < len(blocks) and blocks[index].is_null:
             raise _fail(

@@ -31,6 +31,9 @@ class BlockStored:
     #: Per stored block, the tokens after it that its hash covers (EAGLE lookahead block hashes); None
     #: without lookahead hashing.
     lookahead_token_ids: list[list[int]] | None = None
+    #: The session of the request that stored the blocks (``Request(session_id=)``): who triggered the
+    #: store, not who owns the blocks (another session may share them).
+    session_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

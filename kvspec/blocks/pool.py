@@ -485,7 +485,7 @@ class BlockPool:
             lookahead = self.hash_lookahead_tokens
             lookahead_ids: list[list[int]] | None = [] if lookahead else None
             for i in range(num_cached_blocks, num_full_blocks):
-                if blocks[i].is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
+                if blocks[i].is_null or (block_mask is not None and not block_mask[i]):
                     continue
                 end = (i + 1) * block_size
                 extra.append(
@@ -508,6 +508,8 @@ class BlockPool:
                     extra_keys=extra or None,
                     group_idx=kv_cache_group_id,
                     lookahead_token_ids=lookahead_ids,
+                    # An optional member of a request view (vLLM 0.23's requests have no session).
+                    session_id=getattr(request, "session_id", None),
                 )
             )
 

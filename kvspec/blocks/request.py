@@ -38,6 +38,8 @@ class Request:
         "num_prompt_tokens",
         "prompt_embeds",
         "request_id",
+        "session_id",
+        "shared_prefix_boundary",
         "skip_reading_prefix_cache",
     )
 
@@ -53,8 +55,16 @@ class Request:
         cache_salt: str | None = None,
         prompt_embeds: torch.Tensor | None = None,
         skip_reading_prefix_cache: bool = False,
+        session_id: str | None = None,
     ) -> None:
         self.request_id = request_id
+        # The agent or conversation session the request belongs to: carried into BlockStored events for
+        # routers, never part of a block's hash (two sessions share a prefix).
+        self.session_id = session_id
+        # The junction (tokens; 0: none) where this request's prefix stops being shared with a cached
+        # sibling's, as the engine learned it at admission (``KVCacheCoordinator.lookup_prefix``): windowed
+        # managers under sparse retention keep their blocks there so a third request hits it.
+        self.shared_prefix_boundary = 0
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.all_token_ids)
         self.num_computed_tokens = 0

@@ -42,6 +42,9 @@ class ManagerContext:
     pcp_world_size: int = 1
     max_admission_blocks_per_request: int | None = None
     use_eagle: bool = False
+    #: Some group of the model drafts with EAGLE (this one or another): vLLM 0.34 then retains a
+    #: prompt's replay boundary one scheduler block lower in every group (``replay_boundaries``).
+    model_uses_eagle: bool = False
     prefix_cache_retention_interval: int | None = None
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvspec.contracts.traits import SpecTraits
 from kvspec.errors import UnsupportedConfigurationError
 
 
@@ -49,6 +50,30 @@ class ReleaseProfile:
     coarse_hash_is_last_fine: bool
     eagle_margin_within_hashes: bool
     publish_only_hashed_blocks: bool
+    context_parallel_per_group: bool
+    eagle_replay_boundaries: bool
+
+    def context_parallel_sizes(
+        self, traits: SpecTraits, decode_context_parallel_size: int, prefill_context_parallel_size: int
+    ) -> tuple[int, int]:
+        """(DCP, PCP) ranks one block of a group with ``traits`` spans under this release: its block is
+        the spec's tokens times both (see ``context_parallel_per_group``)."""
+        if not self.context_parallel_per_group:
+            return decode_context_parallel_size, prefill_context_parallel_size
+        return (decode_context_parallel_size if traits.context_parallel_sharded else 1), 1
+
+    def replay_boundaries(
+        self, num_prompt_tokens: int, scheduler_block_size: int, model_uses_eagle: bool
+    ) -> tuple[int, ...]:
+        """Token positions a later request replaying a prompt of ``num_prompt_tokens`` can resume at: a
+        resend of the same prompt stops at its last token; with EAGLE (0.34) one aligned block lower, for
+        the resend and for a longer sibling (see ``eagle_replay_boundaries``)."""
+        if not (model_uses_eagle and self.eagle_replay_boundaries):
+            return (num_prompt_tokens - 1,)
+        block = scheduler_block_size
+        resend = (num_prompt_tokens - 1) // block * block
+        extension = num_prompt_tokens // block * block
+        return tuple(sorted({max(resend - block, 0), max(extension - block, 0)}))
 
     def check_mamba_cache_mode(self, mode: str) -> None:
         """UnsupportedConfigurationError unless this release runs Mamba ``mode``."""
@@ -70,6 +95,8 @@ VLLM_0_23 = ReleaseProfile(
     coarse_hash_is_last_fine=False,
     eagle_margin_within_hashes=False,
     publish_only_hashed_blocks=False,
+    context_parallel_per_group=False,
+    eagle_replay_boundaries=False,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -82,6 +109,8 @@ VLLM_0_34 = ReleaseProfile(
     coarse_hash_is_last_fine=True,
     eagle_margin_within_hashes=True,
     publish_only_hashed_blocks=True,
+    context_parallel_per_group=True,
+    eagle_replay_boundaries=True,
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_34)}

@@ -81,6 +81,10 @@ class SpecTraits:
       full attention, vLLM's ``prefix_cacheable=False``): the other groups cache and hit as usual, the hit
       search leaves this group out, and an admitted request gets fresh blocks for it.
     - ``sliding_window`` / ``attention_chunk_size``: the window (tokens) that window managers read.
+    - ``context_parallel_sharded``: with decode context parallelism a block's tokens are sharded over the
+      ranks, so one block spans ``block_size x DCP`` tokens (attention). False: every rank holds the whole
+      block (a Mamba state, a draft model's replicated layers); under vLLM 0.34's rules such a group keeps
+      its block size beside sharded groups (``ReleaseProfile.context_parallel_per_group``).
     - ``tokens_per_block``: the tokens one block holds when that is not ``block_size`` (a compressed block
       domain: ``block_size`` rows of ``compress_ratio`` tokens each). Allocation, caching, hashing and hit
       lengths then count in these logical tokens. None: ``block_size`` tokens per block.
@@ -111,6 +115,7 @@ class SpecTraits:
     supports_eagle_with_prefix_caching: bool = True
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    context_parallel_sharded: bool = True
     tokens_per_block: int | None = None
     full_attention_family: str | None = None
     hybrid_off_families: tuple[str, ...] = ()
@@ -130,6 +135,7 @@ class SpecTraits:
             "supports_prefix_caching",
             "prefix_cacheable",
             "supports_eagle_with_prefix_caching",
+            "context_parallel_sharded",
             "own_group",
             "zero_new_blocks",
             "needs_zeroed_buffers",

@@ -72,31 +72,46 @@ class KVCacheBlocks:
 
 
 def resolve_block_sizes(
-    config: KVCacheConfig, limits: SchedulerLimits, enable_caching: bool, hash_block_size: int | None
+    config: KVCacheConfig,
+    limits: SchedulerLimits,
+    enable_caching: bool,
+    hash_block_size: int | None,
+    profile: ReleaseProfile | None = None,
 ) -> tuple[int, int]:
     """(scheduler_block_size, hash_block_size) in tokens for ``config``.
 
-    One group: both are its block size times the CP size. Several: the scheduler block is the LCM of
-    the groups' block sizes; hashes are taken at their GCD (or at the LCM without caching or when a
-    group whose hits end only on its own block boundaries (Mamba) has a block that is not the smallest),
-    and every group's block size must be a multiple.
+    One group: both are its block size times the context-parallel ranks its block spans. Several: the
+    scheduler block is the LCM of the groups' block sizes; hashes are taken at their GCD (or at the LCM
+    without caching or when a group whose hits end only on its own block boundaries (Mamba) has a block
+    that is not the smallest), and every group's block size must be a multiple. Under vLLM 0.23's rules
+    (``profile``, default the current release) context parallelism scales every group and needs one block
+    size; under 0.34's each group's block is scaled by the ranks it is sharded over
+    (``ReleaseProfile.context_parallel_sizes``).
     """
+    profile = DEFAULT_PROFILE if profile is None else profile
     specs = [scheduler_spec(g.kv_cache_spec) for g in config.kv_cache_groups]
-    own_boundaries = [traits_of(s).hits_at_own_block_boundaries for s in specs]
-    cp = limits.context_parallel_size
+    traits = [traits_of(s) for s in specs]
+    own_boundaries = [t.hits_at_own_block_boundaries for t in traits]
+    dcp, pcp = limits.decode_context_parallel_size, limits.prefill_context_parallel_size
+    spans = [math.prod(profile.context_parallel_sizes(t, dcp, pcp)) for t in traits]
     if len(specs) <= 1:
-        size = (block_tokens_of(specs[0]) if specs else 16) * cp
+        size = (block_tokens_of(specs[0]) * spans[0]) if specs else 16 * dcp * pcp
         return size, size if hash_block_size is None else hash_block_size
     sizes = [block_tokens_of(s) for s in specs]
-    if cp > 1 and len(set(sizes)) > 1:
-        raise UnsupportedConfigurationError(
-            "Hybrid KV cache groups with multiple block sizes do not support context parallelism."
-        )
-    scheduler = math.lcm(*sizes) * (cp if len(set(sizes)) == 1 else 1)
+    if profile.context_parallel_per_group:
+        sizes = [size * span for size, span in zip(sizes, spans, strict=True)]
+        scheduler = math.lcm(*sizes)
+    else:
+        cp = limits.context_parallel_size
+        if cp > 1 and len(set(sizes)) > 1:
+            raise UnsupportedConfigurationError(
+                "Hybrid KV cache groups with multiple block sizes do not support context parallelism."
+            )
+        scheduler = math.lcm(*sizes) * (cp if len(set(sizes)) == 1 else 1)
     if hash_block_size is not None:
         chosen = hash_block_size
     elif not enable_caching or any(
-        own and s.block_size != min(sizes) for own, s in zip(own_boundaries, specs, strict=True)
+        own and size != min(sizes) for own, size in zip(own_boundaries, sizes, strict=True)
     ):
         chosen = scheduler
     else:
@@ -171,11 +186,22 @@ class CoordinatorCore:
         ]
         _check_caching_settings(self.specs, self.traits, enable_caching, use_eagle)
         self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(
-            kv_cache_config, limits, enable_caching, hash_block_size
+            kv_cache_config, limits, enable_caching, hash_block_size, self.profile
+        )
+        # (DCP, PCP) ranks each group's block spans: every group's under 0.23, the sharded ones' under 0.34.
+        self._group_cp: Final = tuple(
+            self.profile.context_parallel_sizes(
+                t, limits.decode_context_parallel_size, limits.prefill_context_parallel_size
+            )
+            for t in self.traits
+        )
+        #: Tokens one block of each group holds, context parallelism included.
+        self.group_block_sizes: Final = tuple(
+            t.block_tokens(spec.block_size) * math.prod(cp)
+            for spec, t, cp in zip(self.specs, self.traits, self._group_cp, strict=True)
         )
         if enable_caching and len(self.specs) > 1:
-            for spec, spec_traits in zip(self.specs, self.traits, strict=True):
-                block_tokens = spec_traits.block_tokens(spec.block_size)
+            for block_tokens in self.group_block_sizes:
                 if block_tokens % self.hash_block_size:
                     raise UnsupportedConfigurationError(
                         f"Group block size {block_tokens} is not a multiple of hash_block_size "
@@ -217,12 +243,13 @@ class CoordinatorCore:
                     kv_cache_group_id=gid,
                     scheduler_block_size=self.scheduler_block_size,
                     enable_caching=enable_caching,
-                    dcp_world_size=limits.decode_context_parallel_size,
-                    pcp_world_size=limits.prefill_context_parallel_size,
+                    dcp_world_size=self._group_cp[gid][0],
+                    pcp_world_size=self._group_cp[gid][1],
                     max_admission_blocks_per_request=traits.admission_cap_blocks(
                         traits.block_tokens(spec.block_size), limits.batched_tokens, limits.max_model_len
                     ),
                     use_eagle=gid in self._eagle_group_ids,
+                    model_uses_eagle=bool(self._eagle_group_ids),
                     prefix_cache_retention_interval=prefix_cache_retention_interval,
                     max_model_len=limits.max_model_len,
                     max_num_batched_tokens=limits.batched_tokens,
@@ -250,14 +277,12 @@ class CoordinatorCore:
         )
         self.hit_search = PrefixHitSearch(
             spec_groups=split_spec_groups(
-                self.specs, self.traits, self.managers, self._eagle_group_ids, limits.context_parallel_size
+                self.specs, self.traits, self.managers, self._eagle_group_ids, self._group_cp
             ),
             num_groups=len(self.specs),
             block_pool=self.block_pool,
             hash_block_size=self.hash_block_size,
             scheduler_block_size=self.scheduler_block_size,
-            dcp_world_size=limits.decode_context_parallel_size,
-            pcp_world_size=limits.prefill_context_parallel_size,
             eagle_margin_within_hashes=self.profile.eagle_margin_within_hashes,
         )
         self._event_metadata = group_event_metadata(
@@ -692,9 +717,7 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
             # An EAGLE hit matches one block past the aligned boundary and drops it: that block is cached.
             n = min(
                 finalized,
-                finalized_aligned
-                + coord.traits[gid].block_tokens(coord.specs[gid].block_size)
-                * coord.limits.context_parallel_size,
+                finalized_aligned + coord.group_block_sizes[gid],
             )
         manager.cache_blocks(request, n)
 

@@ -35,6 +35,9 @@ class SpecGroup:
     #: Tokens per block of these groups: the spec's block size times the context-parallel sizes (a block
     #: spans the CP ranks); hashes are regrouped to it.
     block_size: int = 0
+    #: The decode / prefill context-parallel ranks one block of these groups spans.
+    dcp_world_size: int = 1
+    pcp_world_size: int = 1
 
 
 def split_spec_groups(
@@ -42,9 +45,11 @@ def split_spec_groups(
     traits: Sequence[SpecTraits],
     managers: Sequence[KVCacheManager],
     eagle_group_ids: frozenset[int],
-    context_parallel_size: int = 1,
+    group_context_parallel: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[SpecGroup, ...]:
-    """Groups with equal specs together; left-closed ones first (stable otherwise)."""
+    """Groups with equal specs together; left-closed ones first (stable otherwise). ``group_context_parallel``:
+    the (DCP, PCP) ranks each group's block spans (None: one rank)."""
+    cp = [(1, 1)] * len(specs) if group_context_parallel is None else list(group_context_parallel)
     by_spec: dict[KVCacheSpec, list[int]] = {}
     for gid, spec in enumerate(specs):
         if traits[gid].prefix_cacheable:  # a group never cached is left out of the search
@@ -57,7 +62,9 @@ def split_spec_groups(
             manager_cls=type(managers[gids[0]]),
             use_eagle=any(g in eagle_group_ids for g in gids),
             left_closed=traits[gids[0]].prefix_hits_left_closed,
-            block_size=traits[gids[0]].block_tokens(spec.block_size) * context_parallel_size,
+            block_size=traits[gids[0]].block_tokens(spec.block_size) * cp[gids[0]][0] * cp[gids[0]][1],
+            dcp_world_size=cp[gids[0]][0],
+            pcp_world_size=cp[gids[0]][1],
         )
         for spec, gids in by_spec.items()
     ]
@@ -80,8 +87,6 @@ class PrefixHitSearch:
         block_pool: BlockPool,
         hash_block_size: int,
         scheduler_block_size: int,
-        dcp_world_size: int,
-        pcp_world_size: int,
         eagle_margin_within_hashes: bool = False,
     ) -> None:
         self.spec_groups = spec_groups
@@ -92,8 +97,6 @@ class PrefixHitSearch:
         self.block_pool = block_pool
         self.hash_block_size = hash_block_size
         self.scheduler_block_size = scheduler_block_size
-        self.dcp_world_size = dcp_world_size
-        self.pcp_world_size = pcp_world_size
         if len(spec_groups) == 1:
             group = spec_groups[0]
             # Single-group search, precomputed: block size with CP, and the alignment of a hit.
@@ -139,8 +142,8 @@ class PrefixHitSearch:
                 traits=group.traits,
                 use_eagle=group.use_eagle,
                 alignment_tokens=self._single_alignment,
-                dcp_world_size=self.dcp_world_size,
-                pcp_world_size=self.pcp_world_size,
+                dcp_world_size=group.dcp_world_size,
+                pcp_world_size=group.pcp_world_size,
             )
         )
         blocks_found = hit.blocks
@@ -192,8 +195,8 @@ class PrefixHitSearch:
                     group.traits,
                     drop,
                     alignment,
-                    self.dcp_world_size,
-                    self.pcp_world_size,
+                    group.dcp_world_size,
+                    group.pcp_world_size,
                 )
                 answer = group.manager_cls.find_longest_cache_hit(query)
                 found = answer.blocks

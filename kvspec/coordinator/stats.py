@@ -83,6 +83,7 @@ def annotate_events(
                     kv_cache_spec_kind=meta.kind,
                     kv_cache_spec_sliding_window=meta.sliding_window,
                     lookahead_token_ids=event.lookahead_token_ids,
+                    session_id=event.session_id,
                 )
             else:
                 (log or logger).warning("Group index `%s` not in KV cache metadata", event.group_idx)

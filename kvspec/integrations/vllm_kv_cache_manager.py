@@ -108,6 +108,16 @@ class VllmRequestView:
         return self.vllm_request.cache_salt  # type: ignore[no-any-return]
 
     @property
+    def shared_prefix_boundary(self) -> int:
+        """vLLM 0.34's junction the scheduler pinned (tokens; 0: none; 0.23's requests have none)."""
+        return int(getattr(self.vllm_request, "shared_prefix_boundary", 0) or 0)
+
+    @property
+    def session_id(self) -> str | None:
+        """vLLM 0.34's request session (0.23's requests have none)."""
+        return getattr(self.vllm_request, "session_id", None)
+
+    @property
     def lora_name(self) -> str | None:
         lora = self.vllm_request.lora_request
         return None if lora is None else str(lora.lora_name)
@@ -182,10 +192,12 @@ def _as_kvspec_request(request: Any, hash_block_size: int) -> RequestView:
 class _CoordinatorFacade:
     """``kv_cache_manager.coordinator`` as vLLM's scheduler uses it (its remaining-blocks estimate)."""
 
-    __slots__ = ("_coordinator",)
+    __slots__ = ("_coordinator", "_vllm_specs")
 
-    def __init__(self, coordinator: KVCacheCoordinator) -> None:
+    def __init__(self, coordinator: KVCacheCoordinator, vllm_specs: Sequence[Any] = ()) -> None:
         self._coordinator = coordinator
+        # vLLM's own spec of each group: vLLM code reading a manager's kv_cache_spec type-checks it.
+        self._vllm_specs = tuple(vllm_specs)
 
     def get_num_blocks_to_allocate(
         self,
@@ -216,7 +228,8 @@ class _CoordinatorFacade:
     def single_type_managers(self) -> list[Any]:
         """vLLM's name for the per-group managers, each seen with vLLM's state names (``req_to_blocks``,
         ``num_cached_block``: private fields on kvspec's managers)."""
-        return [VllmManagerView(m) for m in self._coordinator.managers]
+        specs = self._vllm_specs or (None,) * len(self._coordinator.managers)
+        return [VllmManagerView(m, s) for m, s in zip(self._coordinator.managers, specs, strict=True)]
 
     # vLLM 0.34's coordinator state the Scheduler and its tests read.
     @property
@@ -230,7 +243,7 @@ class _CoordinatorFacade:
     @property
     def group_block_sizes(self) -> tuple[int, ...]:
         """Each group's block in tokens (context parallelism included), as vLLM 0.34's coordinator lists it."""
-        return tuple(m.block_size for m in self._coordinator.managers)  # type: ignore[attr-defined]
+        return self._coordinator.group_block_sizes
 
     @property
     def eagle_group_ids(self) -> tuple[int, ...]:
@@ -288,12 +301,14 @@ def event_to_vllm(event: object) -> Any:
     ev, external, event_keys = _vllm_event_api()
     if isinstance(event, BlockStored):
         parent = event.parent_block_hash
-        # vLLM 0.34's event also carries the EAGLE lookahead tokens (0.23's has no such field).
-        lookahead = (
-            {} if event.lookahead_token_ids is None else {"lookahead_token_ids": event.lookahead_token_ids}
-        )
+        # vLLM 0.34's event also carries the EAGLE lookahead tokens and the session (0.23's has neither).
+        optional: dict[str, Any] = {}
+        if event.lookahead_token_ids is not None:
+            optional["lookahead_token_ids"] = event.lookahead_token_ids
+        if event.session_id is not None:  # vLLM 0.34's field too
+            optional["session_id"] = event.session_id
         return ev.BlockStored(
-            **lookahead,
+            **optional,
             block_hashes=[external(h) for h in event.block_hashes],
             parent_block_hash=None if parent is None else external(parent),
             token_ids=list(event.token_ids),
@@ -324,14 +339,17 @@ _FACADE_CLASSES: dict[str, type[_CoordinatorFacade]] = {
 }
 
 
-def _coordinator_facade(coordinator: KVCacheCoordinator, enable_caching: bool) -> _CoordinatorFacade:
+def _coordinator_facade(
+    coordinator: KVCacheCoordinator, enable_caching: bool, vllm_config: Any = None
+) -> _CoordinatorFacade:
     if not enable_caching:
         name = "KVCacheCoordinatorNoPrefixCache"
     elif coordinator.num_groups == 1:
         name = "UnitaryKVCacheCoordinator"
     else:
         name = "HybridKVCacheCoordinator"
-    return _FACADE_CLASSES[name](coordinator)
+    groups = getattr(vllm_config, "kv_cache_groups", None) or ()
+    return _FACADE_CLASSES[name](coordinator, [g.kv_cache_spec for g in groups])
 
 
 class VllmBlockPool(BlockPool):
@@ -421,7 +439,7 @@ class VllmKVCacheManager:
         )
         # vLLM's collector (or kvspec's: same calls) is told of allocations, hits and evictions by kvspec's pool.
         self.kvspec_coordinator.block_pool.metrics_collector = metrics_collector
-        self.coordinator = _coordinator_facade(self.kvspec_coordinator, enable_caching)
+        self.coordinator = _coordinator_facade(self.kvspec_coordinator, enable_caching, kv_cache_config)
         self._hasher = BlockHasher(self.kvspec_coordinator.hash_block_size)
         self.block_pool = _BlockPoolFacade(self.kvspec_coordinator.block_pool)
         self.num_kv_cache_groups = len(config.kv_cache_groups)

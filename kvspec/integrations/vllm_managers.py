@@ -106,12 +106,14 @@ _CONTEXT_NAMES = frozenset({"dcp_world_size", "pcp_world_size", "max_model_len"}
 
 class VllmManagerView:
     """One of kvspec's managers as vLLM's coordinator lists it (``single_type_managers``): every attribute is
-    the manager's, vLLM's state names included, and ``isinstance`` sees the manager's class."""
+    the manager's, vLLM's state names included, and ``isinstance`` sees the manager's class; its
+    ``kv_cache_spec`` is vLLM's spec of the group when given (vLLM code type-checks it)."""
 
-    __slots__ = ("_manager",)
+    __slots__ = ("_manager", "_vllm_spec")
 
-    def __init__(self, manager: object) -> None:
+    def __init__(self, manager: object, vllm_spec: object = None) -> None:
         object.__setattr__(self, "_manager", manager)
+        object.__setattr__(self, "_vllm_spec", vllm_spec)
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:  # isinstance(view, SlidingWindowManager) answers for the manager
@@ -120,6 +122,8 @@ class VllmManagerView:
     def __getattr__(self, name: str) -> Any:
         if name in _CONTEXT_NAMES:  # settings vLLM keeps on the manager, kvspec on its context
             return getattr(self._manager.context, name)
+        if name == "kv_cache_spec" and self._vllm_spec is not None:
+            return self._vllm_spec
         return getattr(self._manager, VLLM_STATE_NAMES.get(name, name))
 
     def __setattr__(self, name: str, value: Any) -> None:

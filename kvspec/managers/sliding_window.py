@@ -103,12 +103,19 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         interval = self.context.prefix_cache_retention_interval
         if interval is None:
             return self.reachable_block_mask(num_blocks)
-        return self.retained_block_mask(num_blocks, interval, request.num_prompt_tokens)
+        # An optional request member (vLLM 0.34's Request has it; the engine sets it from lookup_prefix).
+        junction: int = getattr(request, "shared_prefix_boundary", 0) or 0
+        return self.retained_block_mask(num_blocks, interval, request.num_prompt_tokens, junction)
 
-    def retained_block_mask(self, num_blocks: int, interval: int, num_prompt_tokens: int) -> list[bool]:
+    def retained_block_mask(
+        self, num_blocks: int, interval: int, num_prompt_tokens: int, shared_prefix_boundary: int = 0
+    ) -> list[bool]:
         """The blocks sparse retention keeps: the window's tail (the blocks a hit ending there needs) at
-        the end of every ``interval`` tokens (none when 0), and at the latest scheduler-block boundary
-        below the prompt's last token (where an exact replay of the prompt hits)."""
+        the end of every ``interval`` tokens (none when 0), at the prompt's replay boundaries (the latest
+        scheduler-block boundary below its last token, where an exact replay hits; with EAGLE under 0.34
+        one block lower, ``ReleaseProfile.replay_boundaries``), and at the shared-prefix
+        junction ``shared_prefix_boundary`` (tokens; 0: none) where a sibling request diverges (with
+        EAGLE also one block before it: a sibling's EAGLE peek past the junction is not shared)."""
         need = cdiv(self.sliding_window - 1, self.block_size) + (1 if self.use_eagle else 0)
         shift = 1 if self.use_eagle else 0
         mask = [False] * num_blocks
@@ -119,10 +126,21 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             for i in range(shift, num_blocks):
                 if (i - shift) % per_segment >= per_segment - need:
                     mask[i] = True
+        context = self.context
+        boundaries = list(
+            context.profile.replay_boundaries(
+                num_prompt_tokens, self.scheduler_block_size, context.model_uses_eagle
+            )
+        )
+        if shared_prefix_boundary > 0:
+            boundaries.append(shared_prefix_boundary)
+            if self.use_eagle:
+                boundaries.append(shared_prefix_boundary - self.block_size)
         scheduler_block = self.scheduler_block_size
-        replay_end = (num_prompt_tokens - 1) // scheduler_block * scheduler_block // self.block_size + shift
-        for i in range(max(0, replay_end - need), min(num_blocks, replay_end)):
-            mask[i] = True
+        for boundary in boundaries:
+            end = boundary // scheduler_block * scheduler_block // self.block_size + shift
+            for i in range(max(0, end - need), min(num_blocks, end)):
+                mask[i] = True
         return mask
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:

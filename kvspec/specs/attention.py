@@ -91,6 +91,10 @@ class AttentionSpec:
     Page layout: one K and one V vector of ``head_size`` elements per token and KV head; per-token-head
     quantisation adds two fp32 scales per token and head; ``page_size_padded`` (bytes) overrides the
     total and must not be smaller than it.
+
+    ``dcp_sharded`` (vLLM 0.34's field): with decode context parallelism the layer's tokens are sharded
+    over the ranks (a block spans ``block_size x DCP`` tokens); False for a layer every rank keeps whole,
+    such as a draft model's (``SpecTraits.context_parallel_sharded``).
     """
 
     block_size: int
@@ -99,6 +103,7 @@ class AttentionSpec:
     dtype: torch.dtype
     kv_quant_mode: KVQuantMode = KVQuantMode.NONE
     page_size_padded: int | None = None
+    dcp_sharded: bool = True
     #: page_size_bytes, computed on first use (specs are immutable); not part of equality or repr.
     _page_size: int = field(default=0, init=False, repr=False, compare=False)
     #: kv_cache_traits(), computed on first use like the page size.
@@ -118,6 +123,10 @@ class AttentionSpec:
             raise SpecValidationError(
                 f"{type(self).__name__}.page_size_padded={self.page_size_padded} is smaller than the "
                 f"page it pads ({self.unpadded_page_size_bytes} bytes); use a value >= that or None."
+            )
+        if not isinstance(self.dcp_sharded, bool):
+            raise SpecValidationError(
+                f"{type(self).__name__}.dcp_sharded must be a bool, got {self.dcp_sharded!r}."
             )
 
     @property
@@ -174,7 +183,13 @@ class AttentionSpec:
 
     def kv_cache_traits(self) -> SpecTraits:
         """The traits this spec declares (see kvspec.contracts.traits); subclasses override ``_declare_traits``."""
-        return cached_traits(self, self._declare_traits)
+        return cached_traits(self, self._sharded_traits)
+
+    def _sharded_traits(self) -> SpecTraits:
+        traits = self._declare_traits()
+        if self.dcp_sharded:
+            return traits
+        return dataclasses.replace(traits, context_parallel_sharded=False)
 
     def _declare_traits(self) -> SpecTraits:
         return SpecTraits(device_views=self.page_views())
@@ -235,9 +250,10 @@ class FullAttentionSpec(AttentionSpec):
         AttentionSpec.__post_init__(self)
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
-        """ceil(tokens / block_size) pages, tokens being max_model_len split over the CP ranks."""
+        """ceil(tokens / block_size) pages, tokens being max_model_len split over the CP ranks (a layer
+        every rank keeps whole, ``dcp_sharded=False``, holds them all)."""
         tokens = limits.max_model_len
-        cp = limits.context_parallel_size
+        cp = limits.context_parallel_size if self.dcp_sharded else 1
         if cp > 1:
             tokens = cdiv(tokens, cp)
         return cdiv(tokens, self.block_size) * self.page_size_bytes

@@ -102,7 +102,8 @@ class MambaSpec:
         return cached_traits(self, self._declare_traits)
 
     def _declare_traits(self) -> SpecTraits:
-        """Hits at its own block boundaries only; state is read before it is written (zeroed buffers)."""
+        """Hits at its own block boundaries only; state is read before it is written (zeroed buffers); every
+        context-parallel rank holds the whole state (replicated)."""
         views: list[PageView] = []
         offset = 0
         for i, (shape, dtype) in enumerate(zip(self.shapes, self.dtypes, strict=True)):
@@ -110,6 +111,7 @@ class MambaSpec:
             offset += prod(shape) * dtype_size(dtype)
         return SpecTraits(
             hits_at_own_block_boundaries=True,
+            context_parallel_sharded=False,
             kind="mamba",
             needs_zeroed_buffers=True,
             device_views=tuple(views),

@@ -72,16 +72,14 @@ _MAMBA = (
 )
 _CHECKPOINT = "Mamba shared-prefix checkpoints (enable_mamba_shared_prefix_checkpoint, off by default)"
 _JUNCTION = (
-    "the shared-prefix junction kept under sparse retention (Marconi-style): kvspec reports the boundary "
-    "(get_computed_blocks' third value) but its windowed and Mamba managers do not retain the junction yet"
+    "the shared-prefix junction kept under sparse retention (Marconi-style) by Mamba: kvspec's sliding-window "
+    "manager retains it, its Mamba manager runs 0.23's align rules"
 )
-_DCP = "vLLM 0.34 scales a group's block by DCP only for dcp_sharded specs; kvspec scales every group"
 _CONNECTOR = (
     "get_computed_blocks_for_connector's per-group divergent hits (hybrid + KV connector); kvspec's hit "
     "is always the one every group agrees on"
 )
 _REPLAY = "prefix replay (swa_bounded_replay) and zeroing only the groups an external load wrote"
-_EVENT_FIELDS = "vLLM 0.34's new KV-event fields (session_id, the effective attention block size)"
 _RING = (
     "CircularBufferSpec with 0.34's tokens_per_state / non-cacheable windowed groups in contiguous packing"
 )
@@ -103,18 +101,12 @@ KNOWN_GAPS_034: dict[str, str] = {
     _PC + "test_mamba_boundary_handoffs_do_not_pin_obsolete_blocks": _MAMBA,
     _PC + "test_hybrid_mamba_retention_lookahead_keeps_last_prompt_boundary": _MAMBA,
     _PC + "test_hybrid_mamba_retention_mtp_resend_of_aligned_prompt": _MAMBA,
-    _PC + "test_swa_shared_prefix_reuse_under_zero_retention": _JUNCTION,
     _PC + "test_mamba_shared_prefix_reuse_under_zero_retention": _JUNCTION,
-    _PC + "test_hybrid_local_kv_retention_mtp_reuses_latest_boundary": _JUNCTION,
-    _PC + "test_prefix_cache_hit_uses_per_group_dcp_geometry": _DCP,
-    _UTILS + "test_dcp_target_allocates_replicated_draft_independently": _DCP,
     _SCHED + "test_hybrid_per_group_hit_divergence_with_connector": _CONNECTOR,
     _SCHED + "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs[kept]": _CONNECTOR,
     _SCHED + "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy": _CONNECTOR,
     "tests/v1/core/test_prefix_replay.py::test_kv_load_zeroing_respects_loaded_groups": _REPLAY,
     "tests/v1/core/test_prefix_replay.py::test_replay_only_chunks_make_progress": _REPLAY,
-    _PC + "test_block_stored_event_session_id": _EVENT_FIELDS,
-    _UTILS + "test_effective_attention_block_size_matches_events": _EVENT_FIELDS,
     "tests/v1/core/test_contiguous_kv_packing.py::TestCSALinearGrouping::"
     "test_scratch_group_survives_computed_block_truncation": _RING,
     "tests/v1/core/test_contiguous_kv_packing.py::TestCompressorRingGroup::"

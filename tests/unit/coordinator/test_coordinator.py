@@ -376,6 +376,36 @@ class TestEvents:
         assert stored.kv_cache_spec_sliding_window == 16
         assert coord.block_pool.null_block.block_hash is None
 
+    def test_stored_blocks_name_the_session_that_stored_them(self) -> None:
+        """vLLM 0.34's BlockStored.session_id: the storing request's session, kept through the per-group
+        annotation; the session is not part of a block's hash (another session hits the same prefix)."""
+        coord = make_coordinator([full_spec(), sw_spec(32)], 20, events=True)
+        first = make_request(coord, "a", list(range(32)), session_id="agent-1")
+        schedule(coord, first)
+        events = [e for e in coord.take_events() if isinstance(e, BlockStored)]
+        assert [(e.group_idx, e.session_id) for e in events] == [(0, "agent-1"), (1, "agent-1")]
+        other = make_request(coord, "b", [*range(32), 7], session_id="agent-2")
+        assert other.block_hashes == first.block_hashes
+        _, hit = coord.get_computed_blocks(other)
+        assert hit == 32
+        schedule(coord, make_request(coord, "c", list(range(100, 132))))
+        assert all(e.session_id is None for e in coord.take_events() if isinstance(e, BlockStored))
+
+    def test_masked_blocks_events_list_one_entry_per_stored_block(self) -> None:
+        """A sliding-window group caches only each scheduler block's window tail; an event's per-block lists
+        (extra keys) must follow the blocks it stored, also when the request cached earlier blocks before."""
+        coord = make_coordinator([full_spec(block_size=64), sw_spec(16)], 40, events=True)
+        request = make_request(coord, "a", list(range(256)), lora_name="adapter")
+        computed, _ = coord.get_computed_blocks(request)
+        for n in (96, 160):  # the second chunk starts after six cached sliding-window blocks
+            assert coord.allocate_slots(request, n, request.num_computed_tokens, computed) is not None
+            request.num_computed_tokens += n
+            computed = None  # type: ignore[assignment]
+        stored = [e for e in coord.take_events() if isinstance(e, BlockStored) and e.group_idx == 1]
+        assert [len(e.block_hashes) for e in stored] == [1, 3]  # blocks 3; 7, 11, 15
+        for event in stored:
+            assert event.extra_keys is not None and len(event.extra_keys) == len(event.block_hashes)
+
     def test_group_idx_and_kind_per_group(self) -> None:
         coord = make_coordinator([full_spec(), sw_spec(32)], 20, events=True)
         schedule(coord, make_request(coord, "0", list(range(32))))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvspec import KVCacheCoordinator, SchedulerLimits, UnsupportedConfigurationError
+from kvspec.contracts.release import VLLM_0_23, VLLM_0_34, ReleaseProfile
 from tests.helpers import full_spec, make_config, make_request, schedule, sw_spec
 
 
@@ -90,3 +91,53 @@ def test_eagle_group_makes_its_same_spec_siblings_eagle() -> None:
     assert coord.allocate_slots(request, 72) is not None
     # the lookahead block past the 32-token boundary (block 4) is cached in both siblings
     assert coord.block_pool.get_cached_block(request.block_hashes[4], [1, 2]) is not None
+
+
+def _third_request_hit(*, pin: bool, use_eagle: bool, interval: int | None = 0) -> int:
+    """vLLM 0.34's junction scenario: a request primes the cache, a second one sharing 64 tokens learns
+    the junction at admission, a third sharing the same 64 tokens asks for its hit."""
+    coord = coordinator([full_spec(16), sw_spec(32, 16)], interval, use_eagle=use_eagle)
+    shared = [7] * 64
+    schedule(coord, make_request(coord, "0", [*shared, *[50] * 64]))
+    second = make_request(coord, "1", [*shared, *[60] * 64])
+    _, hit, uncached = coord.lookup_prefix(second, second.num_tokens - 1)
+    if interval == 0:  # the window's group lags: the junction is at 64 (48: EAGLE drops a block everywhere)
+        assert (hit, hit + uncached) == (0, 48 if use_eagle else 64)
+    if pin:
+        second.shared_prefix_boundary = hit + uncached if uncached else 0
+    schedule(coord, second)
+    _, hit = coord.get_computed_blocks(make_request(coord, "2", [*shared, *[70] * 64]))
+    return hit
+
+
+@pytest.mark.parametrize("use_eagle", [False, True])
+def test_sparse_retention_keeps_the_window_at_a_shared_prefix_junction(use_eagle: bool) -> None:
+    """Without the junction the window before it is dropped and the third request misses; with it the
+    window is kept (with EAGLE one block lower: the block past the junction is not shared)."""
+    expected = 48 if use_eagle else 64
+    assert _third_request_hit(pin=False, use_eagle=use_eagle, interval=None) == expected  # dense: the ceiling
+    assert _third_request_hit(pin=False, use_eagle=use_eagle) == 0
+    assert _third_request_hit(pin=True, use_eagle=use_eagle) == expected
+
+
+@pytest.mark.parametrize(
+    ("profile", "expected"),
+    [(VLLM_0_34, {7, 8}), (VLLM_0_23, {11, 12})],
+    ids=lambda v: getattr(v, "name", ""),
+)
+def test_eagle_replay_boundary_is_one_scheduler_block_lower_under_0_34(
+    profile: ReleaseProfile, expected: set[int]
+) -> None:
+    """vLLM 0.34 (its test_hybrid_local_kv_retention_mtp_reuses_latest_boundary): EAGLE proves a boundary
+    only with an aligned block past it, so a 127-token prompt's replay boundary is 96 - 32 = 64 and the
+    window tail plus the EAGLE block are blocks 7 and 8; 0.23 keeps them at the resend's end (96)."""
+    config = make_config([full_spec(32), sw_spec(8, 8)], 100)
+    coord = KVCacheCoordinator(
+        config,
+        SchedulerLimits(max_model_len=8192),
+        use_eagle=True,
+        prefix_cache_retention_interval=0,
+        profile=profile,
+    )
+    tokens = [i for i in range(15) for _ in range(8)] + [15] * 7
+    assert cached_blocks(coord, tokens, group=1) == expected

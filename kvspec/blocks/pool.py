@@ -37,13 +37,23 @@ BlockId = NewType("BlockId", int)
 class KVCacheBlock:
     """One block id of the pool, with its reference count and (once full and cached) its hash."""
 
-    __slots__ = ("block_hash", "block_id", "is_null", "next_free_block", "prev_free_block", "ref_cnt")
+    __slots__ = (
+        "block_hash",
+        "block_hash_num_tokens",
+        "block_id",
+        "is_null",
+        "next_free_block",
+        "prev_free_block",
+        "ref_cnt",
+    )
 
     def __init__(self, block_id: int) -> None:
         self.block_id = BlockId(block_id)
         self.ref_cnt = 0
         #: The block's BlockHashWithGroupId once it is full and cached, else None.
         self.block_hash: bytes | None = None
+        #: The prefix tokens its hash covers (the end of the block in its request), while cached.
+        self.block_hash_num_tokens: int | None = None
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
         self.is_null = False
@@ -239,12 +249,17 @@ class BlockHashToBlockMap:
     """Prefix-cache map: key -> one block, or a dict of blocks when several hold the same content.
 
     Duplicates are kept, not merged: block tables are append-only, so a block id never changes.
+
+    A block is cached under its ``block_hash`` and, rarely, under secondary keys too (vLLM 0.34's partial
+    prompt-tail entry re-registered on a block that has since become full): evicting the block drops them all.
     """
 
-    __slots__ = ("_cache",)
+    __slots__ = ("_cache", "_secondary")
 
     def __init__(self) -> None:
         self._cache: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+        #: block id -> the keys other than its block_hash it is cached under (most pools: empty).
+        self._secondary: dict[int, list[bytes]] = {}
 
     def get_one_block(self, key: bytes) -> KVCacheBlock | None:
         entry = self._cache.get(key)
@@ -288,24 +303,54 @@ class BlockHashToBlockMap:
         suffix: bytes,
         block_mask: Sequence[bool] | None,
         stored: list[bytes] | None,
-    ) -> None:
+        block_tokens: int = 0,
+    ) -> list[bytes] | None:
         """Cache ``blocks[i]`` under ``hashes[i] + suffix`` for ``start <= i < end`` (the block gets that
-        key as its ``block_hash``), skipping null and masked-out blocks; each hash stored is appended to
-        ``stored`` when given (for events). One pass: every full block a request completes runs it."""
+        key as its ``block_hash``, covering ``(i + 1) * block_tokens`` tokens), skipping null and masked-out
+        blocks; each hash stored is appended to ``stored`` when given (for events). A block cached so far
+        only under a shorter partial prompt-tail entry is promoted: those keys are dropped and returned (for
+        BlockRemoved events; None when none was). One pass: every full block a request completes runs it."""
         cache = self._cache
+        promoted: list[bytes] | None = None
         for i, block, block_hash in zip(range(start, end), blocks[start:end], hashes[start:end]):
             if block.is_null or (block_mask is not None and not block_mask[i]):
                 continue
             if block.block_hash is not None:
-                raise BlockPoolError(f"Block {block.block_id} already has a hash; it cannot be cached again.")
+                covered = block.block_hash_num_tokens
+                if covered is None or covered >= (i + 1) * block_tokens:
+                    raise BlockPoolError(
+                        f"Block {block.block_id} already has a hash; it cannot be cached again."
+                    )
+                if promoted is None:
+                    promoted = []
+                promoted.extend(self.evict([block]))
             key = block_hash + suffix
             block.block_hash = key
+            block.block_hash_num_tokens = (i + 1) * block_tokens
             if key in cache:
                 self.insert(key, block)  # a duplicate of cached content: kept beside it
             else:
                 cache[key] = block
             if stored is not None:
                 stored.append(block_hash)
+        return promoted
+
+    def contains(self, key: bytes, block_id: int) -> bool:
+        """Whether block ``block_id`` is cached under ``key`` (as its hash or a secondary key)."""
+        entry = self._cache.get(key)
+        if entry is None:
+            return False
+        if isinstance(entry, KVCacheBlock):
+            return entry.block_id == block_id
+        return block_id in entry
+
+    def add_secondary(self, key: bytes, block: KVCacheBlock) -> None:
+        """Cache ``block`` (which has a hash) under ``key`` too; evicting it drops ``key`` as well."""
+        self.insert(key, block)
+        self._secondary.setdefault(block.block_id, []).append(key)
+
+    def secondary_keys(self, block_id: int) -> list[bytes]:
+        return list(self._secondary.get(block_id, ()))
 
     def evict(self, blocks: Sequence[KVCacheBlock]) -> list[bytes]:
         """Drop the cached content of ``blocks`` (each has a hash; a block not under its hash is left as
@@ -321,7 +366,12 @@ class BlockHashToBlockMap:
             elif self.pop(key, block.block_id) is None:
                 continue
             block.block_hash = None
+            block.block_hash_num_tokens = None
             dropped.append(key)
+            if self._secondary:
+                for extra in self._secondary.pop(block.block_id, ()):
+                    if self.pop(extra, block.block_id) is not None:
+                        dropped.append(extra)
         return dropped
 
     def insert(self, key: bytes, block: KVCacheBlock) -> None:
@@ -468,7 +518,7 @@ class BlockPool:
                 f"of block size {self.hash_block_size}?"
             )
         stored: list[bytes] | None = [] if self.enable_kv_cache_events else None
-        self.cached_block_hash_to_block.publish(
+        promoted = self.cached_block_hash_to_block.publish(
             blocks,
             hashes,
             num_cached_blocks,
@@ -476,7 +526,10 @@ class BlockPool:
             group_suffix(kv_cache_group_id),
             block_mask,
             stored,
+            block_size,
         )
+        if promoted:
+            self._removed_events(promoted)
         if stored is not None:  # an event even when every new block was null or masked (as vLLM 0.23)
             parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
             # One entry per stored block, None for a block without extra keys (vLLM 0.23's form).
@@ -533,15 +586,74 @@ class BlockPool:
 
     def _drop_cached(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Evict the cached content of ``blocks`` (those with a hash), with a BlockRemoved event each."""
-        evicted = self.cached_block_hash_to_block.evict(blocks)
+        self._removed_events(self.cached_block_hash_to_block.evict(blocks))
+
+    def _removed_events(self, keys: Sequence[bytes]) -> None:
+        """A BlockRemoved event per dropped key (with events on)."""
         if self.enable_kv_cache_events:
             medium = self.medium
-            for key in evicted:
+            for key in keys:
                 self.kv_event_queue.append(
                     BlockRemoved(
                         block_hashes=[get_block_hash(key)], medium=medium, group_idx=get_group_id(key)
                     )
                 )
+
+    def cache_partial_block(
+        self, request: RequestView, block: KVCacheBlock, num_tokens: int, kv_cache_group_id: int
+    ) -> bytes | None:
+        """Make ``block`` reachable at the prefix of ``num_tokens`` tokens (a multiple of the hash block,
+        ending inside the block): vLLM 0.34's partial prompt-tail entry, keyed by the request's fine hash
+        at that boundary. A block without a hash takes the entry as its hash (so it is freed as a hashed
+        block and evicted with a BlockRemoved event); an entry covering fewer tokens is replaced; a block
+        already cached further (it has become full) keeps its hash and gets the entry as a secondary key.
+        A new entry emits a BlockStored event for its last hash block. Returns the key (None: null block)."""
+        if block.is_null:
+            return None
+        hash_block = self.hash_block_size
+        num_hashes = num_tokens // hash_block
+        if num_tokens % hash_block or not 0 < num_hashes <= len(request.block_hashes):
+            raise BlockPoolError(
+                f"A partial entry at {num_tokens} tokens needs a multiple of the hash block ({hash_block}) "
+                f"within the request's {len(request.block_hashes)} block hashes."
+            )
+        fine = request.block_hashes[num_hashes - 1]
+        key = fine + group_suffix(kv_cache_group_id)
+        cache = self.cached_block_hash_to_block
+        already = block.block_hash == key or cache.contains(key, block.block_id)
+        covered = block.block_hash_num_tokens
+        if not already and covered is not None and covered < num_tokens:
+            self._drop_cached([block])
+        if block.block_hash is None:
+            block.block_hash = key
+            block.block_hash_num_tokens = num_tokens
+            cache.insert(key, block)
+        elif not already:
+            cache.add_secondary(key, block)
+        if self.enable_kv_cache_events and not already:
+            start = num_tokens - hash_block
+            lookahead = self.hash_lookahead_tokens
+            self.kv_event_queue.append(
+                BlockStored(
+                    block_hashes=[fine],
+                    parent_block_hash=request.block_hashes[num_hashes - 2] if num_hashes > 1 else None,
+                    token_ids=list(request.all_token_ids[start:num_tokens]),
+                    block_size=hash_block,
+                    lora_id=request.lora_id,
+                    medium=self.medium,
+                    lora_name=request.lora_name,
+                    cache_salt=request.cache_salt,
+                    extra_keys=[
+                        request.extra_keys_for_range(start, num_tokens) if request.needs_extra_keys else None
+                    ],
+                    group_idx=kv_cache_group_id,
+                    lookahead_token_ids=[list(request.all_token_ids[num_tokens : num_tokens + lookahead])]
+                    if lookahead
+                    else None,
+                    session_id=getattr(request, "session_id", None),
+                )
+            )
+        return key
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks; free ones leave the free queue."""
@@ -592,6 +704,7 @@ class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         for block in self.blocks:
             block.block_hash = None
+            block.block_hash_num_tokens = None
         if self.metrics_collector is not None:
             self.metrics_collector.reset()
         if self.enable_kv_cache_events:
@@ -633,12 +746,18 @@ class BlockPool:
                 )
             if block.ref_cnt < 0:
                 raise InvariantError(f"block {block.block_id} has ref_cnt {block.ref_cnt}")
+            if (block.block_hash is None) != (block.block_hash_num_tokens is None):
+                raise InvariantError(
+                    f"block {block.block_id}: hash {block.block_hash!r} but covers "
+                    f"{block.block_hash_num_tokens!r} tokens (both are set, or neither)"
+                )
             if block.block_hash is not None and block not in self.cached_block_hash_to_block.blocks_for(
                 block.block_hash
             ):
                 raise InvariantError(f"block {block.block_id} has a hash the cache map does not hold")
-        for key, block in self.cached_block_hash_to_block.items():
-            if block.block_hash != key:
+        cache = self.cached_block_hash_to_block
+        for key, block in cache.items():
+            if block.block_hash != key and key not in cache.secondary_keys(block.block_id):
                 raise InvariantError(f"cache map holds block {block.block_id} under a foreign hash")
 
 

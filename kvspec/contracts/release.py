@@ -52,6 +52,9 @@ class ReleaseProfile:
     publish_only_hashed_blocks: bool
     context_parallel_per_group: bool
     eagle_replay_boundaries: bool
+    partial_prompt_tail_entries: bool
+    mamba_align_frees_across_nulls: bool
+    eagle_margin_for_state_groups: bool
 
     def context_parallel_sizes(
         self, traits: SpecTraits, decode_context_parallel_size: int, prefill_context_parallel_size: int
@@ -97,6 +100,9 @@ VLLM_0_23 = ReleaseProfile(
     publish_only_hashed_blocks=False,
     context_parallel_per_group=False,
     eagle_replay_boundaries=False,
+    partial_prompt_tail_entries=False,
+    mamba_align_frees_across_nulls=False,
+    eagle_margin_for_state_groups=True,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -111,6 +117,9 @@ VLLM_0_34 = ReleaseProfile(
     publish_only_hashed_blocks=True,
     context_parallel_per_group=True,
     eagle_replay_boundaries=True,
+    partial_prompt_tail_entries=True,
+    mamba_align_frees_across_nulls=True,
+    eagle_margin_for_state_groups=False,
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_34)}

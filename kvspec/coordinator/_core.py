@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, SupportsIndex
 
 from mypy_extensions import mypyc_attr
@@ -275,6 +275,16 @@ class CoordinatorCore:
             for g, m in enumerate(self.managers)
             if not self._is_cross[g] and self.traits[g].prefix_cacheable
         )
+        # Groups that register the prompt's tail inside a block as a partial entry (vLLM 0.34): left-closed
+        # hits, a block larger than the hash block, and a manager with the hook (kvspec's base class has it).
+        self._tail_groups: Final[dict[int, Callable[[RequestView, int], None]]] = {
+            g: m.cache_prompt_tail
+            for g, m in self._caching_groups
+            if self.profile.partial_prompt_tail_entries
+            and self.traits[g].prefix_hits_left_closed
+            and self.group_block_sizes[g] != self.hash_block_size
+            and isinstance(m, SingleTypeKVCacheManager)
+        }
         self.hit_search = PrefixHitSearch(
             spec_groups=split_spec_groups(
                 self.specs, self.traits, self.managers, self._eagle_group_ids, self._group_cp
@@ -284,6 +294,7 @@ class CoordinatorCore:
             hash_block_size=self.hash_block_size,
             scheduler_block_size=self.scheduler_block_size,
             eagle_margin_within_hashes=self.profile.eagle_margin_within_hashes,
+            eagle_margin_for_state_groups=self.profile.eagle_margin_for_state_groups,
         )
         self._event_metadata = group_event_metadata(
             self.traits,
@@ -711,6 +722,7 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
         return
     finalized = num_computed_tokens - reprefillable if num_computed_tokens > reprefillable else 0
     finalized_aligned = finalized // scheduler_block * scheduler_block
+    tails = coord._tail_groups
     for gid, manager in groups:
         n = aligned
         if gid in coord._eagle_group_ids and aligned > 0:
@@ -720,6 +732,8 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
                 finalized_aligned + coord.group_block_sizes[gid],
             )
         manager.cache_blocks(request, n)
+        if tails and gid in tails:
+            tails[gid](request, n)
 
 
 def _free_request_id(coord: CoordinatorCore, request_id: str) -> None:

@@ -88,8 +88,15 @@ class PrefixHitSearch:
         hash_block_size: int,
         scheduler_block_size: int,
         eagle_margin_within_hashes: bool = False,
+        eagle_margin_for_state_groups: bool = True,
     ) -> None:
         self.spec_groups = spec_groups
+        # How far past the candidate an EAGLE group's search may look (tokens): one block, except for a
+        # group of state snapshots under 0.34 (ReleaseProfile.eagle_margin_for_state_groups).
+        self._eagle_margin = tuple(
+            0 if g.traits.hits_at_own_block_boundaries and not eagle_margin_for_state_groups else g.block_size
+            for g in spec_groups
+        )
         # ReleaseProfile.eagle_margin_within_hashes: how far an EAGLE group's search may reach past the
         # candidate length (the request's hashed tokens, 0.34; the search's maximum, 0.23).
         self.eagle_margin_within_hashes = eagle_margin_within_hashes
@@ -170,6 +177,7 @@ class PrefixHitSearch:
         # An EAGLE group's reach past the candidate: the search's maximum (0.23) or the hashed tokens (0.34).
         reach = len(block_hashes) * self.hash_block_size if self.eagle_margin_within_hashes else max_length
         groups = self.spec_groups
+        margins = self._eagle_margin
         results: list[GroupBlocks | None] = [None] * len(groups)
         # Each group's hit in tokens as its manager reported it (HitResult.num_tokens, else its blocks).
         lengths = [0] * len(groups)
@@ -188,7 +196,7 @@ class PrefixHitSearch:
                 # Positional construction (in HitQuery's field order): this runs per request admission.
                 query = HitQuery(
                     self._hash_view(block_hashes, bs),
-                    min(current + bs, reach) if drop else current,
+                    min(current + margins[idx], reach) if drop else current,
                     group.group_ids,
                     pool,
                     group.spec,

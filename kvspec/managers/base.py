@@ -255,6 +255,25 @@ class SingleTypeKVCacheManager:
         )
         self._num_cached_block[request_id] = num_full
 
+    def cache_prompt_tail(self, request: RequestView, num_tokens: int) -> None:
+        """Register the prompt's last hash-block boundary as a partial prefix-cache entry on the block it
+        ends inside (vLLM 0.34, for groups whose block is larger than the hash block; the coordinator
+        decides which groups). The boundary is the prompt's last token a resend can hit (the whole prompt
+        with EAGLE, whose lookup drops a hash unit), floored to the hash block and to the hashes the request
+        has; nothing when it falls on a block boundary or beyond ``num_tokens`` (tokens computed)."""
+        pool = self._pool
+        hash_block = pool.hash_block_size
+        limit = request.num_prompt_tokens if self.context.use_eagle else request.num_prompt_tokens - 1
+        num_hashes = len(request.block_hashes)
+        boundary = (limit // hash_block if limit // hash_block < num_hashes else num_hashes) * hash_block
+        if boundary <= 0 or boundary > num_tokens or boundary % self._block_size == 0:
+            return
+        blocks = self._req_to_blocks.get(request.request_id)
+        index = boundary // self._block_size
+        if blocks is None or index >= len(blocks):
+            return
+        pool.cache_partial_block(request, blocks[index], boundary, self._group_id)
+
     def cache_mask(self, request: RequestView, num_blocks: int) -> list[bool] | None:
         """The mask ``cache_blocks`` publishes with: ``reachable_block_mask`` unless a manager's caching
         policy also depends on the request (sparse retention reads its prompt length)."""

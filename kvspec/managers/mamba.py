@@ -38,6 +38,10 @@ class MambaManager(SingleTypeKVCacheManager):
         self.cached_blocks_this_step: set[bytes] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self._allocated_block_reqs: set[str] = set()
+        # vLLM 0.34's align frees (ReleaseProfile.mamba_align_frees_across_nulls): blocks below this index
+        # are retired (freed or never kept) per request.
+        self._frees_across_nulls = self.context.profile.mamba_align_frees_across_nulls
+        self._num_retired_blocks: dict[str, int] = {}
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
@@ -70,10 +74,15 @@ class MambaManager(SingleTypeKVCacheManager):
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
-        # Draft tokens may be rejected, so the states they would skip past are kept.
-        total = max(0, total_computed_tokens - self.num_speculative_blocks)
-        super().remove_skipped_blocks(request_id, total)
-        if self.mamba_cache_mode != "align":
+        align = self.mamba_cache_mode == "align"
+        if align and self._frees_across_nulls:
+            total = total_computed_tokens
+            self._retire_skipped_states(request_id, total)
+        else:
+            # Draft tokens may be rejected, so the states they would skip past are kept (vLLM 0.23).
+            total = max(0, total_computed_tokens - self.num_speculative_blocks)
+            super().remove_skipped_blocks(request_id, total)
+        if not align:
             return
         # The state block from two allocations ago (or the prefix hit's state) is no longer read once
         # the computed tokens pass the block after it. It joins the free queue's tail, as any freed block.
@@ -85,6 +94,30 @@ class MambaManager(SingleTypeKVCacheManager):
         if not block.is_null:
             self.block_pool.free_blocks([block])
             blocks[idx] = self._null_block
+
+    def _retire_skipped_states(self, request_id: str, total_computed_tokens: int) -> None:
+        """vLLM 0.34's align frees: every not yet retired block before the skipped tokens' end, null gaps
+        (states prefill never kept) passed over; freed from the last one back, in one call (unhashed to
+        the free queue's head, hashed to its tail)."""
+        num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
+        blocks = self._req_to_blocks.get(request_id)
+        if num_skipped_tokens <= 0 or not blocks:
+            return
+        last = min(num_skipped_tokens // self.block_size, len(blocks))
+        first = self._num_retired_blocks.get(request_id, 0)
+        if first >= last:
+            return
+        null = self._null_block
+        freed: list[KVCacheBlock] = []
+        for i in range(last - 1, first - 1, -1):
+            block = blocks[i]
+            if block is null:
+                continue
+            freed.append(block)
+            blocks[i] = null
+        if freed:
+            self.block_pool.free_blocks(freed)
+        self._num_retired_blocks[request_id] = last
 
     def get_num_blocks_to_allocate(
         self,
@@ -168,14 +201,17 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.cached_blocks_this_step.add(block.block_hash)
 
     def free(self, request_id: str) -> None:
-        self.last_state_block_idx.pop(request_id, None)
-        self._allocated_block_reqs.discard(request_id)
+        self._forget(request_id)
         super().free(request_id)
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        self._forget(request_id)
+        return super().pop_blocks_for_free(request_id)
+
+    def _forget(self, request_id: str) -> None:
         self.last_state_block_idx.pop(request_id, None)
         self._allocated_block_reqs.discard(request_id)
-        return super().pop_blocks_for_free(request_id)
+        self._num_retired_blocks.pop(request_id, None)
 
     def new_step_starts(self) -> None:
         self.cached_blocks_this_step.clear()

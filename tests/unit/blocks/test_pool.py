@@ -233,6 +233,88 @@ class TestBlockPool:
         assert all(b.block_hash is None for b in fresh)
         pool.check_invariants()
 
+    @pytest.mark.parametrize("block_size", [4, 8])
+    def test_a_cached_block_knows_the_prefix_its_hash_covers(self, block_size: int) -> None:
+        """vLLM 0.34's KVCacheBlock.block_hash_num_tokens: block i of a request covers (i + 1) x its block
+        size tokens while cached (also when its block is a multiple of the hash block); None once evicted
+        or reset."""
+        pool = BlockPool(8, hash_block_size=4)
+        r = req(list(range(4 * block_size + 1)))
+        blocks = pool.get_new_blocks(4)
+        pool.cache_full_blocks(r, blocks, 0, 2, block_size, 0)
+        pool.cache_full_blocks(r, blocks, 2, 3, block_size, 0)
+        assert [b.block_hash_num_tokens for b in blocks] == [block_size, 2 * block_size, 3 * block_size, None]
+        pool.check_invariants()
+        pool.free_blocks([blocks[0]])
+        pool.evict_blocks({blocks[0].block_id})
+        assert blocks[0].block_hash is None and blocks[0].block_hash_num_tokens is None
+        pool.free_blocks(blocks[1:])
+        assert pool.reset_prefix_cache()
+        assert all(b.block_hash_num_tokens is None for b in pool.blocks)
+        pool.check_invariants()
+
+    def test_partial_prompt_tail_entry_promotion_and_secondary_key(self) -> None:
+        """vLLM 0.34's partial entry (block 8 tokens, hash block 4): an unhashed block takes the entry as its
+        hash (and is freed as a hashed block), is promoted to its full hash once full (the partial key
+        removed), and re-registering the entry then adds it as a secondary key that eviction drops too."""
+        pool = BlockPool(
+            6,
+            hash_block_size=4,
+            enable_kv_cache_events=True,
+            free_unhashed_first=True,
+            coarse_hash_is_last_fine=True,
+        )
+        r = req(list(range(14)))  # 3 hash blocks: the tail boundary at 12 lies inside block 1 ([8, 16))
+        blocks = pool.get_new_blocks(2)
+        pool.cache_full_blocks(r, blocks, 0, 1, 8, 0)
+        pool.take_events()
+        tail = blocks[1]
+        key = pool.cache_partial_block(r, tail, 12, 0)
+        assert key == r.block_hashes[2] + b"\0\0\0\0"
+        assert (tail.block_hash, tail.block_hash_num_tokens) == (key, 12)
+        assert pool.get_cached_block(r.block_hashes[2], [0]) == [tail]
+        (stored,) = pool.take_events()
+        assert isinstance(stored, BlockStored)
+        assert (stored.block_hashes, stored.parent_block_hash) == ([r.block_hashes[2]], r.block_hashes[1])
+        assert stored.token_ids == [8, 9, 10, 11] and stored.block_size == 4
+        assert pool.cache_partial_block(r, tail, 12, 0) == key and pool.take_events() == []  # already there
+        pool.check_invariants()
+        # Full now: promoted to the full hash; the partial entry is removed with an event.
+        r.append_output_token_ids([14, 15])
+        pool.cache_full_blocks(r, blocks, 1, 2, 8, 0)
+        removed, stored_full = pool.take_events()
+        assert isinstance(removed, BlockRemoved) and removed.block_hashes == [r.block_hashes[2]]
+        assert isinstance(stored_full, BlockStored) and stored_full.block_hashes == [r.block_hashes[3]]
+        assert (tail.block_hash_num_tokens, pool.get_cached_block(r.block_hashes[2], [0])) == (16, None)
+        # The tail entry again: a secondary key beside the full hash.
+        pool.cache_partial_block(r, tail, 12, 0)
+        assert tail.block_hash == r.block_hashes[3] + b"\0\0\0\0"
+        assert pool.get_cached_block(r.block_hashes[2], [0]) == [tail]
+        assert len(pool.take_events()) == 1
+        pool.check_invariants()
+        pool.free_blocks(reversed(blocks))
+        assert ids(pool.free_block_queue.get_all_free_blocks())[-2:] == [2, 1]  # hashed: the tail
+        pool.evict_blocks({tail.block_id})
+        assert sorted(e.block_hashes[0] for e in pool.take_events() if isinstance(e, BlockRemoved)) == sorted(
+            [r.block_hashes[2], r.block_hashes[3]]
+        )
+        assert pool.get_cached_block(r.block_hashes[2], [0]) is None
+        assert pool.get_cached_block(r.block_hashes[3], [0]) is None
+        pool.check_invariants()
+
+    def test_a_longer_partial_entry_replaces_a_shorter_one(self) -> None:
+        pool = BlockPool(4, hash_block_size=4, enable_kv_cache_events=True)
+        r = req(list(range(15)))
+        (block,) = pool.get_new_blocks(1)
+        pool.cache_partial_block(r, block, 4, 0)
+        pool.cache_partial_block(r, block, 12, 0)
+        assert (block.block_hash, block.block_hash_num_tokens) == (r.block_hashes[2] + b"\0\0\0\0", 12)
+        assert pool.get_cached_block(r.block_hashes[0], [0]) is None
+        assert [type(e) for e in pool.take_events()] == [BlockStored, BlockRemoved, BlockStored]
+        with pytest.raises(BlockPoolError, match="multiple of the hash block"):
+            pool.cache_partial_block(r, block, 6, 0)
+        pool.check_invariants()
+
     def test_cache_requires_enough_hashes(self) -> None:
         pool = BlockPool(6, hash_block_size=4)
         r = req([1, 2, 3])

@@ -18,7 +18,7 @@ from kvspec import (
     SchedulingError,
     UnsupportedConfigurationError,
 )
-from kvspec.contracts.release import VLLM_0_23
+from kvspec.contracts.release import VLLM_0_23, VLLM_0_34, ReleaseProfile
 from tests.helpers import (
     free_ids,
     full_spec,
@@ -405,6 +405,28 @@ class TestEvents:
         assert [len(e.block_hashes) for e in stored] == [1, 3]  # blocks 3; 7, 11, 15
         for event in stored:
             assert event.extra_keys is not None and len(event.extra_keys) == len(event.block_hashes)
+
+    @pytest.mark.parametrize("profile", [VLLM_0_34, VLLM_0_23], ids=lambda p: p.name)
+    def test_prompt_tail_entry_inside_a_larger_block_under_0_34(self, profile: ReleaseProfile) -> None:
+        """Full attention of 32-token blocks beside a 16-token window hashes at 16: vLLM 0.34 registers the
+        prompt's last hash boundary (119 -> 112) inside block 3 as a partial entry once the aligned caching
+        reaches it (a secondary key of the then full block); 0.23 publishes full blocks only."""
+        coord = make_coordinator([full_spec(block_size=32), sw_spec(32)], 40, events=True, profile=profile)
+        request = make_request(coord, "a", list(range(1, 121)))
+        schedule(coord, request)
+        request.num_computed_tokens = 120
+        coord.take_events()
+        request.append_output_token_ids(list(range(500, 508)))
+        assert coord.allocate_slots(request, 8) is not None
+        stored = [e for e in coord.take_events() if isinstance(e, BlockStored) and e.group_idx == 0]
+        tail = [e.block_hashes for e in stored if e.block_size == 16]
+        assert tail == ([[request.block_hashes[6]]] if profile.partial_prompt_tail_entries else [])
+        block3 = coord.get_blocks("a").blocks[0][3]
+        hit = coord.block_pool.get_cached_block(request.block_hashes[6], [0])
+        assert (hit == [block3]) is profile.partial_prompt_tail_entries
+        coord.check_invariants()
+        coord.free(request)
+        coord.check_invariants()
 
     def test_group_idx_and_kind_per_group(self) -> None:
         coord = make_coordinator([full_spec(), sw_spec(32)], 20, events=True)

@@ -10,10 +10,11 @@ allocation takes them).
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kvspec import KVCacheCoordinator, MambaSpec, Request
-from kvspec.contracts.release import VLLM_0_23
+from kvspec.contracts.release import VLLM_0_23, VLLM_0_34, ReleaseProfile
 from tests.helpers import free_ids, full_spec, make_coordinator, make_request
 
 
@@ -78,3 +79,46 @@ def test_align_mode_block_tables_and_frees_match_vllm() -> None:
     free = free_ids(coord)
     assert len(free) == 39 and free[:6] == [17, 18, 19, 20, 21, 22]
     assert free[-12:] == [10, 8, 11, 9, 15, 12, 6, 5, 2, 1, 16, 14]
+
+
+# Read off vLLM 0.34.0's manager on the same calls (a 160-token prompt in chunks of 48, 48, 48, 16, then
+# three decode steps): the block tables after each step, the free blocks, and the free queue's head after
+# the request finishes.
+_TABLES_0_34 = [
+    (([1, 2, 3], [0, 0, 4, 5]), 34),
+    (([1, 2, 3, 6, 7, 8], [0, 0, 4, 0, 0, 5, 9]), 30),
+    (([1, 2, 3, 6, 7, 8, 10, 11, 12], [0, 0, 0, 0, 0, 5, 0, 0, 9, 13]), 27),
+    (([1, 2, 3, 6, 7, 8, 10, 11, 12, 14], [0, 0, 0, 0, 0, 0, 0, 0, 9, 13, 15]), 26),
+    (([1, 2, 3, 6, 7, 8, 10, 11, 12, 14, 16], [0, 0, 0, 0, 0, 0, 0, 0, 0, 13, 15, 17]), 25),
+    (([1, 2, 3, 6, 7, 8, 10, 11, 12, 14, 16], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 17]), 26),
+    (([1, 2, 3, 6, 7, 8, 10, 11, 12, 14, 16], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 17]), 26),
+]
+
+
+@pytest.mark.parametrize("profile", [VLLM_0_34, VLLM_0_23], ids=lambda p: p.name)
+def test_align_frees_after_chunked_prefill_match_vllm_0_34(profile: ReleaseProfile) -> None:
+    """vLLM 0.34 counts the skipped Mamba tokens from every processed token (0.23 kept the speculative
+    block's token back: the state block 13 is freed one decode step later there), and frees the states a
+    chunked prefill left behind across its null gaps; freed unhashed blocks are reused first."""
+    mamba = MambaSpec(
+        block_size=16,
+        shapes=((16, 4),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode="align",
+        num_speculative_blocks=1,
+    )
+    coord = make_coordinator([full_spec(), mamba], 40, max_model_len=1024, profile=profile)
+    a = make_request(coord, "a", list(range(1, 161)))
+    seen = []
+    for n in (48, 48, 48, 16, 1, 1, 1):
+        _step(coord, a, n)
+        seen.append((_table(coord, "a"), coord.block_pool.get_num_free_blocks()))
+        coord.check_invariants()
+    coord.free(a)
+    if profile is VLLM_0_34:
+        assert seen == _TABLES_0_34
+        assert free_ids(coord)[:8] == [17, 15, 16, 18, 19, 20, 21, 22]
+    else:
+        assert seen[:5] == _TABLES_0_34[:5] and seen[6] == _TABLES_0_34[6]
+        assert seen[5] == (_TABLES_0_34[4][0], 25)  # block 13 still held one step more
+        assert free_ids(coord)[:8] == list(range(18, 26))

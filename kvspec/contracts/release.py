@@ -55,6 +55,7 @@ class ReleaseProfile:
     partial_prompt_tail_entries: bool
     mamba_align_frees_across_nulls: bool
     eagle_margin_for_state_groups: bool
+    mamba_sparse_retention: bool
 
     def context_parallel_sizes(
         self, traits: SpecTraits, decode_context_parallel_size: int, prefill_context_parallel_size: int
@@ -103,6 +104,7 @@ VLLM_0_23 = ReleaseProfile(
     partial_prompt_tail_entries=False,
     mamba_align_frees_across_nulls=False,
     eagle_margin_for_state_groups=True,
+    mamba_sparse_retention=False,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -120,6 +122,7 @@ VLLM_0_34 = ReleaseProfile(
     partial_prompt_tail_entries=True,
     mamba_align_frees_across_nulls=True,
     eagle_margin_for_state_groups=False,
+    mamba_sparse_retention=True,
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_34)}

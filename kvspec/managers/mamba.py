@@ -200,6 +200,40 @@ class MambaManager(SingleTypeKVCacheManager):
             if block.block_hash is not None:
                 self.cached_blocks_this_step.add(block.block_hash)
 
+    def cache_mask(self, request: RequestView, num_blocks: int) -> list[bool] | None:
+        """Dense (None) unless sparse retention applies (``ReleaseProfile.mamba_sparse_retention``, "align"):
+        then only the state blocks a hit can end on are cached: the last block of every ``interval`` tokens
+        (none when 0), and the block ending at each reachable boundary (the prompt's replay boundaries and
+        the shared-prefix junction, aligned down to the scheduler block). Units: blocks from the first."""
+        context = self.context
+        interval = context.prefix_cache_retention_interval
+        if interval is None or self.mamba_cache_mode != "align" or not context.profile.mamba_sparse_retention:
+            return None
+        block_size = self.block_size
+        mask = [False] * num_blocks
+        if interval:
+            per_segment = interval // block_size
+            if per_segment <= 1:
+                return None  # every block ends a segment
+            for i in range(per_segment - 1, num_blocks, per_segment):
+                mask[i] = True
+        scheduler_block = self.scheduler_block_size
+        boundaries = list(
+            context.profile.replay_boundaries(
+                request.num_prompt_tokens, scheduler_block, context.model_uses_eagle
+            )
+        )
+        junction: int = getattr(request, "shared_prefix_boundary", 0) or 0
+        if junction > 0:
+            boundaries.append(junction)
+            if context.use_eagle:
+                boundaries.append(junction - block_size)
+        for boundary in boundaries:
+            index = boundary // scheduler_block * scheduler_block // block_size - 1
+            if 0 <= index < num_blocks:
+                mask[index] = True
+        return mask
+
     def free(self, request_id: str) -> None:
         self._forget(request_id)
         super().free(request_id)

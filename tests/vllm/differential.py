@@ -190,6 +190,9 @@ class Workload:
     abort_rate: float
     reset_rate: float
     requests: tuple[RequestPlan, ...]
+    #: The planned prefix-cache retention vLLM 0.34 reads off the KVCacheConfig (None: dense; 0: the
+    #: replay and junction boundaries only; n: one per n tokens too). Not used against 0.23.
+    retention_interval: int | None = None
 
     @property
     def mamba_align(self) -> bool:
@@ -388,7 +391,17 @@ def draw_workload(seed: int) -> Workload:
         abort_rate=rng.choice((0.0, 0.0, 0.03)),
         reset_rate=rng.choice((0.0, 0.0, 0.05)),
         requests=tuple(requests),
+        # Drawn last, so the draws before it (and every workload of earlier runs) stay as they were.
+        retention_interval=_retention(rng, families, scheduler_block_size),
     )
+
+
+def _retention(rng: random.Random, families: tuple[str, ...], scheduler_block_size: int) -> int | None:
+    sparse = any(f in ("sliding_window", "mamba_align") for f in families)
+    choices: tuple[int | None, ...] = (None, None, 0, 0)
+    if sparse:
+        choices += (scheduler_block_size * rng.choice((2, 4)),)
+    return rng.choice(choices)
 
 
 # -- the two managers -----------------------------------------------------------------------------
@@ -431,6 +444,8 @@ def _managers(w: Workload) -> tuple[Any, Any]:
             for i, (spec, eagle) in enumerate(zip(w.group_specs, w.eagle_groups, strict=True))
         ],
     )
+    if not RELEASE_0_23 and w.retention_interval is not None:  # as vLLM 0.34's planner writes it
+        config = dataclasses.replace(config, prefix_cache_retention_interval=w.retention_interval)
     kwargs: dict[str, Any] = dict(
         kv_cache_config=config,
         max_model_len=w.max_model_len,
@@ -567,6 +582,7 @@ def _features(w: Workload) -> tuple[str, ...]:
             ("LoRA", any(r.lora for r in w.requests)),
             ("multimodal", any(r.images for r in w.requests)),
             ("KV sharing", True),
+            ("sparse retention", not RELEASE_0_23 and w.retention_interval is not None),
         )
         if present
     )
@@ -687,6 +703,8 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
                             # 0.34 adds the uncached shared-prefix boundary: compared too.
                             norm=lambda result: (_ids(result[0]), *result[1:]),
                         )
+                        if not RELEASE_0_23:  # the Scheduler pins the shared-prefix junction it was told
+                            request.shared_prefix_boundary = hits[0][2]
                     hit = hits[0][1]
                     num_new = min(request.num_tokens - request.num_computed_tokens - hit, budget)
                     if w.mamba_align:

@@ -39,6 +39,8 @@ def test_no_divergence_and_every_family_and_setting_covered(subset: list[differe
         "LoRA",
         "cache salts",
     } <= settings
+    if not differential.RELEASE_0_23:
+        assert "sparse retention" in settings
     assert sum(o.preemptions for o in subset) > 0 and sum(o.hit_tokens for o in subset) > 0
     assert sum(o.calls for o in subset) > 100_000  # every call was compared, not a handful
 
@@ -75,6 +77,7 @@ REGRESSIONS_0_34 = {
     38: "partial_prompt_tail_entries: the prompt's last hash boundary inside a larger block is a cache entry",
     40: "mamba_align_frees_across_nulls: align frees every retired state past the prefill's null gaps",
     83: "eagle_margin_for_state_groups: no EAGLE margin for a Mamba group's hit search",
+    11: "mamba_sparse_retention: under retention Mamba caches only the reachable states and the junction",
 }
 
 

@@ -72,10 +72,6 @@ _MAMBA = (
     "copies; kvspec's align frees and hits match 0.34 where the Mamba block is the hash block"
 )
 _CHECKPOINT = "Mamba shared-prefix checkpoints (enable_mamba_shared_prefix_checkpoint, off by default)"
-_JUNCTION = (
-    "the shared-prefix junction kept under sparse retention (Marconi-style) by Mamba: kvspec's sliding-window "
-    "manager retains it, its Mamba manager does not yet"
-)
 _CONNECTOR = (
     "get_computed_blocks_for_connector's per-group divergent hits (hybrid + KV connector); kvspec's hit "
     "is always the one every group agrees on"
@@ -109,9 +105,6 @@ KNOWN_GAPS_034: dict[str, str] = {
     },
     _PC + "test_eagle_hybrid_mamba_hits_partial_prompt_boundary": _MAMBA,
     _PC + "test_mamba_boundary_handoffs_do_not_pin_obsolete_blocks": _MAMBA,
-    _PC + "test_hybrid_mamba_retention_lookahead_keeps_last_prompt_boundary": _MAMBA,
-    _PC + "test_hybrid_mamba_retention_mtp_resend_of_aligned_prompt": _MAMBA,
-    _PC + "test_mamba_shared_prefix_reuse_under_zero_retention": _JUNCTION,
     _SCHED + "test_hybrid_per_group_hit_divergence_with_connector": _CONNECTOR,
     _SCHED + "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs[kept]": _CONNECTOR,
     _SCHED + "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy": _CONNECTOR,

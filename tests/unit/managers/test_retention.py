@@ -1,10 +1,12 @@
-"""Sparse prefix-cache retention for sliding-window groups, and EAGLE siblings caching alike."""
+"""Sparse prefix-cache retention for sliding-window and Mamba groups, shared-prefix junctions, and EAGLE
+siblings caching alike."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from kvspec import KVCacheCoordinator, SchedulerLimits, UnsupportedConfigurationError
+from kvspec import KVCacheCoordinator, MambaSpec, SchedulerLimits, UnsupportedConfigurationError
 from kvspec.contracts.release import VLLM_0_23, VLLM_0_34, ReleaseProfile
 from tests.helpers import full_spec, make_config, make_request, schedule, sw_spec
 
@@ -141,3 +143,36 @@ def test_eagle_replay_boundary_is_one_scheduler_block_lower_under_0_34(
     )
     tokens = [i for i in range(15) for _ in range(8)] + [15] * 7
     assert cached_blocks(coord, tokens, group=1) == expected
+
+
+def _mamba_third_request_hit(*, pin: bool, interval: int | None, profile: ReleaseProfile = VLLM_0_34) -> int:
+    """vLLM 0.34's Marconi flow for Mamba: the second request learns the junction at admission, runs a chunk
+    ending there (so its Mamba state at the junction exists), and a third request sharing the prefix asks."""
+    mamba = MambaSpec(block_size=16, shapes=((16, 4),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    coord = KVCacheCoordinator(
+        make_config([full_spec(16), mamba], 200),
+        SchedulerLimits(max_model_len=8192, mamba_cache_mode="align"),
+        prefix_cache_retention_interval=interval,
+        profile=profile,
+    )
+    shared = [7] * 32
+    schedule(coord, make_request(coord, "0", [*shared, *[50] * 32]))
+    second = make_request(coord, "1", [*shared, *[60] * 32])
+    computed, hit, uncached = coord.lookup_prefix(second, second.num_tokens - 1)
+    junction = hit + uncached if uncached else 0
+    if pin:
+        second.shared_prefix_boundary = junction
+    if junction > hit:
+        assert coord.allocate_slots(second, junction - hit, hit, computed) is not None
+    coord.check_invariants()
+    _, hit = coord.get_computed_blocks(make_request(coord, "2", [*shared, *[70] * 32]))
+    return hit
+
+
+def test_mamba_sparse_retention_keeps_only_reachable_states_and_the_junction() -> None:
+    """0.34 (its test_mamba_shared_prefix_reuse_under_zero_retention): dense retention reuses the shared
+    prefix; interval 0 drops the junction's state unless the engine pins the junction; 0.23 caches densely."""
+    assert _mamba_third_request_hit(pin=False, interval=None) == 32
+    assert _mamba_third_request_hit(pin=False, interval=0) == 0
+    assert _mamba_third_request_hit(pin=True, interval=0) == 32
+    assert _mamba_third_request_hit(pin=False, interval=0, profile=VLLM_0_23) == 32

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 os.environ.setdefault("KVSPEC_TYPECHECK", "api")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -72,6 +72,8 @@ def _release_profile() -> ReleaseProfile:
 
 
 PROFILE = _release_profile()
+#: Mamba with prefix caching: vLLM 0.34 runs it in "align" mode only; 0.23's shape keeps "none" (cached).
+MAMBA_MODE: Literal["none", "align"] = "align" if PROFILE.mamba_cache_modes == ("none", "align") else "none"
 BLOCK = 16
 HEADS, HEAD_SIZE, DTYPE = 8, 128, torch.bfloat16
 MAX_MODEL_LEN = 4096
@@ -137,11 +139,14 @@ class KvspecAdapter:
                     shapes=((1024, 3), (16, 64, 16)),
                     dtypes=(DTYPE, DTYPE),
                     page_size_padded=attn_page,
+                    mamba_cache_mode=MAMBA_MODE,
                 )
         return out
 
     def limits(self) -> kvspec.SchedulerLimits:
-        return kvspec.SchedulerLimits(max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=BUDGET)
+        return kvspec.SchedulerLimits(
+            max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=BUDGET, mamba_cache_mode=MAMBA_MODE
+        )
 
     def plan(self, specs: dict[str, Any], memory: int) -> Any:
         return get_kv_cache_configs([specs], [memory], self.limits())
@@ -685,10 +690,8 @@ def check_identical(runners: list[Any], quick: bool, lines: list[str]) -> bool:
         ("SW + full + Mamba", "hybrid128", 65536),
     ]
     if _installed_profile() is VLLM_0_34:
-        # 0.34 runs Mamba with prefix caching in "align" mode only, which it reworked (a known gap: issue
-        # 19); its two new families get a shape of their own.
-        lines.append("SW + full + Mamba: not compared against vLLM 0.34 (its reworked Mamba 'align' mode)")
-        cases[3] = ("R-SWA + circular buffer + full", "rswa_ring32", 16384)
+        # 0.34's two new families get a shape of their own; its Mamba shape runs "align" (its only caching mode).
+        cases.append(("R-SWA + circular buffer + full", "rswa_ring32", 16384))
     for label, model, blocks in cases:
         want = vllm.drive(model, blocks, quick, True)[1]
         for runner in ours:

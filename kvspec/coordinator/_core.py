@@ -108,21 +108,26 @@ def resolve_block_sizes(
                 "Hybrid KV cache groups with multiple block sizes do not support context parallelism."
             )
         scheduler = math.lcm(*sizes) * (cp if len(set(sizes)) == 1 else 1)
+    # Only groups that are cached are hashed (a ring buffer or a replayed window is never hit); with none,
+    # every group counts.
+    hashed = [size for size, t in zip(sizes, traits, strict=True) if t.prefix_cacheable] or sizes
     if hash_block_size is not None:
         chosen = hash_block_size
     elif not enable_caching or any(
-        own and size != min(sizes) for own, size in zip(own_boundaries, sizes, strict=True)
+        own and size != min(hashed)
+        for own, size, t in zip(own_boundaries, sizes, traits, strict=True)
+        if t.prefix_cacheable
     ):
         chosen = scheduler
     else:
-        chosen = math.gcd(*sizes)
+        chosen = math.gcd(*hashed)
     if not enable_caching:
         return scheduler, chosen  # no prefix caching: hashes are never read
-    bad = [s for s in sizes if s % chosen]
+    bad = [s for s in hashed if s % chosen]
     if bad or scheduler % chosen:
         raise UnsupportedConfigurationError(
-            f"Invalid hash_block_size={chosen}: every KV cache group block size ({sorted(set(sizes))}) "
-            "must be a multiple of it."
+            f"Invalid hash_block_size={chosen}: every prefix-cacheable KV cache group block size "
+            f"({sorted(set(hashed))}) must be a multiple of it."
         )
     return scheduler, chosen
 
@@ -201,8 +206,8 @@ class CoordinatorCore:
             for spec, t, cp in zip(self.specs, self.traits, self._group_cp, strict=True)
         )
         if enable_caching and len(self.specs) > 1:
-            for block_tokens in self.group_block_sizes:
-                if block_tokens % self.hash_block_size:
+            for block_tokens, group_traits in zip(self.group_block_sizes, self.traits, strict=True):
+                if group_traits.prefix_cacheable and block_tokens % self.hash_block_size:
                     raise UnsupportedConfigurationError(
                         f"Group block size {block_tokens} is not a multiple of hash_block_size "
                         f"{self.hash_block_size}."
@@ -439,8 +444,13 @@ class CoordinatorCore:
                 self._check_hasher(request)
             if new_computed_blocks is not None:
                 self._check_blocks_are_ours(new_computed_blocks)
-            if new_tokens == 0 and external == 0:
-                raise SchedulingError("num_new_tokens must be greater than 0 (or tokens must be external).")
+            if new_tokens == 0 and external == 0 and new_computed == 0:
+                # A step may schedule no token of its own and still adopt computed ones: an external load,
+                # or a prefix hit whose first chunk ends inside the range the engine replays.
+                raise SchedulingError(
+                    "num_new_tokens must be greater than 0 when there are no computed tokens to adopt "
+                    "(a prefix hit or external tokens)."
+                )
             computed = self._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
         # The token targets, computed once for every group (see _count_new_blocks for encoder groups).
         max_len = self.max_model_len

@@ -74,8 +74,13 @@ def _convert_value(name: str, value: Any, target_field: dataclasses.Field[Any], 
             mode_cls = _vllm_module(VLLM_SPECS_MODULE).KVQuantMode
             return mode_cls(int(value))
         return KVQuantMode(int(value))
-    if name == "head_size_v" and not to_vllm and value == 0:
-        return None  # vLLM 0.34's MLA says "no separate V head" with 0; kvspec with None
+    if (
+        name == "head_size_v"
+        and not to_vllm
+        and value == 0
+        and not target_field.metadata.get("zero_means_no_value_head")
+    ):
+        return None  # vLLM 0.34's MLA says "no separate V head" with 0; kvspec's latent specs with None
     if name == "mamba_type":
         if to_vllm:
             backend = _vllm_module("vllm.v1.attention.backends.registry").MambaAttentionBackendEnum

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Iterable, Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvspec.blocks.hashing import BlockHash, BlockHasher
@@ -189,6 +189,15 @@ def _as_kvspec_request(request: Any, hash_block_size: int) -> RequestView:
     return VllmRequestView(request, BlockHasher(hash_block_size))
 
 
+class VllmSpecGroup(NamedTuple):
+    """One entry of vLLM 0.34's ``coordinator.attention_groups``."""
+
+    spec: Any
+    group_ids: list[int]
+    manager_cls: type
+    use_eagle: bool
+
+
 class _CoordinatorFacade:
     """``kv_cache_manager.coordinator`` as vLLM's scheduler uses it (its remaining-blocks estimate)."""
 
@@ -223,6 +232,21 @@ class _CoordinatorFacade:
             num_encoder_tokens,
             apply_admission_cap,
         )
+
+    @property
+    def attention_groups(self) -> list[VllmSpecGroup]:
+        """vLLM 0.34's hit-search groups (equal specs searched together, groups never cached left out), each
+        with vLLM's spec of its first group when known."""
+        specs = self._vllm_specs
+        return [
+            VllmSpecGroup(
+                spec=specs[g.group_ids[0]] if specs else g.spec,
+                group_ids=list(g.group_ids),
+                manager_cls=g.manager_cls,
+                use_eagle=g.use_eagle,
+            )
+            for g in self._coordinator.hit_search.spec_groups
+        ]
 
     @property
     def single_type_managers(self) -> list[Any]:

@@ -16,7 +16,7 @@ from typing_extensions import Self
 
 from kvspec.contracts.checking import check_construction
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits, SpecCollection, as_spec_list
-from kvspec.contracts.traits import PageView, SpecTraits, attention_page_views, cached_traits
+from kvspec.contracts.traits import PageView, SpecTraits, attention_page_views, cached_traits, is_count
 from kvspec.errors import (
     SpecMergeError,
     SpecValidationError,
@@ -482,7 +482,20 @@ class CrossAttentionSpec(AttentionSpec):
 class CircularBufferSpec(AttentionSpec):
     """vLLM 0.34's ring: one block per request, for its whole life, holding the keys of the token group
     still being compressed (``block_size`` is the ring capacity). Never prefix-cached nor hit; the other
-    groups of the model cache and hit as usual."""
+    groups of the model cache and hit as usual.
+
+    ``head_size_v``: None stores a V vector of ``head_size`` beside each K; 0 stores keys only (DeepSeek V4's
+    compressor state, vLLM's ``head_size_v=0``)."""
+
+    head_size_v: int | None = field(default=None, metadata={"zero_means_no_value_head": True})
+
+    def __post_init__(self) -> None:
+        value: object = self.head_size_v
+        if value is not None and not is_count(value, 0):
+            raise SpecValidationError(
+                f"CircularBufferSpec.head_size_v must be None or an int >= 0, got {self.head_size_v!r}."
+            )
+        AttentionSpec.__post_init__(self)
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         return self.page_size_bytes  # one block per request, whatever its length

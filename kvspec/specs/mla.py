@@ -119,12 +119,17 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
 
     Fixed on purpose: vLLM 0.23 never runs SlidingWindowSpec's initialiser here, so ``head_size_v`` stays
     None; kvspec sets it to ``head_size`` like every other attention spec.
+
+    ``bounded_replay`` (vLLM 0.34's prefix replay): the window is never cached; after a prefix hit the
+    engine recomputes the last ``sliding_window`` tokens (``prefix_replay_tokens``) to rebuild it, so the
+    group is left out of the hit search and an admitted request gets fresh blocks for it.
     """
 
     cache_dtype_str: str | None = None
     alignment: int | None = None
     compress_ratio: int = 1
     model_version: str | None = None
+    bounded_replay: bool = False
 
     def __post_init__(self) -> None:
         _validate_mla_fields(self, self.compress_ratio, self.alignment)
@@ -132,6 +137,10 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
             raise SpecValidationError(
                 f"SlidingWindowMLASpec.model_version must be None or {DEEPSEEK_V4!r}, "
                 f"got {self.model_version!r}."
+            )
+        if not isinstance(self.bounded_replay, bool):
+            raise SpecValidationError(
+                f"SlidingWindowMLASpec.bounded_replay must be a bool, got {self.bounded_replay!r}."
             )
         SlidingWindowSpec.__post_init__(self)
         _apply_alignment_padding(self, self.alignment)
@@ -148,6 +157,15 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
 
     _hybrid_off_families: ClassVar[tuple[str, ...]] = ("latent", "kv")
     _kind: ClassVar[str] = "sliding_window_mla"
+
+    @property
+    def prefix_replay_tokens(self) -> int:
+        """Tokens the engine recomputes after a prefix hit to rebuild the window (0: none)."""
+        return self.sliding_window if self.bounded_replay else 0
+
+    def _declare_traits(self) -> SpecTraits:
+        traits = SlidingWindowSpec._declare_traits(self)
+        return dataclasses.replace(traits, prefix_cacheable=False) if self.bounded_replay else traits
 
     def page_views(self) -> tuple[PageView, ...]:
         return _latent_views(self)
@@ -167,6 +185,8 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
 
     def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
         return all(
-            isinstance(s, SlidingWindowMLASpec) and s.sliding_window == self.sliding_window
+            isinstance(s, SlidingWindowMLASpec)
+            and s.sliding_window == self.sliding_window
+            and s.bounded_replay == self.bounded_replay
             for s in as_spec_list(specs)
         )

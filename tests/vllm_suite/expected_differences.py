@@ -76,9 +76,9 @@ _CONNECTOR = (
     "get_computed_blocks_for_connector's per-group divergent hits (hybrid + KV connector); kvspec's hit "
     "is always the one every group agrees on"
 )
-_REPLAY = "prefix replay (swa_bounded_replay) and zeroing only the groups an external load wrote"
-_RING = (
-    "CircularBufferSpec with 0.34's tokens_per_state / non-cacheable windowed groups in contiguous packing"
+_REPLAY = (
+    "vLLM 0.34's zeroing policy (every attention group's new blocks when the config needs zeroing; an async "
+    "external load's groups skipped): kvspec zeroes the full-attention families' new blocks"
 )
 KNOWN_GAPS_034: dict[str, str] = {
     "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py::*": _PARTIAL,
@@ -109,13 +109,6 @@ KNOWN_GAPS_034: dict[str, str] = {
     _SCHED + "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs[kept]": _CONNECTOR,
     _SCHED + "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy": _CONNECTOR,
     "tests/v1/core/test_prefix_replay.py::test_kv_load_zeroing_respects_loaded_groups": _REPLAY,
-    "tests/v1/core/test_prefix_replay.py::test_replay_only_chunks_make_progress": _REPLAY,
-    "tests/v1/core/test_contiguous_kv_packing.py::TestCSALinearGrouping::"
-    "test_scratch_group_survives_computed_block_truncation": _RING,
-    "tests/v1/core/test_contiguous_kv_packing.py::TestCompressorRingGroup::"
-    "test_ring_beside_paged_groups_keeps_the_kv_block_as_scheduler_block": _RING,
-    "tests/v1/core/test_contiguous_kv_packing.py::TestSWABoundedReplayGrouping::"
-    "test_non_cacheable_swa_leaves_hits_to_the_paged_group": _RING,
 }
 
 

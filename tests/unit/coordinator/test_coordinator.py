@@ -317,6 +317,23 @@ class TestFailureAndReset:
         with pytest.raises(SchedulingError, match="num_new_tokens must be greater than 0"):
             coord.allocate_slots(make_request(coord, "0", [1, 2]), 0)
 
+    def test_a_step_may_adopt_a_hit_without_new_tokens(self) -> None:
+        """vLLM 0.34: a chunk that ends inside the replayed part of a hit schedules no token of its own but
+        adopts the hit's blocks (and takes no new block); the next chunk continues from there."""
+        coord = make_coordinator([full_spec()], 10)
+        schedule(coord, make_request(coord, "a", list(range(40))))
+        second = make_request(coord, "b", list(range(40)))
+        computed, hit = coord.get_computed_blocks(second)
+        assert hit == 32
+        free_before = coord.block_pool.get_num_free_blocks()
+        new = coord.allocate_slots(second, 0, hit, computed)
+        assert new is not None and new.get_block_ids() == ([],)
+        assert coord.get_block_ids("b") == ([1, 2],) and coord.block_pool.get_num_free_blocks() == free_before
+        second.num_computed_tokens = hit
+        assert coord.allocate_slots(second, 8) is not None
+        assert len(coord.get_block_ids("b")[0]) == 3
+        coord.check_invariants()
+
     def test_reset_prefix_cache(self) -> None:
         coord = make_coordinator([full_spec()], 10, log_stats=True, events=True)
         r0 = make_request(coord, "0", list(range(40)))

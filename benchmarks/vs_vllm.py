@@ -8,7 +8,8 @@ W1  32-layer full attention, 8,192 blocks of 16 tokens: 256 requests of 2,048-to
     1,024-token prefix), chunked prefill of 512 tokens in an 8,192-token step budget, 128 decode steps, free.
 W2  the same on a 48-layer hybrid (5 sliding-window(1,024) : 1 full), 32,768 blocks.
 W3  block hashing of 1M prompt tokens (sha256; and the fast option: kvspec xxhash vs vLLM xxhash).
-W4  planning (get_kv_cache_configs) of a 128-layer hybrid (full + sliding window + Mamba).
+W4  planning (get_kv_cache_configs) of a 128-layer hybrid (full + sliding window + Mamba); against vLLM 0.34
+    its kv_cache_planning (grouping and configs) with a VllmConfig of the same settings.
 Python's cyclic garbage collector is paused during each run (as timeit does), so a collection of the whole
 shared heap is not charged to whichever library happens to be running. Per-step time = time spent inside
 the KV-cache library's calls during one scheduler step (allocation,
@@ -32,6 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -181,6 +183,11 @@ class VllmAdapter:
     name = "vllm"
 
     def __init__(self) -> None:
+        from benchmarks.vllm_scheduler_loop import _setup_offline_hub
+
+        # Before vLLM (and huggingface_hub, which reads its cache location once) is imported: W4 against
+        # vLLM 0.34 builds a ModelConfig, read from this offline cache.
+        _setup_offline_hub()
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1 import kv_cache_interface as kvi
@@ -234,15 +241,37 @@ class VllmAdapter:
                     shapes=((1024, 3), (16, 64, 16)),
                     dtypes=(DTYPE, DTYPE),
                     page_size_padded=attn_page,
+                    mamba_cache_mode=MAMBA_MODE,
                 )
         return out
 
     def plan(self, specs: dict[str, Any], memory: int) -> Any:
         if not hasattr(self.utils, "get_kv_cache_configs"):
-            # vLLM 0.34 plans in kv_cache_planning from a whole VllmConfig (its KVCacheConfigBuilder); W4 times
-            # 0.23's planner only.
-            raise NotImplementedError("W4 against vLLM 0.34 is not measured")
+            # vLLM 0.34 plans in kv_cache_planning from a whole VllmConfig: grouping, then the configs.
+            planning, config = self._planner_034()
+            groups = planning.get_global_kv_cache_groups(config, [specs])
+            return planning.get_kv_cache_configs(config, [specs], [memory], groups)
         return self.utils.get_kv_cache_configs(self.config(), [specs], [memory])
+
+    def _planner_034(self) -> tuple[Any, Any]:
+        """vLLM 0.34's planner and a VllmConfig with this benchmark's settings (built once, untimed): 16-token
+        blocks, Mamba "align", the layer-major layout, the hybrid manager on; its model config is read from
+        the offline Hugging Face cache the suite writes (the hub is unreachable here)."""
+        cached = getattr(self, "_planner", None)
+        if cached is not None:
+            return cached  # type: ignore[no-any-return]
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm_suite"))
+        import stock_conftest  # type: ignore[import-not-found]  # noqa: F401  (vLLM's CPU platform)
+        import vllm.v1.core.kv_cache_planning as planning
+        from vllm.config import ModelConfig, VllmConfig
+
+        config = VllmConfig(model_config=ModelConfig(max_model_len=MAX_MODEL_LEN))
+        config.cache_config.block_size = BLOCK
+        config.cache_config.mamba_cache_mode = MAMBA_MODE
+        config.cache_config.kv_cache_layout = "LBNHC"
+        config.scheduler_config.disable_hybrid_kv_cache_manager = False
+        self._planner = (planning, config)
+        return self._planner
 
     def build(self, model: str, num_blocks: int) -> None:
         if not hasattr(self.utils, "get_kv_cache_configs"):

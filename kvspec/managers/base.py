@@ -329,9 +329,12 @@ class SingleTypeKVCacheManager:
         if uncached:
             self._pool.free_blocks(uncached, prepend=True)
 
-    def free_block_range(self, request_id: str, first_block: int, last_block: int) -> None:
+    def free_block_range(
+        self, request_id: str, first_block: int, last_block: int, past_nulls: bool = False
+    ) -> None:
         """Free the request's blocks in [first_block, last_block) from the last one back, stopping at a
-        null block (freed by an earlier call), and put the null block in their place. For a manager's
+        null block (freed by an earlier call; with ``past_nulls``, passing over null blocks instead), and
+        put the null block in their place; one ``free_blocks`` call for all of them. For a manager's
         ``remove_skipped_blocks`` that frees a gap rather than a head (vLLM 0.34's
         ``_remove_blocks_in_range``). Units: block indices."""
         blocks = self._req_to_blocks.get(request_id)
@@ -342,6 +345,8 @@ class SingleTypeKVCacheManager:
         for i in range(min(last_block, len(blocks)) - 1, first_block - 1, -1):
             block = blocks[i]
             if block is null:
+                if past_nulls:
+                    continue
                 break
             freed.append(block)
             blocks[i] = null

@@ -107,16 +107,7 @@ class MambaManager(SingleTypeKVCacheManager):
         first = self._num_retired_blocks.get(request_id, 0)
         if first >= last:
             return
-        null = self._null_block
-        freed: list[KVCacheBlock] = []
-        for i in range(last - 1, first - 1, -1):
-            block = blocks[i]
-            if block is null:
-                continue
-            freed.append(block)
-            blocks[i] = null
-        if freed:
-            self.block_pool.free_blocks(freed)
+        self.free_block_range(request_id, first, last, past_nulls=True)
         self._num_retired_blocks[request_id] = last
 
     def get_num_blocks_to_allocate(

@@ -31,20 +31,23 @@ def _step(
     return new
 
 
+#: One Mamba layer in "align" mode with one speculative block, beside 16-token full attention.
+MAMBA = MambaSpec(
+    block_size=16,
+    shapes=((16, 4),),
+    dtypes=(torch.float32,),
+    mamba_cache_mode="align",
+    num_speculative_blocks=1,
+)
+
+
 def _table(coord: KVCacheCoordinator, request_id: str) -> tuple[list[int], ...]:
     return tuple(list(g) for g in coord.get_block_ids(request_id))
 
 
 def test_align_mode_block_tables_and_frees_match_vllm() -> None:
-    mamba = MambaSpec(
-        block_size=16,
-        shapes=((16, 4),),
-        dtypes=(torch.float32,),
-        mamba_cache_mode="align",
-        num_speculative_blocks=1,
-    )
     # Numbers read off vLLM 0.23.0's manager (0.34 reworked "align": issue 19).
-    coord = make_coordinator([full_spec(), mamba], 40, max_model_len=1024, profile=VLLM_0_23)
+    coord = make_coordinator([full_spec(), MAMBA], 40, max_model_len=1024, profile=VLLM_0_23)
     a = make_request(coord, "a", list(range(1, 65)))
     _step(coord, a, 32)
     assert _table(coord, "a") == ([1, 2], [0, 3, 4])
@@ -100,14 +103,7 @@ def test_align_frees_after_chunked_prefill_match_vllm_0_34(profile: ReleaseProfi
     """vLLM 0.34 counts the skipped Mamba tokens from every processed token (0.23 kept the speculative
     block's token back: the state block 13 is freed one decode step later there), and frees the states a
     chunked prefill left behind across its null gaps; freed unhashed blocks are reused first."""
-    mamba = MambaSpec(
-        block_size=16,
-        shapes=((16, 4),),
-        dtypes=(torch.float32,),
-        mamba_cache_mode="align",
-        num_speculative_blocks=1,
-    )
-    coord = make_coordinator([full_spec(), mamba], 40, max_model_len=1024, profile=profile)
+    coord = make_coordinator([full_spec(), MAMBA], 40, max_model_len=1024, profile=profile)
     a = make_request(coord, "a", list(range(1, 161)))
     seen = []
     for n in (48, 48, 48, 16, 1, 1, 1):

@@ -345,12 +345,9 @@ class CoordinatorCore:
 
         The last token is never a hit (its logits must be computed), so at most num_tokens - 1.
         """
-        if not self.enable_caching or request.skip_reading_prefix_cache or not self.specs:
-            return self._empty, 0
-        blocks, num_hit_tokens = self.hit_search.find(request.block_hashes, request.num_tokens - 1)
-        if self.prefix_cache_stats is not None:
-            self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
-        return KVCacheBlocks(blocks), num_hit_tokens
+        blocks, num_hit_tokens, _ = self.lookup_prefix(request, request.num_tokens - 1)
+        self.record_prefix_hit(request, num_hit_tokens)
+        return blocks, num_hit_tokens
 
     def lookup_prefix(self, request: RequestView, max_length: int) -> tuple[KVCacheBlocks, int, int]:
         """The longest cached prefix of at most ``max_length`` tokens, without recording stats (the
@@ -367,7 +364,12 @@ class CoordinatorCore:
     def record_prefix_hit(self, request: RequestView, num_hit_tokens: int) -> None:
         """Count one prefix-cache query of ``request`` that hit ``num_hit_tokens`` tokens (with log_stats;
         a request that skips cache reads is not counted)."""
-        if self.prefix_cache_stats is None or not self.enable_caching or request.skip_reading_prefix_cache:
+        if (
+            self.prefix_cache_stats is None
+            or not self.enable_caching
+            or request.skip_reading_prefix_cache
+            or not self.specs
+        ):
             return
         self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
 

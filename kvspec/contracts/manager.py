@@ -50,6 +50,10 @@ class ManagerContext:
     max_num_batched_tokens: int | None = None
     #: The vLLM release whose behaviour the manager reproduces (``kvspec.contracts.release``).
     profile: ReleaseProfile = DEFAULT_PROFILE
+    #: Whether the manager reports its new block ids for zeroing (``take_new_block_ids``); None: the spec's
+    #: ``zero_new_blocks`` trait. An engine whose zeroing policy is its own sets it (vLLM 0.34: every
+    #: attention group when the model needs zeroing, none otherwise).
+    zero_new_blocks: bool | None = None
 
     @property
     def block_size(self) -> int:

@@ -10,6 +10,8 @@ atomicity and how they treat bad counts are documented in :mod:`kvspec.coordinat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvspec.contracts.checking import check_door
 from kvspec.contracts.release import ReleaseProfile
 from kvspec.contracts.spec import SchedulerLimits
@@ -44,6 +46,7 @@ class KVCacheCoordinator(CoordinatorCore):
         profile: ReleaseProfile | None = None,
         hash_lookahead_tokens: int = 0,
         num_reprefillable_tokens: int = 0,
+        zero_new_blocks: Sequence[bool] | None = None,
     ) -> None:
         """``num_reprefillable_tokens``: the last computed tokens a multi-module MTP drafter may prefill
         again (vLLM 0.34's num_prefill_lookahead - 1); they are not published until final.
@@ -51,7 +54,9 @@ class KVCacheCoordinator(CoordinatorCore):
         (vLLM 0.34's EAGLE lookahead block hashes); blocks are published only once hashed. ``profile``: the vLLM release whose behaviour to reproduce (``kvspec.contracts.release``; None:
         ``DEFAULT_PROFILE``). ``prefix_cache_retention_interval`` (tokens, a multiple of the scheduler block; None: cache
         every full block) keeps windowed groups' cached tails only once per interval plus at the prompt's
-        replay boundary (vLLM's VLLM_PREFIX_CACHE_RETENTION_INTERVAL); it needs a sliding-window group."""
+        replay boundary (vLLM's VLLM_PREFIX_CACHE_RETENTION_INTERVAL); it needs a sliding-window group.
+        ``zero_new_blocks``: per group, whether its new block ids are reported for zeroing
+        (``take_new_block_ids``); None: each spec's ``zero_new_blocks`` trait."""
         super().__init__(
             kv_cache_config,
             limits,
@@ -66,4 +71,5 @@ class KVCacheCoordinator(CoordinatorCore):
             profile=profile,
             hash_lookahead_tokens=hash_lookahead_tokens,
             num_reprefillable_tokens=num_reprefillable_tokens,
+            zero_new_blocks=zero_new_blocks,
         )

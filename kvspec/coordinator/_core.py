@@ -170,6 +170,7 @@ class CoordinatorCore:
         profile: ReleaseProfile | None = None,
         hash_lookahead_tokens: int = 0,
         num_reprefillable_tokens: int = 0,
+        zero_new_blocks: Sequence[bool] | None = None,
     ) -> None:
         # Documented on kvspec.coordinator.KVCacheCoordinator.__init__, the checked public door.
         registry = default_registry if registry is None else registry
@@ -239,6 +240,11 @@ class CoordinatorCore:
                 f">= num_speculative_tokens (={num_reprefillable_tokens + 1}); use a larger block or fewer tokens."
             )
         self.num_reprefillable_tokens: Final = num_reprefillable_tokens
+        if zero_new_blocks is not None and len(zero_new_blocks) != len(groups):
+            raise UnsupportedConfigurationError(
+                f"zero_new_blocks has {len(zero_new_blocks)} entries for {len(groups)} KV cache groups; give "
+                "one per group (or None: each spec's zero_new_blocks trait)."
+            )
         self.managers: list[KVCacheManager] = [
             manager_cls(
                 ManagerContext(
@@ -259,6 +265,7 @@ class CoordinatorCore:
                     max_model_len=limits.max_model_len,
                     max_num_batched_tokens=limits.batched_tokens,
                     profile=self.profile,
+                    zero_new_blocks=None if zero_new_blocks is None else zero_new_blocks[gid],
                 )
             )
             for gid, (spec, traits, manager_cls) in enumerate(
@@ -313,6 +320,12 @@ class CoordinatorCore:
         # External tokens attach in two phases (all groups' hits, then all groups' external blocks) when every
         # decoder manager splits allocate_new_computed_blocks as the base class does.
         self._two_phase_external: Final = len(self._decoder_groups) > 1 and all(
+            isinstance(m, SingleTypeKVCacheManager)
+            and type(m).allocate_new_computed_blocks is SingleTypeKVCacheManager.allocate_new_computed_blocks
+            for m in self._decoder_managers
+        )
+        # Whether every decoder manager splits it so (a per-group zeroing choice needs the two halves).
+        self._base_decoders: Final = all(
             isinstance(m, SingleTypeKVCacheManager)
             and type(m).allocate_new_computed_blocks is SingleTypeKVCacheManager.allocate_new_computed_blocks
             for m in self._decoder_managers
@@ -395,6 +408,7 @@ class CoordinatorCore:
         reserved_blocks: SupportsIndex = 0,
         num_in_flight_tokens: SupportsIndex = 0,
         watermark_blocks: SupportsIndex = 0,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
         """Blocks for ``num_new_tokens`` more tokens of ``request``, or None if they do not fit.
 
@@ -406,6 +420,8 @@ class CoordinatorCore:
         ``num_in_flight_tokens`` of the computed tokens are scheduled but not yet processed (asynchronous
         scheduling): blocks out of a window are freed only behind the processed ones. Counts are ints >= 0
         (any integer type; anything else is a SchedulingError before anything changes).
+        ``skip_zeroing_group_ids``: groups whose blocks for external tokens are not reported for zeroing
+        (an asynchronous load writes them later; vLLM 0.34); needs managers built on the base class.
         """
         request_id = request.request_id
         computed: tuple[Sequence[KVCacheBlock], ...]
@@ -486,15 +502,21 @@ class CoordinatorCore:
         if num_blocks + watermark > self.block_pool.free_block_queue.num_free_blocks - reserved:
             return None
         if attach:
-            if external and self._two_phase_external and request_id not in self._admitted:
+            if (
+                external
+                and (self._two_phase_external or (skip_zeroing_group_ids and self._base_decoders))
+                and request_id not in self._admitted
+            ):
                 # Every group's hit blocks are taken before any group allocates for external tokens, or
                 # that allocation could evict a later group's hit and hand one block out twice.
                 for gid, manager in self._decoder_groups:
                     assert isinstance(manager, SingleTypeKVCacheManager)
                     manager.add_local_computed_blocks(request_id, computed[gid], local, external)
-                for _, manager in self._decoder_groups:
+                for gid, manager in self._decoder_groups:
                     assert isinstance(manager, SingleTypeKVCacheManager)
-                    manager.allocate_external_computed_blocks(request_id, local, external)
+                    manager.allocate_external_computed_blocks(
+                        request_id, local, external, gid not in skip_zeroing_group_ids
+                    )
             else:
                 for gid, manager in self._decoder_groups:
                     manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)

@@ -41,7 +41,7 @@ from kvspec.contracts.traits import block_tokens_of
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.coordinator.stats import PrefixCacheStats
 from kvspec.errors import SchedulingError, UnsupportedConfigurationError
-from kvspec.integrations.vllm import SpecConverter
+from kvspec.integrations.vllm import VLLM_SPECS_MODULE, SpecConverter
 from kvspec.integrations.vllm_managers import VllmManagerView
 from kvspec.integrations.vllm_planning import config_from_vllm
 from kvspec.managers.base import SingleTypeKVCacheManager
@@ -175,6 +175,26 @@ def _retention_interval(kv_cache_config: Any) -> int | None:
     envs = importlib.import_module("vllm.envs")
     from_env: int | None = envs.VLLM_PREFIX_CACHE_RETENTION_INTERVAL
     return from_env
+
+
+def _zeroed_groups_034(kv_cache_config: Any) -> tuple[bool, ...]:
+    """vLLM 0.34's zeroing policy, read off its config: when the model needs zeroing (Mamba layers or mixed
+    precision, ``KVCacheConfig.needs_kv_cache_zeroing``) every attention group except a ring reports its new
+    blocks, otherwise none does. (0.23's managers report the full-attention families' blocks always: the
+    specs' ``zero_new_blocks`` traits.)"""
+    needs = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
+    return tuple(
+        needs
+        and _vllm_spec_is(g.kv_cache_spec, "AttentionSpec")
+        and not _vllm_spec_is(g.kv_cache_spec, "CircularBufferSpec")
+        for g in kv_cache_config.kv_cache_groups
+    )
+
+
+def _vllm_spec_is(spec: Any, class_name: str) -> bool:
+    """Whether vLLM's ``spec`` derives from vLLM's spec class ``class_name`` (its own module's class, read by
+    name: vLLM's policy is stated over its classes, which kvspec's code never tests for)."""
+    return any(c.__name__ == class_name and c.__module__ == VLLM_SPECS_MODULE for c in type(spec).__mro__)
 
 
 @functools.cache
@@ -426,6 +446,7 @@ class VllmKVCacheManager:
         profile: ReleaseProfile | None = None,
         hash_lookahead_tokens: int = 0,
         num_reprefillable_tokens: int = 0,
+        zero_new_blocks: tuple[bool, ...] | None = None,
     ) -> None:
         vllm_manager_module = importlib.import_module("vllm.v1.core.kv_cache_manager")
         self._vllm_blocks_cls: Any = vllm_manager_module.KVCacheBlocks
@@ -460,6 +481,7 @@ class VllmKVCacheManager:
             prefix_cache_retention_interval=_retention_interval(kv_cache_config),
             hash_lookahead_tokens=hash_lookahead_tokens,
             num_reprefillable_tokens=num_reprefillable_tokens,
+            zero_new_blocks=zero_new_blocks,
         )
         # vLLM's collector (or kvspec's: same calls) is told of allocations, hits and evictions by kvspec's pool.
         self.kvspec_coordinator.block_pool.metrics_collector = metrics_collector
@@ -555,6 +577,7 @@ class VllmKVCacheManager:
         full_sequence_must_fit: bool,
         in_flight: int = 0,
         watermark: int = 0,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> Any:
         """The coordinator's allocate_slots for a vLLM request and vLLM's hit blocks (both releases' call):
         ``new`` = (new tokens, new computed tokens), ``counts`` = (lookahead, external, encoder tokens,
@@ -574,6 +597,7 @@ class VllmKVCacheManager:
             reserved,
             in_flight,
             watermark,
+            tuple(skip_zeroing_group_ids),
         )
         return self._to_vllm(result)
 
@@ -720,6 +744,7 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
             profile=profile,
             hash_lookahead_tokens=int(num_hash_lookahead_tokens),
             num_reprefillable_tokens=max(0, num_prefill_lookahead - 1),
+            zero_new_blocks=_zeroed_groups_034(kv_cache_config),
         )
         self.enable_kv_cache_events = enable_kv_cache_events
         self._live_stats: Any = self._vllm_stats_cls() if log_stats else None
@@ -831,7 +856,8 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
     ) -> Any:
         """0.23's call plus the watermark (kept free when admitting a waiting or preempted request while
         others are scheduled) and the in-flight tokens (not freed out of a window before they are processed).
-        ``skip_zeroing_group_ids`` needs nothing: kvspec records no block of an external load for zeroing."""
+        ``skip_zeroing_group_ids``: groups whose external-token blocks are not reported for zeroing (an
+        asynchronous load writes them after this step)."""
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
@@ -850,6 +876,7 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
             full_sequence_must_fit,
             request.num_in_flight_tokens,
             watermark,
+            skip_zeroing_group_ids,
         )
 
     def remove_skipped_blocks(

@@ -59,7 +59,9 @@ class SingleTypeKVCacheManager:
         self._caching = context.enable_caching
         self._cap = context.max_admission_blocks_per_request
         self._group_id = context.kv_cache_group_id
-        self._track_new_block_ids = context.traits.zero_new_blocks
+        self._track_new_block_ids = (
+            context.traits.zero_new_blocks if context.zero_new_blocks is None else context.zero_new_blocks
+        )
         # Per request: its blocks in order (null blocks mark positions freed early), and how many of its
         # leading blocks are published in the prefix cache (presence there: the request was admitted).
         self._req_to_blocks: dict[str, list[KVCacheBlock]] = {}
@@ -207,9 +209,15 @@ class SingleTypeKVCacheManager:
         self._num_cached_block[request_id] = len(req_blocks)
 
     def allocate_external_computed_blocks(
-        self, request_id: str, num_local_computed_tokens: int, num_external_computed_tokens: int
+        self,
+        request_id: str,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+        record_for_zeroing: bool = True,
     ) -> None:
-        """Second half of ``allocate_new_computed_blocks``: fresh blocks for the tokens a connector loads."""
+        """Second half of ``allocate_new_computed_blocks``: fresh blocks for the tokens a connector loads.
+        ``record_for_zeroing`` False: the blocks are not reported for zeroing (an asynchronous load writes
+        them after this step, which zeroing would race)."""
         if num_external_computed_tokens <= 0:
             return
         req_blocks = self._req_to_blocks.setdefault(request_id, [])
@@ -218,7 +226,7 @@ class SingleTypeKVCacheManager:
         if num_new > 0:
             allocated = self._pool.get_new_blocks(num_new)
             req_blocks.extend(allocated)
-            if self._track_new_block_ids:
+            if self._track_new_block_ids and record_for_zeroing:
                 self._new_block_ids.extend([b.block_id for b in allocated])
 
     def allocate_new_blocks(

@@ -14,7 +14,8 @@ vLLM ``Request`` objects (neither mutates them; the driver does, between calls),
 hasher.
 
 Compared after every call: hit blocks and hit length, allocated block ids or the refusal, the free-block
-count; after every step: each running request's block table, the common-prefix blocks, usage, KV events;
+count; after every step: each running request's block table, the common-prefix blocks, usage, the new
+block ids to zero, KV events;
 at the end: the prefix-cache statistics. The first difference ends the workload and is reported with its
 seed, so ``python -m tests.vllm.differential --seed S --workloads 1 -v`` replays it.
 
@@ -759,6 +760,14 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
                     both.ours.get_num_common_prefix_blocks(running[0]),
                 )
             both.same("usage", round(both.stock.usage, 9), round(both.ours.usage, 9))
+            # The blocks the runner must zero before use (0.34: every attention group when the model needs
+            # zeroing, Mamba layers or mixed precision; 0.23: the full-attention families). Not with sink
+            # groups against 0.34: its SinkFullAttentionManager takes none of the keywords its coordinator
+            # passes (the harness drops them to build it), needs_kv_cache_zeroing included, so it never
+            # zeroes; kvspec applies 0.34's rule to a sink group as to any attention group.
+            zero_ids = both.stock.take_new_block_ids(), both.ours.take_new_block_ids()
+            if RELEASE_0_23 or "sink" not in w.families:
+                both.same("new block ids to zero", *zero_ids)
             if w.kv_events:
                 both.same(
                     "KV events",

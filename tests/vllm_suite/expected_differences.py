@@ -76,10 +76,6 @@ _CONNECTOR = (
     "get_computed_blocks_for_connector's per-group divergent hits (hybrid + KV connector); kvspec's hit "
     "is always the one every group agrees on"
 )
-_REPLAY = (
-    "vLLM 0.34's zeroing policy (every attention group's new blocks when the config needs zeroing; an async "
-    "external load's groups skipped): kvspec zeroes the full-attention families' new blocks"
-)
 KNOWN_GAPS_034: dict[str, str] = {
     "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py::*": _PARTIAL,
     "tests/v1/core/test_deferred_block_free.py::test_cow_retentions_deferred_until_copy_step_processed": _PARTIAL,
@@ -108,7 +104,6 @@ KNOWN_GAPS_034: dict[str, str] = {
     _SCHED + "test_hybrid_per_group_hit_divergence_with_connector": _CONNECTOR,
     _SCHED + "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs[kept]": _CONNECTOR,
     _SCHED + "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy": _CONNECTOR,
-    "tests/v1/core/test_prefix_replay.py::test_kv_load_zeroing_respects_loaded_groups": _REPLAY,
 }
 
 

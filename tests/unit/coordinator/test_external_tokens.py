@@ -5,8 +5,10 @@ evict a later group's hit block from the free queue and hand the same block out 
 
 from __future__ import annotations
 
-from kvspec import KVCacheBlocks
-from tests.helpers import full_spec, make_coordinator, make_request, sw_spec
+import pytest
+
+from kvspec import KVCacheBlocks, KVCacheCoordinator, SchedulerLimits, UnsupportedConfigurationError
+from tests.helpers import full_spec, make_config, make_coordinator, make_request, sw_spec
 
 
 def _flat(coord: object, request_id: str) -> list[int]:
@@ -40,3 +42,43 @@ def test_a_single_group_takes_its_hit_then_its_external_blocks() -> None:
     (blocks,) = coord.get_block_ids("r")
     assert blocks[:3] == [b.block_id for b in head] and len(set(blocks)) == len(blocks) == 6
     coord.check_invariants()
+
+
+def _zeroing_coordinator(zero: tuple[bool, ...] | None) -> KVCacheCoordinator:
+    return KVCacheCoordinator(
+        make_config([full_spec(), sw_spec(4096)], 40),
+        SchedulerLimits(max_model_len=8192),
+        zero_new_blocks=zero,
+    )
+
+
+@pytest.mark.parametrize("skip", [(), (0,), (1,), (0, 1)])
+def test_blocks_for_an_asynchronous_load_are_not_reported_for_zeroing(skip: tuple[int, ...]) -> None:
+    """vLLM 0.34: the groups an asynchronous load writes (``skip_zeroing_group_ids``) do not report their
+    external-token blocks for zeroing (zeroing would race the load); the blocks for new tokens still are."""
+    coord = _zeroing_coordinator(
+        (True, True)
+    )  # every attention group zeroes, as 0.34 when the model needs it
+    request = make_request(coord, "r", [0] * (4 * 16))
+    new = coord.allocate_slots(request, 16, 0, None, 0, 2 * 16, skip_zeroing_group_ids=skip)
+    assert new is not None
+    reported = set(coord.take_new_block_ids())
+    for gid, ids in enumerate(coord.get_block_ids("r")):
+        external, fresh = set(ids[:2]), set(ids[2:])
+        assert fresh <= reported
+        assert (external & reported) == (set() if gid in skip else external)
+    coord.check_invariants()
+
+
+def test_zeroing_follows_the_engine_policy_over_the_traits() -> None:
+    """By default the spec's ``zero_new_blocks`` trait decides (full attention yes, sliding window no, as
+    vLLM 0.23); ``zero_new_blocks=`` sets it per group; a list of the wrong length is refused."""
+    for zero, expected in ((None, (True, False)), ((False, True), (False, True))):
+        coord = _zeroing_coordinator(zero)
+        request = make_request(coord, "r", [0] * 32)
+        assert coord.allocate_slots(request, 32) is not None
+        reported = set(coord.take_new_block_ids())
+        assert tuple(set(ids) <= reported for ids in coord.get_block_ids("r")) == expected
+        assert tuple(bool(set(ids) & reported) for ids in coord.get_block_ids("r")) == expected
+    with pytest.raises(UnsupportedConfigurationError, match="zero_new_blocks has 1 entries for 2"):
+        _zeroing_coordinator((True,))

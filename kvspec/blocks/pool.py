@@ -546,25 +546,48 @@ class BlockPool:
                 )
                 if lookahead_ids is not None:
                     lookahead_ids.append(list(request.all_token_ids[end : end + lookahead]))
-            self.kv_event_queue.append(
-                BlockStored(
-                    block_hashes=stored,
-                    parent_block_hash=parent,
-                    token_ids=list(
-                        request.all_token_ids[num_cached_blocks * block_size : num_full_blocks * block_size]
-                    ),
-                    block_size=block_size,
-                    lora_id=request.lora_id,
-                    medium=self.medium,
-                    lora_name=request.lora_name,
-                    cache_salt=request.cache_salt,
-                    extra_keys=extra or None,
-                    group_idx=kv_cache_group_id,
-                    lookahead_token_ids=lookahead_ids,
-                    # An optional member of a request view (vLLM 0.23's requests have no session).
-                    session_id=getattr(request, "session_id", None),
-                )
+            self._queue_stored(
+                request,
+                stored,
+                parent,
+                num_cached_blocks * block_size,
+                num_full_blocks * block_size,
+                block_size,
+                extra or None,
+                kv_cache_group_id,
+                lookahead_ids,
             )
+
+    def _queue_stored(
+        self,
+        request: RequestView,
+        block_hashes: list[bytes],
+        parent: bytes | None,
+        start: int,
+        end: int,
+        block_size: int,
+        extra_keys: list[tuple[Any, ...] | None] | None,
+        kv_cache_group_id: int,
+        lookahead_ids: list[list[int]] | None,
+    ) -> None:
+        """Queue a BlockStored event for ``block_hashes`` over the request's tokens [start, end)."""
+        self.kv_event_queue.append(
+            BlockStored(
+                block_hashes=block_hashes,
+                parent_block_hash=parent,
+                token_ids=list(request.all_token_ids[start:end]),
+                block_size=block_size,
+                lora_id=request.lora_id,
+                medium=self.medium,
+                lora_name=request.lora_name,
+                cache_salt=request.cache_salt,
+                extra_keys=extra_keys,
+                group_idx=kv_cache_group_id,
+                lookahead_token_ids=lookahead_ids,
+                # An optional member of a request view (vLLM 0.23's requests have no session).
+                session_id=getattr(request, "session_id", None),
+            )
+        )
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take ``num_blocks`` from the free queue's head (evicting their cached content), ref_cnt 1."""
@@ -633,25 +656,16 @@ class BlockPool:
         if self.enable_kv_cache_events and not already:
             start = num_tokens - hash_block
             lookahead = self.hash_lookahead_tokens
-            self.kv_event_queue.append(
-                BlockStored(
-                    block_hashes=[fine],
-                    parent_block_hash=request.block_hashes[num_hashes - 2] if num_hashes > 1 else None,
-                    token_ids=list(request.all_token_ids[start:num_tokens]),
-                    block_size=hash_block,
-                    lora_id=request.lora_id,
-                    medium=self.medium,
-                    lora_name=request.lora_name,
-                    cache_salt=request.cache_salt,
-                    extra_keys=[
-                        request.extra_keys_for_range(start, num_tokens) if request.needs_extra_keys else None
-                    ],
-                    group_idx=kv_cache_group_id,
-                    lookahead_token_ids=[list(request.all_token_ids[num_tokens : num_tokens + lookahead])]
-                    if lookahead
-                    else None,
-                    session_id=getattr(request, "session_id", None),
-                )
+            self._queue_stored(
+                request,
+                [fine],
+                request.block_hashes[num_hashes - 2] if num_hashes > 1 else None,
+                start,
+                num_tokens,
+                hash_block,
+                [request.extra_keys_for_range(start, num_tokens) if request.needs_extra_keys else None],
+                kv_cache_group_id,
+                [list(request.all_token_ids[num_tokens : num_tokens + lookahead])] if lookahead else None,
             )
         return key
 

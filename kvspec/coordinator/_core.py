@@ -317,19 +317,15 @@ class CoordinatorCore:
         # Requests whose prefix hit was attached: later calls take the short per-step path.
         self._admitted: set[str] = set()
         self._cached_tokens: dict[str, int] = {}
-        # External tokens attach in two phases (all groups' hits, then all groups' external blocks) when every
-        # decoder manager splits allocate_new_computed_blocks as the base class does.
-        self._two_phase_external: Final = len(self._decoder_groups) > 1 and all(
-            isinstance(m, SingleTypeKVCacheManager)
-            and type(m).allocate_new_computed_blocks is SingleTypeKVCacheManager.allocate_new_computed_blocks
-            for m in self._decoder_managers
-        )
-        # Whether every decoder manager splits it so (a per-group zeroing choice needs the two halves).
+        # Whether every decoder manager splits allocate_new_computed_blocks as the base class does (hits, then
+        # external blocks): a per-group zeroing choice needs the two halves.
         self._base_decoders: Final = all(
             isinstance(m, SingleTypeKVCacheManager)
             and type(m).allocate_new_computed_blocks is SingleTypeKVCacheManager.allocate_new_computed_blocks
             for m in self._decoder_managers
         )
+        # External tokens attach in two phases (all groups' hits, then all groups' external blocks) in hybrids.
+        self._two_phase_external: Final = len(self._decoder_groups) > 1 and self._base_decoders
         # Managers that can free blocks early; full attention's remove_skipped_blocks is a no-op.
         self._skipping_managers = [m for m in self.managers if _may_skip_blocks(type(m))]
 

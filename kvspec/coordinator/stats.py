@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,21 +70,8 @@ def annotate_events(
         if isinstance(event, BlockStored) and event.group_idx is not None:
             if 0 <= event.group_idx < len(metadata):
                 meta = metadata[event.group_idx]
-                event = BlockStored(
-                    block_hashes=event.block_hashes,
-                    parent_block_hash=event.parent_block_hash,
-                    token_ids=event.token_ids,
-                    block_size=event.block_size,
-                    lora_id=event.lora_id,
-                    medium=event.medium,
-                    lora_name=event.lora_name,
-                    cache_salt=event.cache_salt,
-                    extra_keys=event.extra_keys,
-                    group_idx=event.group_idx,
-                    kv_cache_spec_kind=meta.kind,
-                    kv_cache_spec_sliding_window=meta.sliding_window,
-                    lookahead_token_ids=event.lookahead_token_ids,
-                    session_id=event.session_id,
+                event = dataclasses.replace(
+                    event, kv_cache_spec_kind=meta.kind, kv_cache_spec_sliding_window=meta.sliding_window
                 )
             else:
                 (log or logger).warning("Group index `%s` not in KV cache metadata", event.group_idx)

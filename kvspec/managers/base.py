@@ -282,6 +282,22 @@ class SingleTypeKVCacheManager:
             return
         pool.cache_partial_block(request, blocks[index], boundary, self._group_id)
 
+    def retention_boundaries(self, num_prompt_tokens: int, shared_prefix_boundary: int) -> list[int]:
+        """Token positions where sparse retention keeps the blocks a hit ending there needs: the prompt's
+        replay boundaries (``ReleaseProfile.replay_boundaries``) and the shared-prefix junction (tokens; 0:
+        none), with EAGLE also one block before the junction (a sibling's EAGLE peek past it is not shared)."""
+        context = self.context
+        boundaries = list(
+            context.profile.replay_boundaries(
+                num_prompt_tokens, self.scheduler_block_size, context.model_uses_eagle
+            )
+        )
+        if shared_prefix_boundary > 0:
+            boundaries.append(shared_prefix_boundary)
+            if context.use_eagle:
+                boundaries.append(shared_prefix_boundary - self.block_size)
+        return boundaries
+
     def cache_mask(self, request: RequestView, num_blocks: int) -> list[bool] | None:
         """The mask ``cache_blocks`` publishes with: ``reachable_block_mask`` unless a manager's caching
         policy also depends on the request (sparse retention reads its prompt length)."""
@@ -395,6 +411,13 @@ class SingleTypeKVCacheManager:
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
         raise NotImplementedError(f"{cls.__name__} does not define a prefix-cache hit search")
+
+
+def shared_prefix_boundary(request: RequestView) -> int:
+    """The request's shared-prefix junction (tokens; 0: none): an optional member of a request view, set by
+    the engine from ``KVCacheCoordinator.lookup_prefix`` (kvspec's ``Request`` and vLLM 0.34's have it)."""
+    junction: int = getattr(request, "shared_prefix_boundary", 0) or 0
+    return junction
 
 
 def truncate_to_alignment(

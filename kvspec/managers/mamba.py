@@ -17,7 +17,7 @@ from kvspec.contracts.manager import HitQuery, HitResult
 from kvspec.contracts.spec import MAMBA_CACHE_MODES, MambaCacheMode
 from kvspec.errors import UnsupportedConfigurationError
 from kvspec.intmath import cdiv
-from kvspec.managers.base import SingleTypeKVCacheManager
+from kvspec.managers.base import SingleTypeKVCacheManager, shared_prefix_boundary
 
 
 class MambaManager(SingleTypeKVCacheManager):
@@ -209,17 +209,7 @@ class MambaManager(SingleTypeKVCacheManager):
             for i in range(per_segment - 1, num_blocks, per_segment):
                 mask[i] = True
         scheduler_block = self.scheduler_block_size
-        boundaries = list(
-            context.profile.replay_boundaries(
-                request.num_prompt_tokens, scheduler_block, context.model_uses_eagle
-            )
-        )
-        junction: int = getattr(request, "shared_prefix_boundary", 0) or 0
-        if junction > 0:
-            boundaries.append(junction)
-            if context.use_eagle:
-                boundaries.append(junction - block_size)
-        for boundary in boundaries:
+        for boundary in self.retention_boundaries(request.num_prompt_tokens, shared_prefix_boundary(request)):
             index = boundary // scheduler_block * scheduler_block // block_size - 1
             if 0 <= index < num_blocks:
                 mask[index] = True

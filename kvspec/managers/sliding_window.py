@@ -12,7 +12,7 @@ from kvspec.contracts.spec import KVCacheSpec
 from kvspec.contracts.traits import SpecTraits
 from kvspec.errors import UnsupportedConfigurationError
 from kvspec.intmath import cdiv
-from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
+from kvspec.managers.base import SingleTypeKVCacheManager, shared_prefix_boundary, truncate_to_alignment
 
 
 def _window(spec: KVCacheSpec, traits: SpecTraits) -> int:
@@ -103,9 +103,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         interval = self.context.prefix_cache_retention_interval
         if interval is None:
             return self.reachable_block_mask(num_blocks)
-        # An optional request member (vLLM 0.34's Request has it; the engine sets it from lookup_prefix).
-        junction: int = getattr(request, "shared_prefix_boundary", 0) or 0
-        return self.retained_block_mask(num_blocks, interval, request.num_prompt_tokens, junction)
+        return self.retained_block_mask(
+            num_blocks, interval, request.num_prompt_tokens, shared_prefix_boundary(request)
+        )
 
     def retained_block_mask(
         self, num_blocks: int, interval: int, num_prompt_tokens: int, shared_prefix_boundary: int = 0
@@ -126,18 +126,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             for i in range(shift, num_blocks):
                 if (i - shift) % per_segment >= per_segment - need:
                     mask[i] = True
-        context = self.context
-        boundaries = list(
-            context.profile.replay_boundaries(
-                num_prompt_tokens, self.scheduler_block_size, context.model_uses_eagle
-            )
-        )
-        if shared_prefix_boundary > 0:
-            boundaries.append(shared_prefix_boundary)
-            if self.use_eagle:
-                boundaries.append(shared_prefix_boundary - self.block_size)
         scheduler_block = self.scheduler_block_size
-        for boundary in boundaries:
+        for boundary in self.retention_boundaries(num_prompt_tokens, shared_prefix_boundary):
             end = boundary // scheduler_block * scheduler_block // self.block_size + shift
             for i in range(max(0, end - need), min(num_blocks, end)):
                 mask[i] = True

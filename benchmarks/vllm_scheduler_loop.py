@@ -38,6 +38,25 @@ def _setup_offline_hub() -> None:
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_CACHE=str(hub))
 
 
+def vllm_034_planner(block_size: int, max_model_len: int, mamba_cache_mode: str) -> tuple[Any, Any]:
+    """vLLM 0.34's ``kv_cache_planning`` module and a ``VllmConfig`` to plan with: ``block_size`` tokens,
+    ``mamba_cache_mode``, the layer-major tensor layout, the hybrid KV cache manager on (vLLM turns it off for
+    a model config that does not need it; the layers planned are the caller's, not that model's). vLLM's CPU
+    platform with its triton-cpu check lifted, as the suite's runs set it (no device here); the model config
+    (vLLM 0.34 tests' default model) is read from the offline cache ``_setup_offline_hub`` writes."""
+    sys.path.insert(0, str(ROOT / "tests" / "vllm_suite"))
+    import stock_conftest  # type: ignore[import-not-found]  # noqa: F401  (vLLM's CPU platform)
+    import vllm.v1.core.kv_cache_planning as planning
+    from vllm.config import ModelConfig, VllmConfig
+
+    config = VllmConfig(model_config=ModelConfig(max_model_len=max_model_len))
+    config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    config.cache_config.block_size = block_size
+    config.cache_config.mamba_cache_mode = mamba_cache_mode
+    config.cache_config.kv_cache_layout = "LBNHC"
+    return planning, config
+
+
 def make_scheduler(num_blocks: int, block_size: int, budget: int, max_seqs: int, layout: str = "full") -> Any:
     """vLLM's Scheduler over one full-attention group, or (``layout="mamba-align"``) over full attention,
     a 128-token sliding window and a Mamba group in "align" mode (the Scheduler then cuts prefill chunks at

@@ -33,7 +33,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -254,24 +253,13 @@ class VllmAdapter:
         return self.utils.get_kv_cache_configs(self.config(), [specs], [memory])
 
     def _planner_034(self) -> tuple[Any, Any]:
-        """vLLM 0.34's planner and a VllmConfig with this benchmark's settings (built once, untimed): 16-token
-        blocks, Mamba "align", the layer-major layout, the hybrid manager on; its model config is read from
-        the offline Hugging Face cache the suite writes (the hub is unreachable here)."""
+        """vLLM 0.34's planner and a VllmConfig with this benchmark's settings (built once, untimed)."""
         cached = getattr(self, "_planner", None)
-        if cached is not None:
-            return cached  # type: ignore[no-any-return]
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm_suite"))
-        import stock_conftest  # type: ignore[import-not-found]  # noqa: F401  (vLLM's CPU platform)
-        import vllm.v1.core.kv_cache_planning as planning
-        from vllm.config import ModelConfig, VllmConfig
+        if cached is None:
+            from benchmarks.vllm_scheduler_loop import vllm_034_planner
 
-        config = VllmConfig(model_config=ModelConfig(max_model_len=MAX_MODEL_LEN))
-        config.cache_config.block_size = BLOCK
-        config.cache_config.mamba_cache_mode = MAMBA_MODE
-        config.cache_config.kv_cache_layout = "LBNHC"
-        config.scheduler_config.disable_hybrid_kv_cache_manager = False
-        self._planner = (planning, config)
-        return self._planner
+            cached = self._planner = vllm_034_planner(BLOCK, MAX_MODEL_LEN, MAMBA_MODE)
+        return cached
 
     def build(self, model: str, num_blocks: int) -> None:
         if not hasattr(self.utils, "get_kv_cache_configs"):

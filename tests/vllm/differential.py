@@ -126,7 +126,7 @@ def _installed_vllm_is_0_23() -> bool:
 
     from kvspec.contracts.release import VLLM_0_23, profile_for_vllm_version
 
-    return profile_for_vllm_version(importlib.metadata.version("vllm")) is VLLM_0_23
+    return profile_for_vllm_version(str(importlib.import_module("vllm").__version__)) is VLLM_0_23
 
 
 RELEASE_0_23 = _installed_vllm_is_0_23()

@@ -27,12 +27,14 @@ from tests.vllm_engine.harness import NO_PREFIX_CACHING  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
-def result(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    name: str = request.param
-    out = Path(os.environ.get("KVSPEC_ENGINE_OUT") or tmp_path_factory.mktemp("engine"))
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(os.environ.get("KVSPEC_ENGINE_OUT") or tmp_path_factory.mktemp("engine"))
+
+
+def _run(out: Path, name: str, *extra: str, suffix: str = "") -> dict[str, Any]:
     completed = subprocess.run(
-        [sys.executable, "-m", "tests.vllm_engine.run", "--model", name, "--out", str(out)],
+        [sys.executable, "-m", "tests.vllm_engine.run", "--model", name, "--out", str(out), *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -41,8 +43,13 @@ def result(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     )
     if completed.returncode != 0:
         pytest.fail(f"the {name} engine run failed:\n{completed.stderr[-6000:]}")
-    loaded: dict[str, Any] = json.loads((out / f"{name}.json").read_text())
+    loaded: dict[str, Any] = json.loads((out / f"{name}{suffix}.json").read_text())
     return loaded
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def result(request: pytest.FixtureRequest, out: Path) -> dict[str, Any]:
+    return _run(out, request.param)
 
 
 def test_kvspec_generates_what_vllm_generates(result: dict[str, Any]) -> None:
@@ -57,7 +64,7 @@ def test_kvspec_generates_what_vllm_generates(result: dict[str, Any]) -> None:
 def test_the_workload_reaches_every_situation(result: dict[str, Any]) -> None:
     """The workload is not vacuous: it preempts, and (with prefix caching) it hits."""
     stock = result["runs"]["stock"]
-    assert stock["requests"] == 48  # 3 of the 51 submitted are aborted
+    assert stock["requests"] == 50  # 3 of the 53 submitted are aborted
     assert stock["preemptions"] >= 1
     # Every finished request was admitted, and every preempted one admitted again.
     assert stock["admissions"] >= stock["requests"] + stock["preemptions"]
@@ -78,3 +85,20 @@ def test_a_broken_kvspec_changes_the_tokens(result: dict[str, Any]) -> None:
         broken = result["runs"][kind]
         assert broken["first_difference"] is not None, kind
         assert broken["requests_with_other_tokens"], kind
+
+
+def test_install_makes_vllms_scheduler_build_kvspec(out: Path) -> None:
+    """The user's path: ``install()`` before the engine is built; vLLM's Scheduler then constructs kvspec's
+    0.32 adapter itself, and the workload gives the stock run's tokens and step records."""
+    compared = out / "llama-tiny.json"  # written by the comparison above when it ran first
+    stock = (json.loads(compared.read_text()) if compared.exists() else _run(out, "llama-tiny"))["runs"][
+        "stock"
+    ]
+    found = _run(out, "llama-tiny", "--installed", suffix="-installed")
+    assert found["manager_class"] == "Vllm032KVCacheManager"
+    assert found["digests"] == stock["digests"]
+    assert (found["steps"], found["hit_tokens"], found["preemptions"]) == (
+        stock["steps"],
+        stock["hit_tokens"],
+        stock["preemptions"],
+    )

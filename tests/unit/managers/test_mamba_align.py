@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kvspec import KVCacheCoordinator, MambaSpec, Request
-from kvspec.contracts.release import VLLM_0_23, VLLM_0_34, ReleaseProfile
+from kvspec.contracts.release import VLLM_0_23, VLLM_0_32, VLLM_0_34, ReleaseProfile
 from tests.helpers import free_ids, full_spec, make_coordinator, make_request
 
 
@@ -118,3 +118,25 @@ def test_align_frees_after_chunked_prefill_match_vllm_0_34(profile: ReleaseProfi
         assert seen[:5] == _TABLES_0_34[:5] and seen[6] == _TABLES_0_34[6]
         assert seen[5] == (_TABLES_0_34[4][0], 25)  # block 13 still held one step more
         assert free_ids(coord)[:8] == list(range(18, 26))
+
+
+@pytest.mark.parametrize("profile", [VLLM_0_32, VLLM_0_34], ids=lambda p: p.name)
+def test_a_hit_on_a_recached_prompt_boundary_state_waits_under_0_32(profile: ReleaseProfile) -> None:
+    """vLLM 0.32.0 re-keys the Mamba state at the prompt's last hash boundary each time it caches exactly up
+    to it, marking it cached this step again (the differential against 0.32's own manager, seed 1606): a
+    148-token prompt computes 144 tokens, a sibling's hit on that state waits that step under both
+    releases; the next step the first request caches up to 144 again and the sibling still waits under
+    0.32, while 0.34 admits it."""
+    spec = MambaSpec(block_size=16, shapes=((16, 4),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    coord = make_coordinator([full_spec(), spec], 120, max_model_len=1024, profile=profile)
+    prompt = list(range(1, 149))
+    first = make_request(coord, "a", prompt)
+    _step(coord, first, 144)
+    sibling = make_request(coord, "b", prompt)
+    blocks, hit = coord.get_computed_blocks(sibling)
+    assert hit == 144
+    assert coord.allocate_slots(sibling, 4, hit, blocks) is None  # cached this step: both releases wait
+    _step(coord, first, 4)  # caches up to 144 again (148 is not a whole block)
+    blocks, hit = coord.get_computed_blocks(sibling)
+    admitted = coord.allocate_slots(sibling, 4, hit, blocks)
+    assert (admitted is None) is (profile is VLLM_0_32)

@@ -48,9 +48,11 @@ def comparison_table(results: list[dict[str, Any]]) -> str:
                 verdict = "(baseline)"
             elif run["first_difference"] is None:
                 verdict = "identical (block ids every step, tokens)"
+                if kind != "kvspec" and not result["prefix_caching"]:
+                    verdict = "identical (no prefix cache: nothing to break)"
             else:
                 other = len(run["requests_with_other_tokens"])
-                verdict = f"differs from {run['first_difference']}; {other} requests' tokens differ"
+                verdict = f"differs from {run['first_difference']}; other tokens for {other} requests"
             lines.append(
                 f"| {result['model']} | {kind} | {run['requests']} | {run['generated_tokens']} | {run['steps']} "
                 f"| {run['preemptions']} | {run['hit_tokens']} | {verdict} |"

@@ -147,6 +147,11 @@ class PlotPathError(KVSpecError, ValueError):
     """A --plot path the CLI cannot write (unknown suffix, missing folder) or matplotlib is missing."""
 
 
+class TraceFormatError(KVSpecError, ValueError):
+    """A request trace cannot be read: a missing file, a line that is not JSON, or a bad field (the message
+    names the file, the line and the field)."""
+
+
 class DeviceError(KVSpecError, RuntimeError):
     """A device backend is unknown or its hardware/runtime is unavailable."""
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.vllm_engine.checkpoints import MODELS, TinyModel, write_checkpoint
+from tests.vllm_engine.checkpoints import TinyModel, write_checkpoint
 
 #: The engine's settings (CPU attention needs a block size that is a multiple of 32).
 BLOCK_SIZE = 32
@@ -576,7 +576,3 @@ def _timed(method: Callable[..., Any], timer: list[float]) -> Callable[..., Any]
             timer[0] += time.perf_counter() - started
 
     return timed
-
-
-def model(name: str) -> TinyModel:
-    return MODELS[name]

@@ -1,0 +1,177 @@
+"""Request traces: the Mooncake format and kvspec's own JSONL, read into :class:`TraceRequest` values.
+
+Two formats, one JSON object a line (blank lines are skipped):
+
+- **Mooncake** (Kimi's production traces, FAST'25; ``shared/traces/``): ``timestamp`` (ms from the start),
+  ``input_length``, ``output_length`` and ``hash_ids``, one id per 512-token prefix block (the last may
+  cover a partial block). Equal leading ids mean a shared prefix.
+- **kvspec**: ``output_length`` and either ``token_ids`` (the prompt) or ``hash_ids`` with
+  ``hash_block_size`` (tokens per id) and ``input_length``; optional ``arrival_ms`` (default: the previous
+  request's), ``priority`` (int, lower first as in vLLM) and ``retention_seconds`` (how long the prompt's
+  prefix may stay pinned). A Mooncake line is also accepted there.
+
+Hash ids become tokens deterministically (:func:`prompt_tokens`): id ``h`` covers tokens
+``h * block + 0 .. h * block + block - 1``, so equal hash prefixes give equal token prefixes and distinct ids
+never share a token. A bad line raises :class:`TraceFormatError` naming the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvspec.errors import TraceFormatError
+
+#: Tokens per hash id in Mooncake traces.
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TraceRequest:
+    """One request of a trace. Lengths in tokens, times in milliseconds from the trace's start.
+
+    Invariants: exactly one of ``token_ids`` and ``hash_ids`` is set; with ``token_ids``,
+    ``input_length == len(token_ids)``; with ``hash_ids``, ``hash_block_size`` is set and
+    ``(len(hash_ids) - 1) * hash_block_size < input_length <= len(hash_ids) * hash_block_size``.
+    """
+
+    line: int
+    arrival_ms: float
+    input_length: int
+    output_length: int
+    token_ids: tuple[int, ...] | None = None
+    hash_ids: tuple[int, ...] | None = None
+    hash_block_size: int | None = None
+    priority: int = 0
+    retention_seconds: float | None = None
+
+    def prompt_tokens(self) -> list[int]:
+        """The prompt's token ids (``hash_ids`` expanded, see the module docstring)."""
+        return prompt_tokens(self)
+
+
+def prompt_tokens(request: TraceRequest) -> list[int]:
+    """The prompt of ``request`` as token ids; hash id ``h`` of a ``B``-token block gives ``h*B .. h*B+B-1``
+    (the last id only as many as ``input_length`` leaves)."""
+    if request.token_ids is not None:
+        return list(request.token_ids)
+    assert request.hash_ids is not None and request.hash_block_size is not None
+    block = request.hash_block_size
+    tokens: list[int] = []
+    remaining = request.input_length
+    for h in request.hash_ids:
+        n = block if remaining >= block else remaining
+        start = h * block
+        tokens.extend(range(start, start + n))
+        remaining -= n
+    return tokens
+
+
+def _int(obj: dict[str, Any], key: str, where: str, *, minimum: int = 0, required: bool = True) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise TraceFormatError(f"{where}: missing {key!r} (an integer >= {minimum})")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TraceFormatError(f"{where}: {key!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _ids(obj: dict[str, Any], key: str, where: str) -> tuple[int, ...]:
+    value = obj.get(key)
+    if not isinstance(value, list) or not value:
+        raise TraceFormatError(f"{where}: {key!r} must be a non-empty list of integers >= 0")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise TraceFormatError(f"{where}: {key!r} holds {item!r}; every entry must be an integer >= 0")
+    return tuple(value)
+
+
+def parse_line(obj: object, *, line: int, where: str, previous_arrival_ms: float = 0.0) -> TraceRequest:
+    """One trace line (already JSON-decoded) as a :class:`TraceRequest`; ``where`` names it in errors."""
+    if not isinstance(obj, dict):
+        raise TraceFormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    output_length = _int(obj, "output_length", where)
+    assert output_length is not None
+    priority = obj.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TraceFormatError(f"{where}: 'priority' must be an integer, got {priority!r}")
+    retention = obj.get("retention_seconds")
+    if retention is not None and (
+        isinstance(retention, bool) or not isinstance(retention, (int, float)) or retention < 0
+    ):
+        raise TraceFormatError(f"{where}: 'retention_seconds' must be a number >= 0, got {retention!r}")
+    arrival_key = "timestamp" if "timestamp" in obj else "arrival_ms"
+    arrival = obj.get(arrival_key, previous_arrival_ms)
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or arrival < 0:
+        raise TraceFormatError(
+            f"{where}: {arrival_key!r} must be a number of milliseconds >= 0, got {arrival!r}"
+        )
+    if arrival < previous_arrival_ms:
+        raise TraceFormatError(
+            f"{where}: {arrival_key!r} {arrival} is before the previous request's {previous_arrival_ms}; "
+            "a trace lists requests in arrival order"
+        )
+    common: dict[str, Any] = {
+        "line": line,
+        "arrival_ms": float(arrival),
+        "output_length": output_length,
+        "priority": priority,
+        "retention_seconds": None if retention is None else float(retention),
+    }
+    if "token_ids" in obj:
+        if "hash_ids" in obj:
+            raise TraceFormatError(f"{where}: give 'token_ids' or 'hash_ids', not both")
+        tokens = _ids(obj, "token_ids", where)
+        length = _int(obj, "input_length", where, minimum=1, required=False)
+        if length is not None and length != len(tokens):
+            raise TraceFormatError(f"{where}: 'input_length' {length} != {len(tokens)} token ids")
+        return TraceRequest(input_length=len(tokens), token_ids=tokens, **common)
+    if "hash_ids" not in obj:
+        raise TraceFormatError(f"{where}: missing 'token_ids' or 'hash_ids'")
+    hash_ids = _ids(obj, "hash_ids", where)
+    block = MOONCAKE_BLOCK_TOKENS if "timestamp" in obj and "hash_block_size" not in obj else None
+    if block is None:
+        block = _int(obj, "hash_block_size", where, minimum=1)
+    assert block is not None
+    length = _int(obj, "input_length", where, minimum=1)
+    assert length is not None
+    if not (len(hash_ids) - 1) * block < length <= len(hash_ids) * block:
+        raise TraceFormatError(
+            f"{where}: 'input_length' {length} does not fit {len(hash_ids)} hash ids of {block} tokens "
+            f"(it must be in ({(len(hash_ids) - 1) * block}, {len(hash_ids) * block}])"
+        )
+    return TraceRequest(input_length=length, hash_ids=hash_ids, hash_block_size=block, **common)
+
+
+def read_trace(path: str | Path, *, limit: int | None = None) -> Iterator[TraceRequest]:
+    """The requests of the trace at ``path`` in file order (at most ``limit``); see the module docstring.
+
+    Raises :class:`TraceFormatError` for a missing file, a line that is not JSON, or a bad field, naming
+    the line."""
+    path = Path(path)
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read trace {str(path)!r}: {exc.strerror or exc}") from None
+    previous = 0.0
+    count = 0
+    with handle:
+        for number, text in enumerate(handle, start=1):
+            if limit is not None and count >= limit:
+                return
+            if not text.strip():
+                continue
+            where = f"{path.name} line {number}"
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise TraceFormatError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+            request = parse_line(obj, line=number, where=where, previous_arrival_ms=previous)
+            previous = request.arrival_ms
+            count += 1
+            yield request

@@ -1,0 +1,155 @@
+"""Request traces (issue 21, first part): the Mooncake and kvspec formats, hash ids as tokens, clear errors
+naming the line, and the pure cache replay through the real coordinator against the published count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvspec.engine.replay import replay_cache
+from kvspec.engine.traces import TraceRequest, parse_line, prompt_tokens, read_trace
+from kvspec.errors import KVSpecError, TraceFormatError
+from tests.helpers import full_spec, make_coordinator
+
+TRACES = Path(__file__).resolve().parents[4] / "shared" / "traces"
+CONVERSATION = TRACES / "mooncake_conversation_trace.jsonl"
+
+
+def _write(tmp_path: Path, lines: list[object]) -> Path:
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_mooncake_lines_and_kvspec_lines() -> None:
+    rows = [
+        {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [3, 4]},
+        {"arrival_ms": 10.5, "token_ids": [1, 2, 3], "output_length": 2, "priority": -1},
+        {
+            "hash_ids": [3],
+            "hash_block_size": 4,
+            "input_length": 3,
+            "output_length": 1,
+            "retention_seconds": 30,
+        },
+    ]
+    a, b, c = (parse_line(row, line=i + 1, where=f"line {i + 1}") for i, row in enumerate(rows))
+    assert (a.hash_block_size, a.input_length, a.arrival_ms) == (512, 600, 0.0)
+    assert (b.token_ids, b.priority, b.arrival_ms, b.input_length) == ((1, 2, 3), -1, 10.5, 3)
+    assert (c.hash_block_size, c.retention_seconds) == (4, 30.0)
+
+
+def test_equal_hash_prefixes_give_equal_token_prefixes(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        [
+            {"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [7, 8]},
+            {"timestamp": 1, "input_length": 700, "output_length": 1, "hash_ids": [7, 9]},
+        ],
+    )
+    first, second = (prompt_tokens(r) for r in read_trace(path))
+    assert (len(first), len(second)) == (1000, 700)
+    assert first[:512] == second[:512] == list(range(7 * 512, 8 * 512))
+    assert first[512] == 8 * 512 and second[512] == 9 * 512  # distinct ids share no token
+    assert not set(first[512:]) & set(second[512:])
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", r"trace\.jsonl line 2: not JSON"),
+        ('{"timestamp": 5, "input_length": 10, "hash_ids": [1]}', r"line 2: missing 'output_length'"),
+        (
+            '{"timestamp": 5, "input_length": 600, "output_length": 1, "hash_ids": [1]}',
+            r"line 2: 'input_length' 600 does not fit 1 hash ids of 512 tokens",
+        ),
+        (
+            '{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": []}',
+            r"line 2: 'hash_ids' must be",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}',
+            r"line 2: 'timestamp' 0 is before",
+        ),
+        ('{"token_ids": [1, -2], "output_length": 1}', r"line 2: 'token_ids' holds -2"),
+        (
+            '{"token_ids": [1], "hash_ids": [1], "output_length": 1}',
+            r"line 2: give 'token_ids' or 'hash_ids'",
+        ),
+        ('{"hash_ids": [1], "input_length": 3, "output_length": 1}', r"line 2: missing 'hash_block_size'"),
+        (
+            '{"token_ids": [1], "output_length": 1, "priority": "high"}',
+            r"line 2: 'priority' must be an integer",
+        ),
+        ("[1, 2]", r"line 2: expected a JSON object, got list"),
+    ],
+)
+def test_bad_lines_name_the_line_and_the_field(tmp_path: Path, line: str, message: str) -> None:
+    path = _write(tmp_path, [{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1]}, line])
+    with pytest.raises(TraceFormatError, match=message):
+        list(read_trace(path))
+    assert issubclass(TraceFormatError, KVSpecError) and issubclass(TraceFormatError, ValueError)
+
+
+def test_a_missing_trace_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match="cannot read trace"):
+        list(read_trace(tmp_path / "nope.jsonl"))
+
+
+def _published_count(requests: list[TraceRequest]) -> tuple[int, int]:
+    """The README's count, with the engine's rules: each request's leading run of already-seen hash ids in
+    tokens, capped at the prompt's last token and floored to the 16-token block; and in trace blocks."""
+    seen: set[int] = set()
+    tokens = blocks = 0
+    for r in requests:
+        assert r.hash_ids is not None
+        k = 0
+        while k < len(r.hash_ids) and r.hash_ids[k] in seen:
+            k += 1
+        hit = min(k * 512, r.input_length, r.input_length - 1) // 16 * 16
+        tokens += hit
+        blocks += -(-hit // 512)
+        seen.update(r.hash_ids)
+    return tokens, blocks
+
+
+@pytest.mark.skipif(not CONVERSATION.exists(), reason="needs ../shared/traces")
+def test_unlimited_replay_equals_the_published_count_request_by_request() -> None:
+    """The first 150 requests of the conversation trace: the real coordinator's hits equal the leading-run
+    count (the README's figure, 0.3736 of tokens over the whole trace) request by request."""
+    requests = list(read_trace(CONVERSATION, limit=150))
+    blocks = sum(r.input_length // 16 + 1 for r in requests) + 1
+    coord = make_coordinator([full_spec(16)], blocks, max_model_len=max(r.input_length for r in requests))
+    hits: list[int] = []
+    stats = replay_cache(requests, coord, on_request=lambda _r, hit: hits.append(hit))
+    tokens, blocks = _published_count(requests)
+    assert (stats.hit_tokens, stats.hit_blocks) == (tokens, blocks)
+    assert stats.hit_tokens > 0 and stats.refused == 0
+    expected = [
+        _published_count(requests[: i + 1])[0] - _published_count(requests[:i])[0]
+        for i in range(len(requests))
+    ]
+    assert hits == expected
+    assert coord.block_pool.get_num_free_blocks() == coord.block_pool.num_gpu_blocks - 1  # nothing held
+
+
+def test_a_small_cache_evicts_and_hits_less() -> None:
+    """Two requests sharing a 256-token prefix with an unrelated one between them: with room for all, the
+    third hits the prefix; in a 20-block cache (19 usable, 19 per request) the unrelated request evicts it;
+    in a 10-block cache no prompt fits (refused, no hit)."""
+    shared = tuple(range(1000, 1256))
+    prompts = [shared + tuple(range(44)), tuple(range(5000, 5300)), shared + tuple(range(3000, 3044))]
+    rows = [
+        TraceRequest(line=i, arrival_ms=float(i), input_length=300, output_length=1, token_ids=p)
+        for i, p in enumerate(prompts)
+    ]
+    big = replay_cache(rows, make_coordinator([full_spec(16)], 64))
+    assert (big.hit_tokens, big.hit_blocks, big.prompt_blocks, big.refused) == (256, 16, 57, 0)
+    small = replay_cache(rows, make_coordinator([full_spec(16)], 20))
+    assert (small.hit_tokens, small.refused) == (0, 0)
+    tiny = replay_cache(rows, make_coordinator([full_spec(16)], 10))
+    assert (tiny.hit_tokens, tiny.refused) == (0, 3)
+    short = replay_cache(rows, make_coordinator([full_spec(16)], 64, max_model_len=299))
+    assert (short.hit_tokens, short.refused, short.prompt_tokens) == (0, 3, 900)

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 #: The tiny paged-attention models `simulate` runs for real (kvspec.engine.model).
 TINY_MODEL_NAMES = ("tiny-full", "tiny-hybrid")
+#: KV cache memory for a preset when --memory is not given (a synthetic workload).
+DEFAULT_MEMORY = parse_bytes("8GiB")
+#: The planning budget of a trace replay without --memory (1 PiB): the block count is then set from the trace.
+UNLIMITED_MEMORY = 1 << 50
 #: Simulations are bounded: past this many requests a run takes minutes and says nothing new.
 MAX_REQUESTS = 100_000
 
@@ -65,7 +69,10 @@ def add_simulate_parser(sub: Any) -> None:
         help="KV cache blocks (tiny models; default 256)",
     )
     p.add_argument(
-        "--memory", type=parse_bytes, default=parse_bytes("8GiB"), help="KV cache memory (presets)"
+        "--memory",
+        type=parse_bytes,
+        default=None,
+        help="KV cache memory (presets; default 8GiB, with --trace room for every prompt)",
     )
     p.add_argument(
         "--max-model-len", type=_positive, default=None, help="tokens per request (presets; default 8192)"
@@ -75,6 +82,15 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--block-size", type=_positive, default=16)
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        default=None,
+        help="replay a request trace (Mooncake or kvspec JSONL) instead of a synthetic workload: each request "
+        "in arrival order, alone, through the coordinator (a pure cache replay) for a preset/config; the "
+        "cache holds every prompt unless --num-blocks or --memory says otherwise",
+    )
+    p.add_argument("--limit", type=_positive, default=None, help="replay only the trace's first N requests")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", metavar="PNG", default=None, help="draw block usage and hit rate over time")
     add_plugin_options(p)
@@ -128,7 +144,7 @@ def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
     engine = Engine.bookkeeping(
         specs,
         limits,
-        memory_bytes=args.memory,
+        memory_bytes=args.memory or DEFAULT_MEMORY,
         enable_caching=caching,
         max_num_seqs=args.max_num_seqs or 64,
         seed=args.seed,
@@ -161,6 +177,8 @@ def plot_run(stats: EngineStats, path: str, title: str) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    if args.trace is not None:
+        return cmd_replay_trace(args)
     try:
         check_plot_path(args.plot)
         if args.model in TINY_MODEL_NAMES:
@@ -236,4 +254,99 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         plot_run(engine.stats, args.plot, f"{args.model}, {args.workload}, {args.requests} requests")
         if not args.json:
             print(f"plot written to {args.plot}")
+    return 0
+
+
+def _blocks_to_hold_every_prompt(requests: list[Any], block_size: int) -> int:
+    """Blocks (of ``block_size`` tokens) that hold every distinct prompt block of the trace at once, plus the
+    null block and one request's unhashed tail. With hash ids each distinct id is one prefix block, so the
+    count is over distinct ids; with token ids, every prompt's blocks."""
+    from kvspec.intmath import cdiv
+
+    if all(r.hash_ids is not None for r in requests):
+        sizes: dict[int, int] = {}
+        for r in requests:
+            block = r.hash_block_size
+            for i, h in enumerate(r.hash_ids):
+                sizes[h] = max(sizes.get(h, 0), min(block, r.input_length - i * block))
+        return sum(cdiv(n, block_size) for n in sizes.values()) + 2
+    return sum(cdiv(r.input_length, block_size) for r in requests) + 2
+
+
+def _trace_coordinator(args: argparse.Namespace, requests: list[Any]) -> Any:
+    """The coordinator a trace replays through: the model's layout (prefix caching on; Mamba "align"), with
+    ``--num-blocks`` blocks, or what ``--memory`` holds when given, else room for every prompt."""
+    import dataclasses
+
+    from kvspec.contracts.spec import SchedulerLimits
+    from kvspec.coordinator import KVCacheCoordinator
+    from kvspec.models import build_model_layout
+    from kvspec.planning import get_kv_cache_config
+
+    if args.model in TINY_MODEL_NAMES:
+        raise ModelConfigError(
+            f"--trace replays through a model's layout, not the tiny model {args.model!r}: name a preset or a "
+            "config.json (e.g. llama-3.1-8b)"
+        )
+    longest = max((r.input_length for r in requests), default=1)
+    max_len = max(args.max_model_len or 0, longest)
+    layout = build_model_layout(
+        args.model, block_size=args.block_size, max_model_len=max_len, mamba_cache_mode="align"
+    )
+    limits = SchedulerLimits(
+        max_model_len=layout.max_model_len,
+        max_num_batched_tokens=max_len,
+        max_num_encoder_input_tokens=layout.max_num_encoder_input_tokens,
+        mamba_cache_mode="align",
+    )
+    # Without a budget, plan in a memory no trace exhausts, then keep room for every prompt's blocks.
+    config = get_kv_cache_config(layout.layer_specs, args.memory or UNLIMITED_MEMORY, limits)
+    if args.num_blocks is not None:
+        config = dataclasses.replace(config, num_blocks=args.num_blocks + 1)  # + the null block
+    elif args.memory is None:
+        every_prompt = _blocks_to_hold_every_prompt(requests, args.block_size)
+        config = dataclasses.replace(config, num_blocks=every_prompt * len(config.kv_cache_groups))
+    return KVCacheCoordinator(config, limits, enable_caching=True)
+
+
+def cmd_replay_trace(args: argparse.Namespace) -> int:
+    """``kvspec simulate MODEL --trace FILE``: the pure cache replay (kvspec.engine.replay)."""
+    from kvspec.engine.replay import replay_cache
+    from kvspec.engine.traces import read_trace
+
+    try:
+        load_installed_plugins(args)
+        requests = list(read_trace(args.trace, limit=args.limit))
+        coordinator = _trace_coordinator(args, requests)
+    except (ModelConfigError, PluginError) as exc:
+        print(f"kvspec: error: {exc}", file=sys.stderr)
+        return 2
+    except KVSpecError as exc:
+        print(f"kvspec: error: {exc}", file=sys.stderr)
+        return 1
+    start = time.perf_counter()
+    if args.json or not has_rich():
+        stats = replay_cache(requests, coordinator)
+    else:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as progress:
+            task = progress.add_task(f"replaying {len(requests)} requests", total=len(requests))
+            stats = replay_cache(requests, coordinator, on_request=lambda _r, _h: progress.advance(task))
+    seconds = time.perf_counter() - start
+    report: dict[str, Any] = {
+        "model": args.model,
+        "trace": args.trace,
+        "mode": "pure cache replay (arrival order, one request at a time)",
+        "block_size": args.block_size,
+        "num_blocks": coordinator.block_pool.num_gpu_blocks - 1,
+        **stats.summary(),
+        "wall_seconds": round(seconds, 3),
+        "prompt_tokens_per_second": round(stats.prompt_tokens / seconds) if seconds else 0,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for key, value in report.items():
+            print(f"{key.replace('_', ' '):36s} {value}")
     return 0

@@ -327,3 +327,35 @@ def test_plan_counts_a_uniform_groups_layers_once(tmp_path: Path, capsys: pytest
     # 4096 tokens x (4 layers x 8 heads + 2 layers x 4 heads) x 128 x 2 (K, V) x 2 bytes
     expected = 4096 * (4 * 8 + 2 * 4) * 128 * 2 * 2
     assert group["bytes_per_request"] == stage["bytes_per_request"] == expected
+
+
+def _trace(tmp_path: Path, rows: list[dict[str, object]], name: str = "trace.jsonl") -> str:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def test_simulate_trace_replays_the_cache_and_a_bad_line_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvspec simulate PRESET --trace FILE`: three requests sharing two 512-token blocks. The second hits
+    them (1,024 tokens); the third also shares the second's third block, of which the second computed 76
+    tokens, 64 of them in whole 16-token blocks: it hits 1,088. A trace id seen before is not a hit by
+    itself: only what was computed and cached is."""
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [1, 2, 3]},
+        {"timestamp": 5, "input_length": 1100, "output_length": 4, "hash_ids": [1, 2, 4]},
+        {"timestamp": 9, "input_length": 1536, "output_length": 4, "hash_ids": [1, 2, 4]},
+    ]
+    trace = _trace(tmp_path, rows)
+    assert main(["simulate", "llama-3.1-8b", "--trace", trace, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["requests"], report["prompt_tokens"], report["refused"]) == (3, 3736, 0)
+    assert (report["hit_tokens"], report["hit_blocks"], report["prompt_blocks"]) == (1024 + 1088, 2 + 3, 9)
+    assert main(["simulate", "llama-3.1-8b", "--trace", trace, "--json", "--limit", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["hit_tokens"] == 0
+    bad = _trace(tmp_path, [rows[0], {"timestamp": 1, "input_length": 5, "output_length": 1}], "bad.jsonl")
+    assert main(["simulate", "llama-3.1-8b", "--trace", bad]) == 1
+    assert "bad.jsonl line 2: missing 'token_ids' or 'hash_ids'" in capsys.readouterr().err
+    assert main(["simulate", "tiny-full", "--trace", trace]) == 2
+    assert "name a preset or a config.json" in capsys.readouterr().err

@@ -91,6 +91,14 @@ def add_simulate_parser(sub: Any) -> None:
         "cache holds every prompt unless --num-blocks or --memory says otherwise",
     )
     p.add_argument("--limit", type=_positive, default=None, help="replay only the trace's first N requests")
+    p.add_argument(
+        "--sweep",
+        type=bounded_int(32, "--sweep"),
+        default=None,
+        metavar="N",
+        help="with --trace: replay at N cache sizes, from a tenth of the trace's distinct prompt blocks to "
+        "all of them (log-spaced), and print the hit rate at each (--plot draws it against KV memory)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", metavar="PNG", default=None, help="draw block usage and hit rate over time")
     add_plugin_options(p)
@@ -273,9 +281,10 @@ def _blocks_to_hold_every_prompt(requests: list[Any], block_size: int) -> int:
     return sum(cdiv(r.input_length, block_size) for r in requests) + 2
 
 
-def _trace_coordinator(args: argparse.Namespace, requests: list[Any]) -> Any:
+def _trace_coordinator(args: argparse.Namespace, requests: list[Any]) -> tuple[Any, float]:
     """The coordinator a trace replays through: the model's layout (prefix caching on; Mamba "align"), with
-    ``--num-blocks`` blocks, or what ``--memory`` holds when given, else room for every prompt."""
+    ``--num-blocks`` blocks, or what ``--memory`` holds when given, else room for every prompt; and the KV
+    cache bytes one block of its pool takes (every group's page, on one rank)."""
     import dataclasses
 
     from kvspec.contracts.spec import SchedulerLimits
@@ -283,11 +292,6 @@ def _trace_coordinator(args: argparse.Namespace, requests: list[Any]) -> Any:
     from kvspec.models import build_model_layout
     from kvspec.planning import get_kv_cache_config
 
-    if args.model in TINY_MODEL_NAMES:
-        raise ModelConfigError(
-            f"--trace replays through a model's layout, not the tiny model {args.model!r}: name a preset or a "
-            "config.json (e.g. llama-3.1-8b)"
-        )
     longest = max((r.input_length for r in requests), default=1)
     max_len = max(args.max_model_len or 0, longest)
     layout = build_model_layout(
@@ -301,52 +305,132 @@ def _trace_coordinator(args: argparse.Namespace, requests: list[Any]) -> Any:
     )
     # Without a budget, plan in a memory no trace exhausts, then keep room for every prompt's blocks.
     config = get_kv_cache_config(layout.layer_specs, args.memory or UNLIMITED_MEMORY, limits)
+    bytes_per_block = sum(t.size for t in config.kv_cache_tensors) / config.num_blocks
     if args.num_blocks is not None:
         config = dataclasses.replace(config, num_blocks=args.num_blocks + 1)  # + the null block
     elif args.memory is None:
         every_prompt = _blocks_to_hold_every_prompt(requests, args.block_size)
         config = dataclasses.replace(config, num_blocks=every_prompt * len(config.kv_cache_groups))
-    return KVCacheCoordinator(config, limits, enable_caching=True)
+    return KVCacheCoordinator(config, limits, enable_caching=True), bytes_per_block
+
+
+def sweep_block_counts(every_prompt: int, points: int) -> list[int]:
+    """``points`` cache sizes in blocks, log-spaced from a tenth of ``every_prompt`` to all of it."""
+    if points == 1:
+        return [every_prompt]
+    low = every_prompt / 10
+    return sorted({max(2, round(low * (10 ** (i / (points - 1))))) for i in range(points)})
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("kvspec: error: --plot needs matplotlib: pip install 'kvspec[cli]'", file=sys.stderr)
+        raise SystemExit(2) from None
+    fig, ax = plt.subplots(figsize=(8, 4))
+    memory = [row["kv_cache_gib"] for row in rows]
+    ax.plot(memory, [row["token_hit_rate"] for row in rows], marker="o", label="tokens")
+    ax.plot(memory, [row["block_hit_rate"] for row in rows], marker="s", label="trace blocks")
+    ax.set_xscale("log")
+    ax.set_xlabel("KV cache memory (GiB, one rank)")
+    ax.set_ylabel("prefix-cache hit rate")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.legend(loc="upper left", frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def cmd_replay_trace(args: argparse.Namespace) -> int:
-    """``kvspec simulate MODEL --trace FILE``: the pure cache replay (kvspec.engine.replay)."""
+    """``kvspec simulate MODEL --trace FILE``: the pure cache replay (kvspec.engine.replay), once or at
+    ``--sweep`` cache sizes."""
     from kvspec.engine.replay import replay_cache
     from kvspec.engine.traces import read_trace
 
     try:
+        check_plot_path(args.plot)
         load_installed_plugins(args)
+        if args.model in TINY_MODEL_NAMES:
+            raise ModelConfigError(
+                f"--trace replays through a model's layout, not the tiny model {args.model!r}: name a preset "
+                "or a config.json (e.g. llama-3.1-8b)"
+            )
         requests = list(read_trace(args.trace, limit=args.limit))
-        coordinator = _trace_coordinator(args, requests)
-    except (ModelConfigError, PluginError) as exc:
+        coordinator, bytes_per_block = _trace_coordinator(args, requests)
+    except (ModelConfigError, PluginError, PlotPathError) as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 2
     except KVSpecError as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 1
-    start = time.perf_counter()
-    if args.json or not has_rich():
-        stats = replay_cache(requests, coordinator)
-    else:
-        from rich.progress import Progress
+    groups = len(coordinator.specs)
+    sizes = [coordinator.block_pool.num_gpu_blocks - 1]
+    if args.sweep:
+        every = _blocks_to_hold_every_prompt(requests, args.block_size) * groups
+        sizes = sweep_block_counts(every, args.sweep)
+    rows: list[dict[str, Any]] = []
+    for index, num_blocks in enumerate(sizes):
+        if args.sweep:
+            args.num_blocks = num_blocks
+            coordinator, _ = _trace_coordinator(args, requests)
+        start = time.perf_counter()
+        label = f"replaying {len(requests)} requests ({index + 1}/{len(sizes)}, {num_blocks} blocks)"
+        if args.json or not has_rich():
+            stats = replay_cache(requests, coordinator)
+        else:
+            from rich.progress import Progress
 
-        with Progress(transient=True) as progress:
-            task = progress.add_task(f"replaying {len(requests)} requests", total=len(requests))
-            stats = replay_cache(requests, coordinator, on_request=lambda _r, _h: progress.advance(task))
-    seconds = time.perf_counter() - start
+            with Progress(transient=True) as progress:
+                task = progress.add_task(label, total=len(requests))
+
+                def advance(_request: Any, _hit: int, progress: Any = progress, task: Any = task) -> None:
+                    progress.advance(task)
+
+                stats = replay_cache(requests, coordinator, on_request=advance)
+        seconds = time.perf_counter() - start
+        rows.append(
+            {
+                "num_blocks": num_blocks,
+                "kv_cache_gib": round(num_blocks * bytes_per_block / 2**30, 3),
+                **stats.summary(),
+                "wall_seconds": round(seconds, 3),
+                "prompt_tokens_per_second": round(stats.prompt_tokens / seconds) if seconds else 0,
+            }
+        )
     report: dict[str, Any] = {
         "model": args.model,
         "trace": args.trace,
         "mode": "pure cache replay (arrival order, one request at a time)",
+        "eviction": "LRU (vLLM's free-queue order)",
         "block_size": args.block_size,
-        "num_blocks": coordinator.block_pool.num_gpu_blocks - 1,
-        **stats.summary(),
-        "wall_seconds": round(seconds, 3),
-        "prompt_tokens_per_second": round(stats.prompt_tokens / seconds) if seconds else 0,
+        "kv_cache_groups": groups,
     }
+    if args.sweep:
+        report["sweep"] = rows
+    else:
+        report.update(rows[0])
     if args.json:
         print(json.dumps(report, indent=2))
+    elif args.sweep:
+        for key, value in report.items():
+            if key != "sweep":
+                print(f"{key.replace('_', ' '):36s} {value}")
+        print(f"{'blocks':>12} {'KV GiB':>9} {'token hit rate':>15} {'block hit rate':>15} {'refused':>8}")
+        for row in rows:
+            print(
+                f"{row['num_blocks']:>12} {row['kv_cache_gib']:>9} {row['token_hit_rate']:>15.4f} "
+                f"{row['block_hit_rate']:>15.4f} {row['refused']:>8}"
+            )
     else:
         for key, value in report.items():
             print(f"{key.replace('_', ' '):36s} {value}")
+    if args.plot:
+        plot_sweep(rows, args.plot, f"{args.model}, {args.trace.rsplit('/', 1)[-1]}")
+        if not args.json:
+            print(f"plot written to {args.plot}")
     return 0

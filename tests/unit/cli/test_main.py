@@ -359,3 +359,26 @@ def test_simulate_trace_replays_the_cache_and_a_bad_line_is_named(
     assert "bad.jsonl line 2: missing 'token_ids' or 'hash_ids'" in capsys.readouterr().err
     assert main(["simulate", "tiny-full", "--trace", trace]) == 2
     assert "name a preset or a config.json" in capsys.readouterr().err
+
+
+def test_simulate_trace_sweep_hit_rate_grows_with_the_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--sweep 4`: four cache sizes from a tenth of the trace's distinct prompt blocks to all of them; the
+    largest equals the unlimited replay, the smallest refuses the prompts it cannot hold."""
+    rows = [
+        {"timestamp": i, "input_length": 1000, "output_length": 1, "hash_ids": [i % 3, 10 + i]}
+        for i in range(12)
+    ]
+    trace = _trace(tmp_path, rows)
+    assert main(["simulate", "llama-3.1-8b", "--trace", trace, "--json"]) == 0
+    unlimited = json.loads(capsys.readouterr().out)
+    assert main(["simulate", "llama-3.1-8b", "--trace", trace, "--json", "--sweep", "4"]) == 0
+    sweep = json.loads(capsys.readouterr().out)["sweep"]
+    blocks = [row["num_blocks"] for row in sweep]
+    # 3 shared first blocks + 12 own second blocks (488 tokens: 31 blocks of 16) = 3*32 + 12*31 + 2
+    assert blocks[-1] == 3 * 32 + 12 * 31 + 2 and blocks == sorted(blocks) and len(blocks) == 4
+    assert blocks[0] == round(blocks[-1] / 10)
+    rates = [row["token_hit_rate"] for row in sweep]
+    assert rates == sorted(rates) and sweep[-1]["hit_tokens"] == unlimited["hit_tokens"] == 9 * 512
+    assert sweep[0]["refused"] == 12 and sweep[0]["hit_tokens"] == 0  # 47 blocks hold no 63-block prompt

@@ -27,6 +27,8 @@ TINY_MODEL_NAMES = ("tiny-full", "tiny-hybrid")
 DEFAULT_MEMORY = parse_bytes("8GiB")
 #: The planning budget of a trace replay without --memory (1 PiB): the block count is then set from the trace.
 UNLIMITED_MEMORY = 1 << 50
+#: The token budget a trace replay computes prompts in when --max-num-batched-tokens is not given.
+DEFAULT_TRACE_CHUNK = 8192
 #: Simulations are bounded: past this many requests a run takes minutes and says nothing new.
 MAX_REQUESTS = 100_000
 
@@ -369,6 +371,8 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 1
     groups = len(coordinator.specs)
+    # Prompts are computed in chunks of the scheduler's token budget (Mamba keeps states where chunks end).
+    chunk_tokens = args.max_num_batched_tokens or DEFAULT_TRACE_CHUNK
     sizes = [coordinator.block_pool.num_gpu_blocks - 1]
     if args.sweep:
         every = _blocks_to_hold_every_prompt(requests, args.block_size) * groups
@@ -381,7 +385,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         label = f"replaying {len(requests)} requests ({index + 1}/{len(sizes)}, {num_blocks} blocks)"
         if args.json or not has_rich():
-            stats = replay_cache(requests, coordinator)
+            stats = replay_cache(requests, coordinator, chunk_tokens=chunk_tokens)
         else:
             from rich.progress import Progress
 
@@ -391,7 +395,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
                 def advance(_request: Any, _hit: int, progress: Any = progress, task: Any = task) -> None:
                     progress.advance(task)
 
-                stats = replay_cache(requests, coordinator, on_request=advance)
+                stats = replay_cache(requests, coordinator, chunk_tokens=chunk_tokens, on_request=advance)
         seconds = time.perf_counter() - start
         rows.append(
             {
@@ -406,6 +410,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         "model": args.model,
         "trace": args.trace,
         "mode": "pure cache replay (arrival order, one request at a time)",
+        "chunk_tokens": chunk_tokens,
         "eviction": "LRU (vLLM's free-queue order)",
         "block_size": args.block_size,
         "kv_cache_groups": groups,

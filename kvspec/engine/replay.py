@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kvspec.blocks.request import Request
-from kvspec.coordinator import KVCacheCoordinator
+from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.engine.traces import TraceRequest, prompt_tokens
+from kvspec.errors import SchedulingError
 from kvspec.intmath import cdiv
 
 
@@ -59,34 +60,45 @@ def replay_cache(
     requests: Iterable[TraceRequest],
     coordinator: KVCacheCoordinator,
     *,
+    chunk_tokens: int | None = None,
     on_request: Callable[[TraceRequest, int], None] | None = None,
 ) -> ReplayStats:
     """Replay ``requests`` (arrival order) through ``coordinator``; ``on_request(request, hit_tokens)`` is
     called after each (a progress bar, per-request figures). The coordinator must have prefix caching on
-    and hold no request; it holds none afterwards."""
+    and hold no request; it holds none afterwards.
+
+    Each prompt is computed as a scheduler would: from its hit, in chunks of at most ``chunk_tokens``
+    (None: one chunk) ending on scheduler-block boundaries, the first ending at the shared-prefix junction
+    the lookup reports (``Request.shared_prefix_boundary``, pinned as vLLM 0.34's Scheduler pins it). Mamba
+    "align" keeps states only where chunks end, so chunking and junctions decide what a hybrid can hit."""
     hasher = coordinator.make_block_hasher(seed="kvspec-replay")
     block_size = coordinator.hash_block_size
+    scheduler_block = coordinator.scheduler_block_size
     max_model_len = coordinator.max_model_len
+    if chunk_tokens is not None and chunk_tokens < scheduler_block:
+        raise SchedulingError(
+            f"chunk_tokens {chunk_tokens} is below the scheduler block ({scheduler_block} tokens); a chunk "
+            "must hold at least one block"
+        )
     num_requests = total_tokens = total_hits = total_blocks = hit_blocks = refused = 0
     for item in requests:
         tokens = prompt_tokens(item)
+        num_tokens = len(tokens)
         request = Request(f"trace-{item.line}", tokens, block_hasher=hasher)
-        computed, hit = coordinator.get_computed_blocks(request)
-        if (
-            len(tokens) > max_model_len
-            or coordinator.allocate_slots(request, len(tokens) - hit, hit, computed) is None
+        computed, hit, uncached = coordinator.lookup_prefix(request, num_tokens - 1)
+        junction = hit + uncached if uncached else 0
+        request.shared_prefix_boundary = junction
+        if num_tokens > max_model_len or not _compute_prompt(
+            coordinator, request, computed, hit, junction, chunk_tokens, scheduler_block
         ):
             # Longer than the model takes, or larger than the whole cache: an engine turns it away.
             refused += 1
             hit = 0
-        else:
-            request.num_computed_tokens = len(tokens)
-            coordinator.free(request)
         trace_block = item.hash_block_size or block_size
         num_requests += 1
-        total_tokens += len(tokens)
+        total_tokens += num_tokens
         total_hits += hit
-        total_blocks += cdiv(len(tokens), trace_block)
+        total_blocks += cdiv(num_tokens, trace_block)
         hit_blocks += cdiv(hit, trace_block)
         if on_request is not None:
             on_request(item, hit)
@@ -98,3 +110,38 @@ def replay_cache(
         hit_blocks=hit_blocks,
         refused=refused,
     )
+
+
+def _compute_prompt(
+    coordinator: KVCacheCoordinator,
+    request: Request,
+    computed: KVCacheBlocks,
+    hit: int,
+    junction: int,
+    chunk_tokens: int | None,
+    scheduler_block: int,
+) -> bool:
+    """Allocate (and so publish) the prompt chunk by chunk from ``hit``, then free the request; False (and
+    nothing held) when a chunk does not fit."""
+    num_tokens = request.num_tokens
+    done = hit
+    first = True
+    while done < num_tokens:
+        end = num_tokens
+        if chunk_tokens is not None and done + chunk_tokens < num_tokens:
+            end = max((done + chunk_tokens) // scheduler_block * scheduler_block, done + 1)
+        if done < junction < end:
+            end = junction
+        coordinator.new_step_starts()  # each chunk is a step of its own (Mamba defers same-step hits)
+        result = coordinator.allocate_slots(
+            request, end - done, hit if first else 0, computed if first else None
+        )
+        if result is None:
+            if not first:
+                coordinator.free(request)
+            return False
+        first = False
+        request.num_computed_tokens = end
+        done = end
+    coordinator.free(request)
+    return True

@@ -153,3 +153,27 @@ def test_a_small_cache_evicts_and_hits_less() -> None:
     assert (tiny.hit_tokens, tiny.refused) == (0, 3)
     short = replay_cache(rows, make_coordinator([full_spec(16)], 64, max_model_len=299))
     assert (short.hit_tokens, short.refused, short.prompt_tokens) == (0, 3, 900)
+
+
+def test_a_mamba_hybrid_hits_where_chunks_ended_and_at_pinned_junctions() -> None:
+    """Full attention + Mamba "align": the first request's prompt is computed in one chunk, so only its end
+    state exists; the second learns the junction at 64 tokens (full attention hits, Mamba does not), ends
+    its first chunk there and so leaves a state at 64; the third then hits 64. In 32-token chunks the first
+    request leaves states every 32 tokens and the second already hits 64."""
+    import torch
+
+    from kvspec import MambaSpec
+
+    mamba = MambaSpec(block_size=16, shapes=((16, 4),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    shared = tuple(range(1000, 1064))
+    rows = [
+        TraceRequest(line=i, arrival_ms=float(i), input_length=128, output_length=1, token_ids=shared + tail)
+        for i, tail in enumerate([tuple(range(64)), tuple(range(2000, 2064)), tuple(range(3000, 3064))])
+    ]
+    for chunk, expected in ((None, [0, 0, 64]), (32, [0, 64, 64])):
+        coord = make_coordinator([full_spec(16), mamba], 200, max_model_len=1024)
+        hits: list[int] = []
+        replay_cache(rows, coord, chunk_tokens=chunk, on_request=lambda _r, h, out=hits: out.append(h))
+        assert hits == expected, chunk
+    with pytest.raises(KVSpecError, match="below the scheduler block"):
+        replay_cache(rows, make_coordinator([full_spec(16)], 64), chunk_tokens=8)

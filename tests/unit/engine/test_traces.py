@@ -3,6 +3,7 @@ naming the line, and the pure cache replay through the real coordinator against 
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -155,6 +156,10 @@ def test_a_small_cache_evicts_and_hits_less() -> None:
     assert (short.hit_tokens, short.refused, short.prompt_tokens) == (0, 3, 900)
 
 
+def _record(out: list[int], _request: TraceRequest, hit: int) -> None:
+    out.append(hit)
+
+
 def test_a_mamba_hybrid_hits_where_chunks_ended_and_at_pinned_junctions() -> None:
     """Full attention + Mamba "align": the first request's prompt is computed in one chunk, so only its end
     state exists; the second learns the junction at 64 tokens (full attention hits, Mamba does not), ends
@@ -173,7 +178,7 @@ def test_a_mamba_hybrid_hits_where_chunks_ended_and_at_pinned_junctions() -> Non
     for chunk, expected in ((None, [0, 0, 64]), (32, [0, 64, 64])):
         coord = make_coordinator([full_spec(16), mamba], 200, max_model_len=1024)
         hits: list[int] = []
-        replay_cache(rows, coord, chunk_tokens=chunk, on_request=lambda _r, h, out=hits: out.append(h))
+        replay_cache(rows, coord, chunk_tokens=chunk, on_request=functools.partial(_record, hits))
         assert hits == expected, chunk
     with pytest.raises(KVSpecError, match="below the scheduler block"):
         replay_cache(rows, make_coordinator([full_spec(16)], 64), chunk_tokens=8)

@@ -311,8 +311,11 @@ def _trace_coordinator(args: argparse.Namespace, requests: list[Any]) -> tuple[A
     if args.num_blocks is not None:
         config = dataclasses.replace(config, num_blocks=args.num_blocks + 1)  # + the null block
     elif args.memory is None:
-        every_prompt = _blocks_to_hold_every_prompt(requests, args.block_size)
-        config = dataclasses.replace(config, num_blocks=every_prompt * len(config.kv_cache_groups))
+        every_prompt = sum(
+            _blocks_to_hold_every_prompt(requests, group.kv_cache_spec.block_size)
+            for group in config.kv_cache_groups
+        )
+        config = dataclasses.replace(config, num_blocks=every_prompt)
     return KVCacheCoordinator(config, limits, enable_caching=True), bytes_per_block
 
 
@@ -375,7 +378,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
     chunk_tokens = args.max_num_batched_tokens or DEFAULT_TRACE_CHUNK
     sizes = [coordinator.block_pool.num_gpu_blocks - 1]
     if args.sweep:
-        every = _blocks_to_hold_every_prompt(requests, args.block_size) * groups
+        every = sum(_blocks_to_hold_every_prompt(requests, b) for b in coordinator.group_block_sizes)
         sizes = sweep_block_counts(every, args.sweep)
     rows: list[dict[str, Any]] = []
     for index, num_blocks in enumerate(sizes):
@@ -412,7 +415,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         "mode": "pure cache replay (arrival order, one request at a time)",
         "chunk_tokens": chunk_tokens,
         "eviction": "LRU (vLLM's free-queue order)",
-        "block_size": args.block_size,
+        "block_size": coordinator.scheduler_block_size,
         "kv_cache_groups": groups,
     }
     if args.sweep:

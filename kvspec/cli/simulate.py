@@ -162,7 +162,8 @@ def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
     return engine, 32_000, notes
 
 
-def plot_run(stats: EngineStats, path: str, title: str) -> None:
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend; without matplotlib, say which extra to install (exit 2)."""
     try:
         import matplotlib
 
@@ -171,6 +172,11 @@ def plot_run(stats: EngineStats, path: str, title: str) -> None:
     except ImportError:
         print("kvspec: error: --plot needs matplotlib: pip install 'kvspec[cli]'", file=sys.stderr)
         raise SystemExit(2) from None
+    return plt
+
+
+def plot_run(stats: EngineStats, path: str, title: str) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
     steps = range(1, len(stats.usage_timeline) + 1)
     ax.plot(steps, stats.usage_timeline, label="block usage")
@@ -328,14 +334,7 @@ def sweep_block_counts(every_prompt: int, points: int) -> list[int]:
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("kvspec: error: --plot needs matplotlib: pip install 'kvspec[cli]'", file=sys.stderr)
-        raise SystemExit(2) from None
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     memory = [row["kv_cache_gib"] for row in rows]
     ax.plot(memory, [row["token_hit_rate"] for row in rows], marker="o", label="tokens")

@@ -494,10 +494,13 @@ class VllmKVCacheManager:
 
     # -- translation helpers ------------------------------------------------------------------
 
+    #: The read-in-place view each vLLM request is wrapped in (a subclass may read requests otherwise).
+    view_class: type[VllmRequestView] = VllmRequestView
+
     def _view(self, request: Any) -> VllmRequestView:
         view = self._views.get(request.request_id)
         if view is None or view.vllm_request is not request:
-            view = VllmRequestView(request, self._hasher)
+            view = self.view_class(request, self._hasher)
             self._views[request.request_id] = view
         return view
 

@@ -348,12 +348,7 @@ def _broken_hash_collision(base: type) -> type:
             return _colliding_hashes(self.vllm_request.all_token_ids, BLOCK_SIZE)[:count]
 
     class HashCollisionKVCacheManager(base):  # type: ignore[misc]
-        def _view(self, request: Any) -> Any:
-            view = self._views.get(request.request_id)
-            if view is None or view.vllm_request is not request:
-                view = CollidingView(request, self._hasher)
-                self._views[request.request_id] = view
-            return view
+        view_class = CollidingView
 
     return HashCollisionKVCacheManager
 

@@ -19,25 +19,21 @@ from kvspec.engine.replay import replay_cache
 from kvspec.engine.traces import TraceRequest, read_trace
 from kvspec.intmath import cdiv
 from tests.helpers import full_spec, make_coordinator
+from tests.unit.engine.test_traces import leading_runs
 
 TRACES = Path(__file__).resolve().parents[4] / "shared" / "traces"
 
 
 def _leading_run_blocks(requests: list[TraceRequest]) -> tuple[int, int]:
-    """The README's count: (blocks in each request's leading run of seen ids, requests whose run covers a
-    last trace block of at most 16 tokens)."""
-    seen: set[int] = set()
-    blocks = short_tails = 0
-    for r in requests:
-        assert r.hash_ids is not None
-        k = 0
-        while k < len(r.hash_ids) and r.hash_ids[k] in seen:
-            k += 1
-        blocks += k
-        if k == len(r.hash_ids) and r.input_length - (k - 1) * 512 <= 16:
-            short_tails += 1
-        seen.update(r.hash_ids)
-    return blocks, short_tails
+    """The README's count in blocks, and the requests whose run covers a last trace block of at most 16
+    tokens."""
+    runs = leading_runs(requests)
+    short_tails = sum(
+        1
+        for r, k in zip(requests, runs, strict=True)
+        if r.hash_ids is not None and k == len(r.hash_ids) and r.input_length - (k - 1) * 512 <= 16
+    )
+    return sum(runs), short_tails
 
 
 @pytest.mark.parametrize(

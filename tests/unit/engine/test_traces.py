@@ -99,20 +99,28 @@ def test_a_missing_trace_is_a_clear_error(tmp_path: Path) -> None:
         list(read_trace(tmp_path / "nope.jsonl"))
 
 
-def _published_count(requests: list[TraceRequest]) -> tuple[int, int]:
-    """The README's count, with the engine's rules: each request's leading run of already-seen hash ids in
-    tokens, capped at the prompt's last token and floored to the 16-token block; and in trace blocks."""
+def leading_runs(requests: list[TraceRequest]) -> list[int]:
+    """The README's count, per request in arrival order: how many of its first hash ids were seen before."""
     seen: set[int] = set()
-    tokens = blocks = 0
+    runs: list[int] = []
     for r in requests:
         assert r.hash_ids is not None
         k = 0
         while k < len(r.hash_ids) and r.hash_ids[k] in seen:
             k += 1
-        hit = min(k * 512, r.input_length, r.input_length - 1) // 16 * 16
+        runs.append(k)
+        seen.update(r.hash_ids)
+    return runs
+
+
+def _published_count(requests: list[TraceRequest]) -> tuple[int, int]:
+    """The leading runs with the engine's rules: in tokens, capped at the prompt's last token and floored to
+    the 16-token block; and in the trace blocks that hit reaches into."""
+    tokens = blocks = 0
+    for r, k in zip(requests, leading_runs(requests), strict=True):
+        hit = min(k * 512, r.input_length - 1) // 16 * 16
         tokens += hit
         blocks += -(-hit // 512)
-        seen.update(r.hash_ids)
     return tokens, blocks
 
 

@@ -273,22 +273,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _blocks_to_hold_every_prompt(requests: list[Any], block_size: int) -> int:
-    """Blocks (of ``block_size`` tokens) that hold every distinct prompt block of the trace at once, plus the
-    null block and one request's unhashed tail. With hash ids each distinct id is one prefix block, so the
-    count is over distinct ids; with token ids, every prompt's blocks."""
-    from kvspec.intmath import cdiv
-
-    if all(r.hash_ids is not None for r in requests):
-        sizes: dict[int, int] = {}
-        for r in requests:
-            block = r.hash_block_size
-            for i, h in enumerate(r.hash_ids):
-                sizes[h] = max(sizes.get(h, 0), min(block, r.input_length - i * block))
-        return sum(cdiv(n, block_size) for n in sizes.values()) + 2
-    return sum(cdiv(r.input_length, block_size) for r in requests) + 2
-
-
 def _trace_coordinator(args: argparse.Namespace, requests: list[Any]) -> tuple[Any, float]:
     """The coordinator a trace replays through: the model's layout (prefix caching on; Mamba "align"), with
     ``--num-blocks`` blocks, or what ``--memory`` holds when given, else room for every prompt; and the KV
@@ -296,7 +280,7 @@ def _trace_coordinator(args: argparse.Namespace, requests: list[Any]) -> tuple[A
     import dataclasses
 
     from kvspec.contracts.spec import SchedulerLimits
-    from kvspec.coordinator import KVCacheCoordinator
+    from kvspec.engine.replay import blocks_to_hold_every_prompt, replay_coordinator
     from kvspec.models import build_model_layout
     from kvspec.planning import get_kv_cache_config
 
@@ -318,11 +302,11 @@ def _trace_coordinator(args: argparse.Namespace, requests: list[Any]) -> tuple[A
         config = dataclasses.replace(config, num_blocks=args.num_blocks + 1)  # + the null block
     elif args.memory is None:
         every_prompt = sum(
-            _blocks_to_hold_every_prompt(requests, group.kv_cache_spec.block_size)
+            blocks_to_hold_every_prompt(requests, group.kv_cache_spec.block_size)
             for group in config.kv_cache_groups
         )
         config = dataclasses.replace(config, num_blocks=every_prompt)
-    return KVCacheCoordinator(config, limits, enable_caching=True), bytes_per_block
+    return replay_coordinator(config, limits), bytes_per_block
 
 
 def sweep_block_counts(every_prompt: int, points: int) -> list[int]:
@@ -353,7 +337,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
 def cmd_replay_trace(args: argparse.Namespace) -> int:
     """``kvspec simulate MODEL --trace FILE``: the pure cache replay (kvspec.engine.replay), once or at
     ``--sweep`` cache sizes."""
-    from kvspec.engine.replay import replay_cache
+    from kvspec.engine.replay import blocks_to_hold_every_prompt, replay_cache
     from kvspec.engine.traces import read_trace
 
     try:
@@ -377,7 +361,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
     chunk_tokens = args.max_num_batched_tokens or DEFAULT_TRACE_CHUNK
     sizes = [coordinator.block_pool.num_gpu_blocks - 1]
     if args.sweep:
-        every = sum(_blocks_to_hold_every_prompt(requests, b) for b in coordinator.group_block_sizes)
+        every = sum(blocks_to_hold_every_prompt(requests, b) for b in coordinator.group_block_sizes)
         sizes = sweep_block_counts(every, args.sweep)
     rows: list[dict[str, Any]] = []
     for index, num_blocks in enumerate(sizes):

@@ -13,14 +13,16 @@ already-seen hash ids (``shared/traces/README.md``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvspec.blocks.request import Request
+from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.engine.traces import TraceRequest, prompt_tokens
 from kvspec.errors import SchedulingError
 from kvspec.intmath import cdiv
+from kvspec.planning.config import KVCacheConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -145,3 +147,25 @@ def _compute_prompt(
         done = end
     coordinator.free(request)
     return True
+
+
+def replay_coordinator(config: KVCacheConfig, limits: SchedulerLimits) -> KVCacheCoordinator:
+    """A coordinator for a replay of ``config``'s layout: prefix caching on, the current release's rules."""
+    return KVCacheCoordinator(config, limits, enable_caching=True)
+
+
+def blocks_to_hold_every_prompt(requests: Sequence[TraceRequest], block_size: int) -> int:
+    """Blocks of ``block_size`` tokens that hold every distinct prompt block of the trace at once, plus the
+    null block and one request's unhashed tail. With hash ids each distinct id is one prefix block, so the
+    count is over distinct ids; with token ids, every prompt's blocks."""
+    if all(r.hash_ids is not None for r in requests):
+        sizes: dict[int, int] = {}
+        for r in requests:
+            assert r.hash_ids is not None and r.hash_block_size is not None
+            block = r.hash_block_size
+            for i, h in enumerate(r.hash_ids):
+                n = min(block, r.input_length - i * block)
+                if n > sizes.get(h, 0):
+                    sizes[h] = n
+        return sum(cdiv(n, block_size) for n in sizes.values()) + 2
+    return sum(cdiv(r.input_length, block_size) for r in requests) + 2

@@ -273,14 +273,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace_coordinator(args: argparse.Namespace, requests: list[Any]) -> tuple[Any, float]:
-    """The coordinator a trace replays through: the model's layout (prefix caching on; Mamba "align"), with
-    ``--num-blocks`` blocks, or what ``--memory`` holds when given, else room for every prompt; and the KV
-    cache bytes one block of its pool takes (every group's page, on one rank)."""
+def _trace_plan(args: argparse.Namespace, requests: list[Any]) -> tuple[Any, Any, float]:
+    """The plan a trace replays with: the model's layout (prefix caching on; Mamba "align") as a config of
+    ``--num-blocks`` blocks, or what ``--memory`` holds when given, else room for every distinct prompt
+    block; its scheduler limits; and the KV cache bytes one block of its pool takes (every group's page,
+    one rank). No coordinator is built here: a sweep builds one per size."""
     import dataclasses
 
     from kvspec.contracts.spec import SchedulerLimits
-    from kvspec.engine.replay import blocks_to_hold_every_prompt, replay_coordinator
+    from kvspec.engine.replay import blocks_to_hold_every_prompt
     from kvspec.models import build_model_layout
     from kvspec.planning import get_kv_cache_config
 
@@ -301,12 +302,9 @@ def _trace_coordinator(args: argparse.Namespace, requests: list[Any]) -> tuple[A
     if args.num_blocks is not None:
         config = dataclasses.replace(config, num_blocks=args.num_blocks + 1)  # + the null block
     elif args.memory is None:
-        every_prompt = sum(
-            blocks_to_hold_every_prompt(requests, group.kv_cache_spec.block_size)
-            for group in config.kv_cache_groups
-        )
-        config = dataclasses.replace(config, num_blocks=every_prompt)
-    return replay_coordinator(config, limits), bytes_per_block
+        block_sizes = [group.kv_cache_spec.block_size for group in config.kv_cache_groups]
+        config = dataclasses.replace(config, num_blocks=blocks_to_hold_every_prompt(requests, block_sizes))
+    return config, limits, bytes_per_block
 
 
 def sweep_block_counts(every_prompt: int, points: int) -> list[int]:
@@ -337,7 +335,9 @@ def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
 def cmd_replay_trace(args: argparse.Namespace) -> int:
     """``kvspec simulate MODEL --trace FILE``: the pure cache replay (kvspec.engine.replay), once or at
     ``--sweep`` cache sizes."""
-    from kvspec.engine.replay import blocks_to_hold_every_prompt, replay_cache
+    import dataclasses
+
+    from kvspec.engine.replay import blocks_to_hold_every_prompt, replay_cache, replay_coordinator
     from kvspec.engine.traces import read_trace
 
     try:
@@ -349,25 +349,25 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
                 "or a config.json (e.g. llama-3.1-8b)"
             )
         requests = list(read_trace(args.trace, limit=args.limit))
-        coordinator, bytes_per_block = _trace_coordinator(args, requests)
+        config, limits, bytes_per_block = _trace_plan(args, requests)
     except (ModelConfigError, PluginError, PlotPathError) as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 2
     except KVSpecError as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 1
-    groups = len(coordinator.specs)
+    groups = len(config.kv_cache_groups)
     # Prompts are computed in chunks of the scheduler's token budget (Mamba keeps states where chunks end).
     chunk_tokens = args.max_num_batched_tokens or DEFAULT_TRACE_CHUNK
-    sizes = [coordinator.block_pool.num_gpu_blocks - 1]
+    sizes = [config.num_blocks - 1]  # the null block is not the cache's
     if args.sweep:
-        every = sum(blocks_to_hold_every_prompt(requests, b) for b in coordinator.group_block_sizes)
-        sizes = sweep_block_counts(every, args.sweep)
+        block_sizes = [group.kv_cache_spec.block_size for group in config.kv_cache_groups]
+        sizes = sweep_block_counts(blocks_to_hold_every_prompt(requests, block_sizes), args.sweep)
     rows: list[dict[str, Any]] = []
+    scheduler_block = args.block_size  # the layout's may differ (Mamba "align"): read off the coordinator
     for index, num_blocks in enumerate(sizes):
-        if args.sweep:
-            args.num_blocks = num_blocks
-            coordinator, _ = _trace_coordinator(args, requests)
+        coordinator = replay_coordinator(dataclasses.replace(config, num_blocks=num_blocks + 1), limits)
+        scheduler_block = coordinator.scheduler_block_size
         start = time.perf_counter()
         label = f"replaying {len(requests)} requests ({index + 1}/{len(sizes)}, {num_blocks} blocks)"
         if args.json or not has_rich():
@@ -398,7 +398,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         "mode": "pure cache replay (arrival order, one request at a time)",
         "chunk_tokens": chunk_tokens,
         "eviction": "LRU (vLLM's free-queue order)",
-        "block_size": coordinator.scheduler_block_size,
+        "block_size": scheduler_block,
         "kv_cache_groups": groups,
     }
     if args.sweep:

@@ -154,10 +154,11 @@ def replay_coordinator(config: KVCacheConfig, limits: SchedulerLimits) -> KVCach
     return KVCacheCoordinator(config, limits, enable_caching=True)
 
 
-def blocks_to_hold_every_prompt(requests: Sequence[TraceRequest], block_size: int) -> int:
-    """Blocks of ``block_size`` tokens that hold every distinct prompt block of the trace at once, plus the
-    null block and one request's unhashed tail. With hash ids each distinct id is one prefix block, so the
-    count is over distinct ids; with token ids, every prompt's blocks."""
+def blocks_to_hold_every_prompt(requests: Sequence[TraceRequest], block_sizes: Sequence[int]) -> int:
+    """Blocks that hold every distinct prompt block of the trace at once in groups of ``block_sizes`` tokens
+    (one entry per group: the groups share the pool), plus the null block and one request's unhashed tail
+    per group. With hash ids each distinct id is one prefix block, so the count is over distinct ids; with
+    token ids, every prompt's blocks. One pass over the trace whatever the number of groups."""
     if all(r.hash_ids is not None for r in requests):
         sizes: dict[int, int] = {}
         for r in requests:
@@ -167,5 +168,7 @@ def blocks_to_hold_every_prompt(requests: Sequence[TraceRequest], block_size: in
                 n = min(block, r.input_length - i * block)
                 if n > sizes.get(h, 0):
                     sizes[h] = n
-        return sum(cdiv(n, block_size) for n in sizes.values()) + 2
-    return sum(cdiv(r.input_length, block_size) for r in requests) + 2
+        lengths: Iterable[int] = sizes.values()
+    else:
+        lengths = [r.input_length for r in requests]
+    return sum(sum(cdiv(n, b) for n in lengths) + 2 for b in block_sizes)

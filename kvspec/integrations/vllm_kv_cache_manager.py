@@ -774,10 +774,15 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
         ``record_prefix_cache_stats`` for what it admits)."""
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
-        max_length = request.get_max_cache_hit_length(max_cache_hit_length)
+        max_length = self._max_hit_length(request, max_cache_hit_length)
         blocks, num_hits, uncached = self.kvspec_coordinator.lookup_prefix(self._view(request), max_length)
         boundary = num_hits + uncached if uncached else 0
         return self._to_vllm(blocks), num_hits, boundary
+
+    def _max_hit_length(self, request: Any, max_cache_hit_length: int | None) -> int:
+        """The longest hit ``request`` may take (tokens): its own limit, lowered by the Scheduler's bound."""
+        limit: int = request.get_max_cache_hit_length(max_cache_hit_length)
+        return limit
 
     def get_computed_blocks_for_connector(
         self, request: Any, max_cache_hit_length: int | None = None
@@ -977,19 +982,11 @@ class Vllm032KVCacheManager(Vllm034KVCacheManager):
     def prefix_cache_lookup_enabled(self, request: Any) -> bool:
         return self.enable_caching and not request.skip_reading_prefix_cache
 
-    def get_computed_blocks(  # type: ignore[override]
-        self, request: Any, max_cache_hit_length: int | None = None
-    ) -> tuple[Any, int, int]:
-        """(blocks, hit tokens, shared-prefix boundary), the hit bounded by the request's last token (or by
-        ``max_cache_hit_length``, which 0.32's Scheduler never passes); no stats recorded here."""
-        if not self.prefix_cache_lookup_enabled(request):
-            return self.empty_kv_cache_blocks, 0, 0
-        max_length = request.num_tokens - 1
-        if max_cache_hit_length is not None:
-            max_length = min(max_length, max_cache_hit_length)
-        blocks, num_hits, uncached = self.kvspec_coordinator.lookup_prefix(self._view(request), max_length)
-        boundary = num_hits + uncached if uncached else 0
-        return self._to_vllm(blocks), num_hits, boundary
+    def _max_hit_length(self, request: Any, max_cache_hit_length: int | None) -> int:
+        """0.32's requests have no hit limit: the hit stops before the last token (or at
+        ``max_cache_hit_length``, which 0.32's Scheduler never passes)."""
+        max_length: int = request.num_tokens - 1
+        return max_length if max_cache_hit_length is None else min(max_length, max_cache_hit_length)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """Deprecated in 0.32 (cascade attention removed): 0 for every group, as 0.32's manager answers."""

@@ -42,6 +42,10 @@ class MambaManager(SingleTypeKVCacheManager):
         # are retired (freed or never kept) per request.
         self._frees_across_nulls = self.context.profile.mamba_align_frees_across_nulls
         self._num_retired_blocks: dict[str, int] = {}
+        # vLLM 0.32's re-keying of the prompt-boundary state (ReleaseProfile.mamba_boundary_recache_defers_hits).
+        self._marks_prompt_boundary = (
+            mode == "align" and self.context.profile.mamba_boundary_recache_defers_hits
+        )
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
@@ -190,12 +194,12 @@ class MambaManager(SingleTypeKVCacheManager):
         for block in blocks[num_before : self._num_cached_block.get(request.request_id, 0)]:
             if block.block_hash is not None:
                 self.cached_blocks_this_step.add(block.block_hash)
-        if self.caches_on_every_call:
+        if self._marks_prompt_boundary:
             self._mark_prompt_boundary_state(request, num_tokens, blocks)
 
     @property
     def caches_on_every_call(self) -> bool:
-        return self.mamba_cache_mode == "align" and self.context.profile.mamba_boundary_recache_defers_hits
+        return self._marks_prompt_boundary
 
     def _mark_prompt_boundary_state(
         self, request: RequestView, num_tokens: int, blocks: Sequence[KVCacheBlock]

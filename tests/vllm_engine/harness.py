@@ -485,7 +485,9 @@ class Engine:
                         outputs = self.engine.step()
                         record.step_seconds += time.perf_counter() - started
                         for output in outputs:
-                            generated[_external(output.request_id, ids)] = list(output.outputs[0].token_ids)
+                            # The engine reports the caller's id; an internal one maps back to it.
+                            name = names.get(output.request_id, output.request_id)
+                            generated[name] = list(output.outputs[0].token_ids)
                 elif isinstance(action, Abort):
                     # One at a time: the engine aborts a batch in the order of a set of its request ids,
                     # which carry a random suffix, so a batch would free blocks in a different order each run.
@@ -544,13 +546,6 @@ class Engine:
         preempted = tuple(sorted(names[r] for r in (output.preempted_req_ids or ())))
         record.preemptions += len(preempted)
         return StepRecord(scheduled=tuple(sorted(scheduled, key=lambda s: s.name)), preempted=preempted)
-
-
-def _external(request_id: str, ids: dict[str, str]) -> str:
-    for name, internal in ids.items():
-        if internal == request_id or name == request_id:
-            return name
-    return request_id
 
 
 def _step_counter(count: int | None, unfinished: Callable[[], bool]) -> Iterator[int]:

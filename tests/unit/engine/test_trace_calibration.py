@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.engine.replay import replay_cache
+from kvspec.engine.replay import blocks_to_hold_every_prompt, replay_cache
 from kvspec.engine.traces import TraceRequest, read_trace
-from kvspec.intmath import cdiv
 from tests.helpers import full_spec, make_coordinator
 from tests.unit.engine.test_traces import leading_runs
 
@@ -47,12 +46,7 @@ def test_unlimited_replay_reproduces_the_published_figures(
     if not path.exists():
         pytest.skip("needs ../shared/traces")
     requests = list(read_trace(path))
-    distinct: dict[int, int] = {}
-    for r in requests:
-        assert r.hash_ids is not None
-        for i, h in enumerate(r.hash_ids):
-            distinct[h] = max(distinct.get(h, 0), min(512, r.input_length - i * 512))
-    num_blocks = sum(cdiv(n, 16) for n in distinct.values()) + 2  # every distinct block, never evicted
+    num_blocks = blocks_to_hold_every_prompt(requests, [16])  # every distinct block, never evicted
     coord = make_coordinator([full_spec(16)], num_blocks, max_model_len=max(r.input_length for r in requests))
     stats = replay_cache(requests, coord)
     assert stats.refused == 0 and stats.requests == len(requests)

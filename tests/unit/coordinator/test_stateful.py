@@ -84,8 +84,12 @@ class CoordinatorMachine(RuleBasedStateMachine):
         assert n < request.num_tokens
         for gid, group in enumerate(computed.blocks):
             spec = self.coord.specs[gid]
+            # A coarse block is keyed as the pool keys it under the profile (0.34: its last fine hash).
             view = BlockHashListWithBlockSize(
-                request.block_hashes, self.coord.hash_block_size, spec.block_size
+                request.block_hashes,
+                self.coord.hash_block_size,
+                spec.block_size,
+                self.coord.block_pool.coarse_hash_is_last_fine,
             )
             assert len(group) * spec.block_size == n
             for i, block in enumerate(group):

@@ -13,6 +13,7 @@ from typing import Literal
 
 #: Source paths, relative to the project root, of the modules ``KVSPEC_COMPILE=1`` compiles.
 COMPILED_MODULES: tuple[str, ...] = (
+    "kvspec/blocks/block.py",
     "kvspec/blocks/pool.py",
     "kvspec/blocks/events.py",
     "kvspec/blocks/hashing.py",

@@ -72,6 +72,15 @@ class ManagerSignatureError(ManagerProtocolError):
     """A manager method's parameters differ from the KVCacheManager protocol's (names, order or kind)."""
 
 
+class EvictionPolicyError(RegistrationError):
+    """An eviction policy cannot be registered or built: a bad name, a factory that is not callable or
+    builds something that is not an ``EvictionPolicy``, or a name registered twice."""
+
+
+class UnknownEvictionPolicyError(KVSpecError, LookupError):
+    """An eviction policy name that no registration holds (the message lists the registered names)."""
+
+
 class PluginContractError(KVSpecError, ValueError):
     """A plugin's spec or manager returned a value that breaks the contract (found by kvspec.testing)."""
 

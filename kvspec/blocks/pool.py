@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any, NewType
+from typing import Any
 
 from mypy_extensions import mypyc_attr
 
+from kvspec.blocks.block import BlockId, KVCacheBlock
+from kvspec.blocks.eviction import BlockUse, EvictionPolicy
 from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.blocks.hashing import (
     GROUP_SUFFIXES,
@@ -29,43 +31,6 @@ from kvspec.blocks.request_view import RequestView
 from kvspec.errors import BlockPoolError, InvariantError, NotEnoughFreeBlocksError
 
 logger = logging.getLogger(__name__)
-
-#: A block's index in the pool (and in every KV cache tensor): 0 <= id < num_gpu_blocks; 0 is the null block.
-BlockId = NewType("BlockId", int)
-
-
-class KVCacheBlock:
-    """One block id of the pool, with its reference count and (once full and cached) its hash."""
-
-    __slots__ = (
-        "block_hash",
-        "block_hash_num_tokens",
-        "block_id",
-        "is_null",
-        "next_free_block",
-        "prev_free_block",
-        "ref_cnt",
-    )
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = BlockId(block_id)
-        self.ref_cnt = 0
-        #: The block's BlockHashWithGroupId once it is full and cached, else None.
-        self.block_hash: bytes | None = None
-        #: The prefix tokens its hash covers (the end of the block in its request), while cached.
-        self.block_hash_num_tokens: int | None = None
-        self.prev_free_block: KVCacheBlock | None = None
-        self.next_free_block: KVCacheBlock | None = None
-        self.is_null = False
-
-    def __repr__(self) -> str:
-        prev_id = self.prev_free_block.block_id if self.prev_free_block else None
-        next_id = self.next_free_block.block_id if self.next_free_block else None
-        return (
-            f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
-            f"hashed={self.block_hash is not None}, prev={prev_id}, next={next_id})"
-        )
-
 
 class FreeKVCacheBlockQueue:
     """Doubly linked list of free blocks threaded through the blocks themselves (O(1), no allocation).
@@ -243,6 +208,80 @@ class FreeKVCacheBlockQueue:
             out.append(cur)
             cur = cur.next_free_block
         return out
+
+
+class PolicyFreeQueue(FreeKVCacheBlockQueue):
+    """The free queue when an :class:`~kvspec.blocks.eviction.EvictionPolicy` orders eviction.
+
+    Two parts: the linked list of the base class holds the blocks to reuse first (no hash, or released to
+    the head), in vLLM 0.34's order (without a hash: the head, in the order given); the policy holds the
+    free blocks with cached content and names the next victim once the list is empty. ``num_free_blocks``
+    counts both. With a policy that evicts in release order (LRU), the blocks handed out equal the base
+    queue's under vLLM 0.34's free order (``free_unhashed_first``) whatever the calls.
+    """
+
+    __slots__ = ("policy",)
+
+    def __init__(self, blocks: Sequence[KVCacheBlock], policy: EvictionPolicy) -> None:
+        super().__init__(blocks)
+        self.policy = policy
+
+    def popleft(self) -> KVCacheBlock:
+        if self._head.next_free_block is not self._tail:
+            return super().popleft()
+        if len(self.policy) == 0:
+            raise NotEnoughFreeBlocksError("No free blocks available")
+        block = self.policy.pop_victim()
+        self.num_free_blocks -= 1
+        return block
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        self._check_can_take(n)
+        return [self.popleft() for _ in range(n)]
+
+    def take_n(self, n: int, hashed: list[KVCacheBlock]) -> list[KVCacheBlock]:
+        self._check_can_take(n)
+        out: list[KVCacheBlock] = []
+        for _ in range(n):
+            block = self.popleft()
+            block.ref_cnt = 1
+            if block.block_hash is not None:
+                hashed.append(block)
+            out.append(block)
+        return out
+
+    def remove(self, block: KVCacheBlock) -> None:
+        if block.prev_free_block is not None:
+            super().remove(block)
+            return
+        if block.ref_cnt != 0 or block.is_null:
+            raise BlockPoolError(f"remove() called on block {block.block_id}, which is not free")
+        self.policy.remove(block)
+        self.num_free_blocks -= 1
+
+    def release(self, ordered_blocks: Iterable[KVCacheBlock], prepend: bool = False) -> None:
+        self.release_by_hash(ordered_blocks, keep_hashed_last=not prepend)
+
+    def release_by_hash(self, ordered_blocks: Iterable[KVCacheBlock], keep_hashed_last: bool) -> None:
+        """Blocks reaching 0 references: without a hash (every one unless ``keep_hashed_last``) to the list's
+        head in the given order; with one, to the policy in the given order."""
+        first: list[KVCacheBlock] = []
+        cached: list[KVCacheBlock] = []
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0 and not block.is_null:
+                if keep_hashed_last and block.block_hash is not None:
+                    cached.append(block)
+                else:
+                    first.append(block)
+        self.prepend_n(first)
+        add = self.policy.add
+        for block in cached:
+            add(block)
+        self.num_free_blocks += len(cached)
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        return super().get_all_free_blocks() + self.policy.evictable_blocks()
 
 
 class BlockHashToBlockMap:
@@ -436,6 +475,7 @@ class BlockPool:
         free_unhashed_first: bool = False,
         coarse_hash_is_last_fine: bool = False,
         hash_lookahead_tokens: int = 0,
+        eviction_policy: EvictionPolicy | None = None,
     ) -> None:
         if num_gpu_blocks <= 0:
             raise BlockPoolError(f"BlockPool needs at least 1 block (the null block), got {num_gpu_blocks}.")
@@ -445,7 +485,14 @@ class BlockPool:
         self.enable_kv_cache_events = enable_kv_cache_events
         self.medium = medium
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        #: Orders the eviction of free cached blocks (``kvspec.blocks.eviction``); None: LRU in vLLM's own
+        #: free-queue order (the linked list alone, the fast path).
+        self.eviction_policy = eviction_policy
+        self.free_block_queue: FreeKVCacheBlockQueue = (
+            FreeKVCacheBlockQueue(self.blocks)
+            if eviction_policy is None
+            else PolicyFreeQueue(self.blocks, eviction_policy)
+        )
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
@@ -530,6 +577,15 @@ class BlockPool:
         )
         if promoted:
             self._removed_events(promoted)
+        if self.eviction_policy is not None:
+            self.eviction_policy.on_cached(
+                [
+                    b
+                    for i, b in enumerate(blocks[num_cached_blocks:num_full_blocks], num_cached_blocks)
+                    if not b.is_null and (block_mask is None or block_mask[i])
+                ],
+                block_use(request),
+            )
         if stored is not None:  # an event even when every new block was null or masked (as vLLM 0.23)
             parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
             # One entry per stored block, None for a block without extra keys (vLLM 0.23's form).
@@ -653,6 +709,8 @@ class BlockPool:
             cache.insert(key, block)
         elif not already:
             cache.add_secondary(key, block)
+        if self.eviction_policy is not None and not already:
+            self.eviction_policy.on_cached([block], block_use(request))
         if self.enable_kv_cache_events and not already:
             start = num_tokens - hash_block
             lookahead = self.hash_lookahead_tokens
@@ -680,6 +738,14 @@ class BlockPool:
         if observer is not None:
             for block in blocks:
                 observer.on_block_accessed(block)
+
+    def note_hit(self, request: RequestView, blocks: Sequence[KVCacheBlock]) -> None:
+        """Tell the eviction policy (if any) that ``request`` was admitted with ``blocks`` as its prefix hit
+        (after ``touch``); null blocks are left out."""
+        if self.eviction_policy is not None:
+            hit = [b for b in blocks if not b.is_null]
+            if hit:
+                self.eviction_policy.on_hit(hit, block_use(request))
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], prepend: bool = False) -> None:
         """Drop one reference on each block; blocks reaching 0 join the free queue in the given order
@@ -775,4 +841,22 @@ class BlockPool:
                 raise InvariantError(f"cache map holds block {block.block_id} under a foreign hash")
 
 
-__all__ = ["BlockHashToBlockMap", "BlockId", "BlockPool", "FreeKVCacheBlockQueue", "KVCacheBlock"]
+def block_use(request: RequestView) -> BlockUse:
+    """What an eviction policy learns of a request: its id, priority and retention (optional members of a
+    request view: kvspec's ``Request`` has them, an engine's view may not)."""
+    return BlockUse(
+        request_id=request.request_id,
+        priority=getattr(request, "priority", 0),
+        retention_seconds=getattr(request, "retention_seconds", None),
+    )
+
+
+__all__ = [
+    "BlockHashToBlockMap",
+    "BlockId",
+    "BlockPool",
+    "FreeKVCacheBlockQueue",
+    "KVCacheBlock",
+    "PolicyFreeQueue",
+    "block_use",
+]

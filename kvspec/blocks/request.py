@@ -36,8 +36,10 @@ class Request:
         "num_computed_tokens",
         "num_preemptions",
         "num_prompt_tokens",
+        "priority",
         "prompt_embeds",
         "request_id",
+        "retention_seconds",
         "session_id",
         "shared_prefix_boundary",
         "skip_reading_prefix_cache",
@@ -56,8 +58,15 @@ class Request:
         prompt_embeds: torch.Tensor | None = None,
         skip_reading_prefix_cache: bool = False,
         session_id: str | None = None,
+        priority: int = 0,
+        retention_seconds: float | None = None,
     ) -> None:
         self.request_id = request_id
+        # What an eviction policy may weigh (kvspec.blocks.eviction.BlockUse): the scheduling priority (lower
+        # is more important, as in vLLM) and how long (seconds) the prompt's blocks should stay cached after
+        # this request uses them (None: no ask). Never part of a block's hash.
+        self.priority = priority
+        self.retention_seconds = retention_seconds
         # The agent or conversation session the request belongs to: carried into BlockStored events for
         # routers, never part of a block's hash (two sessions share a prefix).
         self.session_id = session_id

@@ -16,7 +16,14 @@ from kvspec.cli.terminal import has_rich
 # Only light modules at import time (the parser is built for `kvspec --help`); the command imports
 # the engine, torch and the library when it runs.
 from kvspec.engine.workloads import WORKLOADS, make_workload
-from kvspec.errors import DeviceError, KVSpecError, ModelConfigError, PlotPathError, PluginError
+from kvspec.errors import (
+    DeviceError,
+    KVSpecError,
+    ModelConfigError,
+    PlotPathError,
+    PluginError,
+    UnknownEvictionPolicyError,
+)
 
 if TYPE_CHECKING:
     from kvspec.engine.engine import Engine, EngineStats
@@ -100,6 +107,13 @@ def add_simulate_parser(sub: Any) -> None:
         metavar="N",
         help="with --trace: replay at N cache sizes, from a tenth of the trace's distinct prompt blocks to "
         "all of them (log-spaced), and print the hit rate at each (--plot draws it against KV memory)",
+    )
+    p.add_argument(
+        "--policy",
+        metavar="NAMES",
+        default="lru",
+        help="with --trace: eviction policies to compare, comma-separated (lru = vLLM's order, the default; "
+        "lfu, slru, retention, hybrid, or a plugin's); each replays at every size",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", metavar="PNG", default=None, help="draw block usage and hit rate over time")
@@ -316,17 +330,29 @@ def sweep_block_counts(every_prompt: int, points: int) -> list[int]:
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    """Hit rate against KV memory: per policy, tokens (solid) and trace blocks (dashed) in one colour."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
-    memory = [row["kv_cache_gib"] for row in rows]
-    ax.plot(memory, [row["token_hit_rate"] for row in rows], marker="o", label="tokens")
-    ax.plot(memory, [row["block_hit_rate"] for row in rows], marker="s", label="trace blocks")
+    policies = list(dict.fromkeys(row["policy"] for row in rows))
+    for index, policy in enumerate(policies):
+        mine = [row for row in rows if row["policy"] == policy]
+        memory = [row["kv_cache_gib"] for row in mine]
+        colour = f"C{index}"
+        ax.plot(memory, [row["token_hit_rate"] for row in mine], marker="o", color=colour, label=f"{policy}: tokens")
+        ax.plot(
+            memory,
+            [row["block_hit_rate"] for row in mine],
+            marker="s",
+            linestyle="--",
+            color=colour,
+            label=f"{policy}: trace blocks",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("KV cache memory (GiB, one rank)")
     ax.set_ylabel("prefix-cache hit rate")
     ax.set_ylim(0, 1)
     ax.set_title(title)
-    ax.legend(loc="upper left", frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(4, 2 * len(policies)), frameon=False, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -337,8 +363,9 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
     ``--sweep`` cache sizes."""
     import dataclasses
 
-    from kvspec.engine.replay import blocks_to_hold_every_prompt, replay_cache, replay_coordinator
+    from kvspec.engine.replay import TraceClock, blocks_to_hold_every_prompt, replay_cache, replay_coordinator
     from kvspec.engine.traces import read_trace
+    from kvspec.eviction import resolve_eviction_policy
 
     try:
         check_plot_path(args.plot)
@@ -348,9 +375,14 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
                 f"--trace replays through a model's layout, not the tiny model {args.model!r}: name a preset "
                 "or a config.json (e.g. llama-3.1-8b)"
             )
+        policies = [name.strip() for name in args.policy.split(",") if name.strip()]
+        if not policies:
+            raise UnknownEvictionPolicyError("--policy names no eviction policy; give e.g. lru,lfu")
+        for name in policies:
+            resolve_eviction_policy(name)  # an unknown name fails before the trace is read
         requests = list(read_trace(args.trace, limit=args.limit))
         config, limits, bytes_per_block = _trace_plan(args, requests)
-    except (ModelConfigError, PluginError, PlotPathError) as exc:
+    except (ModelConfigError, PluginError, PlotPathError, UnknownEvictionPolicyError) as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 2
     except KVSpecError as exc:
@@ -365,13 +397,17 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         sizes = sweep_block_counts(blocks_to_hold_every_prompt(requests, block_sizes), args.sweep)
     rows: list[dict[str, Any]] = []
     scheduler_block = args.block_size  # the layout's may differ (Mamba "align"): read off the coordinator
-    for index, num_blocks in enumerate(sizes):
-        coordinator = replay_coordinator(dataclasses.replace(config, num_blocks=num_blocks + 1), limits)
+    runs = [(policy, num_blocks) for policy in policies for num_blocks in sizes]
+    for index, (policy, num_blocks) in enumerate(runs):
+        clock = TraceClock()
+        coordinator = replay_coordinator(
+            dataclasses.replace(config, num_blocks=num_blocks + 1), limits, eviction_policy=policy, clock=clock
+        )
         scheduler_block = coordinator.scheduler_block_size
         start = time.perf_counter()
-        label = f"replaying {len(requests)} requests ({index + 1}/{len(sizes)}, {num_blocks} blocks)"
+        label = f"replaying {len(requests)} requests ({index + 1}/{len(runs)}: {policy}, {num_blocks} blocks)"
         if args.json or not has_rich():
-            stats = replay_cache(requests, coordinator, chunk_tokens=chunk_tokens)
+            stats = replay_cache(requests, coordinator, chunk_tokens=chunk_tokens, clock=clock)
         else:
             from rich.progress import Progress
 
@@ -381,10 +417,13 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
                 def advance(_request: Any, _hit: int, progress: Any = progress, task: Any = task) -> None:
                     progress.advance(task)
 
-                stats = replay_cache(requests, coordinator, chunk_tokens=chunk_tokens, on_request=advance)
+                stats = replay_cache(
+                    requests, coordinator, chunk_tokens=chunk_tokens, on_request=advance, clock=clock
+                )
         seconds = time.perf_counter() - start
         rows.append(
             {
+                "policy": policy,
                 "num_blocks": num_blocks,
                 "kv_cache_gib": round(num_blocks * bytes_per_block / 2**30, 3),
                 **stats.summary(),
@@ -397,25 +436,28 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         "trace": args.trace,
         "mode": "pure cache replay (arrival order, one request at a time)",
         "chunk_tokens": chunk_tokens,
-        "eviction": "LRU (vLLM's free-queue order)",
+        "eviction": policies[0] if len(policies) == 1 else policies,
         "block_size": scheduler_block,
         "kv_cache_groups": groups,
     }
-    if args.sweep:
+    if args.sweep or len(rows) > 1:
         report["sweep"] = rows
     else:
         report.update(rows[0])
     if args.json:
         print(json.dumps(report, indent=2))
-    elif args.sweep:
+    elif "sweep" in report:
         for key, value in report.items():
             if key != "sweep":
                 print(f"{key.replace('_', ' '):36s} {value}")
-        print(f"{'blocks':>12} {'KV GiB':>9} {'token hit rate':>15} {'block hit rate':>15} {'refused':>8}")
+        print(
+            f"{'policy':>10} {'blocks':>12} {'KV GiB':>9} {'token hit rate':>15} {'block hit rate':>15} "
+            f"{'refused':>8}"
+        )
         for row in rows:
             print(
-                f"{row['num_blocks']:>12} {row['kv_cache_gib']:>9} {row['token_hit_rate']:>15.4f} "
-                f"{row['block_hit_rate']:>15.4f} {row['refused']:>8}"
+                f"{row['policy']:>10} {row['num_blocks']:>12} {row['kv_cache_gib']:>9} "
+                f"{row['token_hit_rate']:>15.4f} {row['block_hit_rate']:>15.4f} {row['refused']:>8}"
             )
     else:
         for key, value in report.items():

@@ -10,8 +10,9 @@ atomicity and how they treat bad counts are documented in :mod:`kvspec.coordinat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from kvspec.blocks.eviction import EvictionPolicyFactory
 from kvspec.contracts.checking import check_door
 from kvspec.contracts.release import ReleaseProfile
 from kvspec.contracts.spec import SchedulerLimits
@@ -47,6 +48,8 @@ class KVCacheCoordinator(CoordinatorCore):
         hash_lookahead_tokens: int = 0,
         num_reprefillable_tokens: int = 0,
         zero_new_blocks: Sequence[bool] | None = None,
+        eviction_policy: str | EvictionPolicyFactory | None = None,
+        eviction_clock: Callable[[], float] | None = None,
     ) -> None:
         """``num_reprefillable_tokens``: the last computed tokens a multi-module MTP drafter may prefill
         again (vLLM 0.34's num_prefill_lookahead - 1); they are not published until final.
@@ -56,7 +59,11 @@ class KVCacheCoordinator(CoordinatorCore):
         every full block) keeps windowed groups' cached tails only once per interval plus at the prompt's
         replay boundary (vLLM's VLLM_PREFIX_CACHE_RETENTION_INTERVAL); it needs a sliding-window group.
         ``zero_new_blocks``: per group, whether its new block ids are reported for zeroing
-        (``take_new_block_ids``); None: each spec's ``zero_new_blocks`` trait."""
+        (``take_new_block_ids``); None: each spec's ``zero_new_blocks`` trait.
+        ``eviction_policy``: which free cached block is reused first when blocks run out, a name registered in
+        ``kvspec.eviction`` ("lru", "lfu", "slru", "retention", "hybrid", or a plugin's) or a factory; None
+        or "lru": LRU in vLLM's exact free-queue order. ``eviction_clock``: the policy's clock in seconds
+        (None: ``time.monotonic``; a trace replay gives its simulated time)."""
         super().__init__(
             kv_cache_config,
             limits,
@@ -72,4 +79,6 @@ class KVCacheCoordinator(CoordinatorCore):
             hash_lookahead_tokens=hash_lookahead_tokens,
             num_reprefillable_tokens=num_reprefillable_tokens,
             zero_new_blocks=zero_new_blocks,
+            eviction_policy=eviction_policy,
+            eviction_clock=eviction_clock,
         )

@@ -19,12 +19,14 @@ from __future__ import annotations
 import logging
 import math
 import operator
+import time
 from collections.abc import Callable, Sequence
 from typing import Final, SupportsIndex
 
 from mypy_extensions import mypyc_attr
 
 from kvspec.blocks.events import KVCacheEvent
+from kvspec.blocks.eviction import EvictionContext, EvictionPolicyFactory, GroupInfo
 from kvspec.blocks.hashing import BlockHasher, get_hash_constructor
 from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
 from kvspec.blocks.request_view import RequestView
@@ -35,6 +37,7 @@ from kvspec.contracts.traits import SpecTraits, block_tokens_of, traits_of
 from kvspec.coordinator.hit_search import PrefixHitSearch, split_spec_groups
 from kvspec.coordinator.stats import PrefixCacheStats, annotate_events, group_event_metadata
 from kvspec.errors import InvariantError, SchedulingError, UnsupportedConfigurationError
+from kvspec.eviction.registry import resolve_eviction_policy
 from kvspec.managers.base import SingleTypeKVCacheManager
 from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec, scheduler_spec
 from kvspec.registry.builtins import default_registry
@@ -171,6 +174,8 @@ class CoordinatorCore:
         hash_lookahead_tokens: int = 0,
         num_reprefillable_tokens: int = 0,
         zero_new_blocks: Sequence[bool] | None = None,
+        eviction_policy: str | EvictionPolicyFactory | None = None,
+        eviction_clock: Callable[[], float] | None = None,
     ) -> None:
         # Documented on kvspec.coordinator.KVCacheCoordinator.__init__, the checked public door.
         registry = default_registry if registry is None else registry
@@ -215,6 +220,7 @@ class CoordinatorCore:
                     )
         _check_retention_interval(prefix_cache_retention_interval, self.scheduler_block_size, self.traits)
         self.prefix_cache_retention_interval: Final = prefix_cache_retention_interval
+        policy_factory = resolve_eviction_policy(eviction_policy)
         self.block_pool = BlockPool(
             kv_cache_config.num_blocks,
             enable_caching=enable_caching,
@@ -223,6 +229,25 @@ class CoordinatorCore:
             free_unhashed_first=self.profile.free_unhashed_first,
             coarse_hash_is_last_fine=self.profile.coarse_hash_is_last_fine,
             hash_lookahead_tokens=hash_lookahead_tokens,
+            eviction_policy=None
+            if policy_factory is None
+            else policy_factory(
+                EvictionContext(
+                    num_blocks=kv_cache_config.num_blocks,
+                    groups=tuple(
+                        GroupInfo(
+                            block_tokens=block_tokens,
+                            page_bytes=spec.page_size_bytes,
+                            holds_prefix_state=t.hits_at_own_block_boundaries,
+                            needed_by_longer_hits=t.prefix_hits_left_closed,
+                        )
+                        for spec, t, block_tokens in zip(
+                            self.specs, self.traits, self.group_block_sizes, strict=True
+                        )
+                    ),
+                    clock=time.monotonic if eviction_clock is None else eviction_clock,
+                )
+            ),
         )
         self.hash_lookahead_tokens: Final = hash_lookahead_tokens
         # Blocks are published only as far as the request is hashed (lookahead hashes lag the tokens).
@@ -525,6 +550,9 @@ class CoordinatorCore:
             for _, manager in self._encoder_groups:
                 manager.allocate_new_computed_blocks(request_id, (), 0, 0)
             self._admitted.add(request_id)
+            if self.block_pool.eviction_policy is not None and new_computed:
+                for group_blocks in computed:
+                    self.block_pool.note_hit(request, group_blocks)
         if not num_blocks:
             result = self._empty
         elif not self._encoder_groups:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from kvspec.blocks.eviction import EvictionPolicyFactory
 from kvspec.blocks.request import Request
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
@@ -58,12 +59,26 @@ class ReplayStats:
         }
 
 
+class TraceClock:
+    """Simulated time in seconds, for an eviction policy's clock (``eviction_clock``): a replay sets
+    ``now`` to each request's arrival."""
+
+    __slots__ = ("now",)
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def replay_cache(
     requests: Iterable[TraceRequest],
     coordinator: KVCacheCoordinator,
     *,
     chunk_tokens: int | None = None,
     on_request: Callable[[TraceRequest, int], None] | None = None,
+    clock: TraceClock | None = None,
 ) -> ReplayStats:
     """Replay ``requests`` (arrival order) through ``coordinator``; ``on_request(request, hit_tokens)`` is
     called after each (a progress bar, per-request figures). The coordinator must have prefix caching on
@@ -72,7 +87,9 @@ def replay_cache(
     Each prompt is computed as a scheduler would: from its hit, in chunks of at most ``chunk_tokens``
     (None: one chunk) ending on scheduler-block boundaries, the first ending at the shared-prefix junction
     the lookup reports (``Request.shared_prefix_boundary``, pinned as vLLM 0.34's Scheduler pins it). Mamba
-    "align" keeps states only where chunks end, so chunking and junctions decide what a hybrid can hit."""
+    "align" keeps states only where chunks end, so chunking and junctions decide what a hybrid can hit.
+    Each request carries its trace priority and retention to the eviction policy; ``clock`` (the
+    coordinator's ``eviction_clock``, if it has a policy that reads time) is set to each arrival."""
     hasher = coordinator.make_block_hasher(seed="kvspec-replay")
     block_size = coordinator.hash_block_size
     scheduler_block = coordinator.scheduler_block_size
@@ -86,7 +103,15 @@ def replay_cache(
     for item in requests:
         tokens = prompt_tokens(item)
         num_tokens = len(tokens)
-        request = Request(f"trace-{item.line}", tokens, block_hasher=hasher)
+        request = Request(
+            f"trace-{item.line}",
+            tokens,
+            block_hasher=hasher,
+            priority=item.priority,
+            retention_seconds=item.retention_seconds,
+        )
+        if clock is not None:
+            clock.now = item.arrival_ms / 1000.0
         computed, hit, uncached = coordinator.lookup_prefix(request, num_tokens - 1)
         junction = hit + uncached if uncached else 0
         request.shared_prefix_boundary = junction
@@ -149,9 +174,18 @@ def _compute_prompt(
     return True
 
 
-def replay_coordinator(config: KVCacheConfig, limits: SchedulerLimits) -> KVCacheCoordinator:
-    """A coordinator for a replay of ``config``'s layout: prefix caching on, the current release's rules."""
-    return KVCacheCoordinator(config, limits, enable_caching=True)
+def replay_coordinator(
+    config: KVCacheConfig,
+    limits: SchedulerLimits,
+    *,
+    eviction_policy: str | EvictionPolicyFactory | None = None,
+    clock: TraceClock | None = None,
+) -> KVCacheCoordinator:
+    """A coordinator for a replay of ``config``'s layout: prefix caching on, the current release's rules,
+    ``eviction_policy`` (None: vLLM's LRU) on ``clock``'s time (pass the same clock to ``replay_cache``)."""
+    return KVCacheCoordinator(
+        config, limits, enable_caching=True, eviction_policy=eviction_policy, eviction_clock=clock
+    )
 
 
 def blocks_to_hold_every_prompt(requests: Sequence[TraceRequest], block_sizes: Sequence[int]) -> int:

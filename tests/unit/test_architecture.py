@@ -182,18 +182,30 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "contracts": BASE | {"blocks"},
     "specs": BASE | {"contracts"},
     "managers": BASE | {"blocks", "contracts"},
+    "eviction": BASE | {"blocks"},
     "registry": BASE | {"contracts", "specs", "managers"},
     "planning": BASE | {"contracts", "specs", "registry"},
-    "coordinator": BASE | {"blocks", "contracts", "managers", "registry", "planning"},
+    "coordinator": BASE | {"blocks", "contracts", "managers", "eviction", "registry", "planning"},
     "device": BASE | {"contracts", "specs", "planning"},
     "models": BASE | {"presets", "contracts", "specs", "registry"},
     "testing": BASE
-    | {"blocks", "contracts", "specs", "managers", "registry", "planning", "coordinator", "device"},
-    "engine": BASE | {"blocks", "contracts", "specs", "planning", "coordinator", "device", "models"},
+    | {"blocks", "contracts", "specs", "managers", "eviction", "registry", "planning", "coordinator", "device"},
+    "engine": BASE | {"blocks", "contracts", "specs", "eviction", "planning", "coordinator", "device", "models"},
     "integrations": BASE
     | {"blocks", "contracts", "specs", "managers", "registry", "planning", "coordinator"},
     "cli": BASE
-    | {"build_info", "presets", "contracts", "specs", "registry", "planning", "device", "models", "engine"},
+    | {
+        "build_info",
+        "presets",
+        "contracts",
+        "specs",
+        "eviction",
+        "registry",
+        "planning",
+        "device",
+        "models",
+        "engine",
+    },
     "builtins": frozenset({"registry"}),
 }
 #: The package's own __init__ (the lazy public API) may name any layer but the commands.

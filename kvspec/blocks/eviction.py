@@ -1,0 +1,108 @@
+"""What an eviction policy implements: the order in which free blocks holding cached content are reused.
+
+The block pool keeps its free blocks in two parts. Blocks that hold nothing worth keeping (no hash, or
+freed to be reused first) are reused first, in the order the release profile gives them. The others hold
+cached prefix content; the pool hands them to an :class:`EvictionPolicy`, which names the next one to
+reuse (evict) when the first part is empty. A policy sees only free blocks: a block a request holds is
+never its to evict, and a free block that a request hits leaves the policy before it is used.
+
+LRU in exactly vLLM's free-queue order is the pool's own linked list (no policy object: the default, and
+the compiled build's fast path). Any other policy, kvspec's or a plugin's, implements this Protocol and is
+built by an :data:`EvictionPolicyFactory` from an :class:`EvictionContext`; ``kvspec.eviction`` registers
+them by name and ``kvspec.testing.check_eviction_policy`` checks one.
+
+Units: times in seconds on the context's clock; sizes in tokens and bytes as named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from kvspec.blocks.block import KVCacheBlock
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockUse:
+    """Who published or hit blocks, and what they asked for them.
+
+    ``priority``: the request's scheduling priority (lower is more important, as in vLLM); ``retention_seconds``:
+    how long the request asks its prefix to stay cached after this use (None: no request; a policy reads
+    the time of the use from its context's clock)."""
+
+    request_id: str
+    priority: int = 0
+    retention_seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GroupInfo:
+    """One KV cache group as a policy may weigh it: ``block_tokens`` tokens a block holds, ``page_bytes``
+    bytes it takes, ``holds_prefix_state`` when a cached block is a state snapshot standing for the whole
+    prefix before it (Mamba) rather than its own tokens' KV (attention), and ``needed_by_longer_hits`` when
+    every hit reaching past a block needs it (full attention: a hit is left-closed), so that once it is
+    evicted the other groups' blocks at the same prefix position serve no hit."""
+
+    block_tokens: int
+    page_bytes: int
+    holds_prefix_state: bool = False
+    needed_by_longer_hits: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EvictionContext:
+    """What a policy is built from: ``num_blocks`` blocks in the pool (block ids are ``0 <= id <
+    num_blocks``), the KV cache ``groups`` (index = group id, the group a cached block's hash names), and
+    ``clock``, a monotonic clock in seconds (a replay gives its simulated time)."""
+
+    num_blocks: int
+    groups: tuple[GroupInfo, ...] = ()
+    clock: Callable[[], float] = lambda: 0.0
+
+
+@runtime_checkable
+class EvictionPolicy(Protocol):
+    """Orders the free blocks that hold cached content. The pool keeps the invariants: a block is added
+    only while free (``ref_cnt == 0``) and not already held by the policy; ``remove`` and ``pop_victim`` only
+    take blocks the policy holds. A policy must be deterministic (same calls, same victims) and must not
+    change blocks (their hash, ref count and free-list links are the pool's).
+    """
+
+    def add(self, block: KVCacheBlock) -> None:
+        """``block`` became free and holds cached content: it may be evicted from now on."""
+        ...
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """``block`` (held by the policy) is taken by a request that hits it: it is no longer evictable."""
+        ...
+
+    def pop_victim(self) -> KVCacheBlock:
+        """The block to reuse next, removed from the policy (its cached content is then dropped). Called only
+        while ``len(self) > 0``."""
+        ...
+
+    def __len__(self) -> int:
+        """Blocks the policy holds."""
+        ...
+
+    def evictable_blocks(self) -> list[KVCacheBlock]:
+        """Every block the policy holds, in the order it would evict them now (tests, ``get_all_free_blocks``)."""
+        ...
+
+    def on_cached(self, blocks: Sequence[KVCacheBlock], use: BlockUse) -> None:
+        """``blocks`` (held by a request) were just published to the prefix cache by ``use``: their
+        cached life starts (the content is new, whatever the block held before)."""
+        ...
+
+    def on_hit(self, blocks: Sequence[KVCacheBlock], use: BlockUse) -> None:
+        """A request (``use``) was admitted with ``blocks`` as its prefix hit (each already left the policy
+        through ``remove`` if it was free)."""
+        ...
+
+
+#: Builds one policy for one pool.
+EvictionPolicyFactory = Callable[[EvictionContext], EvictionPolicy]
+
+
+__all__ = ["BlockUse", "EvictionContext", "EvictionPolicy", "EvictionPolicyFactory", "GroupInfo"]

@@ -1,0 +1,61 @@
+"""Pluggable eviction policies: which free cached block the pool reuses first when blocks run out.
+
+Built in, by name (``KVCacheCoordinator(..., eviction_policy=name)``, ``kvspec simulate --policy``):
+
+- ``"lru"``: vLLM's free-queue order exactly (the pool's own linked list; the default);
+- ``"lfu"``: least used first (:class:`LFUPolicy`);
+- ``"slru"``: segmented LRU, scan-resistant (:class:`SLRUPolicy`);
+- ``"retention"``: requests' priority and retention time (:class:`RetentionPolicy`);
+- ``"hybrid"``: recency plus recompute cost per byte, coherent across groups (:class:`HybridAwarePolicy`).
+
+A plugin implements :class:`kvspec.blocks.eviction.EvictionPolicy` and registers a factory with
+:func:`register_eviction_policy`; ``kvspec.testing.check_eviction_policy`` is its conformance kit.
+"""
+
+from __future__ import annotations
+
+from kvspec.blocks.eviction import BlockUse, EvictionContext, EvictionPolicy, EvictionPolicyFactory, GroupInfo
+from kvspec.eviction.hybrid import HybridAwarePolicy
+from kvspec.eviction.lfu import LFUPolicy
+from kvspec.eviction.lru import ReleaseOrderLRU
+from kvspec.eviction.registry import (
+    LRU,
+    eviction_policy_names,
+    register_eviction_policy,
+    resolve_eviction_policy,
+    restore,
+    snapshot,
+)
+from kvspec.eviction.retention import RetentionPolicy
+from kvspec.eviction.slru import SLRUPolicy
+
+#: The built-in policies' factories by name ("lru" needs none).
+BUILTIN_POLICIES: dict[str, EvictionPolicyFactory] = {
+    "lfu": LFUPolicy,
+    "slru": SLRUPolicy,
+    "retention": RetentionPolicy,
+    "hybrid": HybridAwarePolicy,
+}
+
+for _name, _factory in BUILTIN_POLICIES.items():
+    register_eviction_policy(_name, _factory)
+
+__all__ = [
+    "BUILTIN_POLICIES",
+    "LRU",
+    "BlockUse",
+    "EvictionContext",
+    "EvictionPolicy",
+    "EvictionPolicyFactory",
+    "GroupInfo",
+    "HybridAwarePolicy",
+    "LFUPolicy",
+    "RetentionPolicy",
+    "ReleaseOrderLRU",
+    "SLRUPolicy",
+    "eviction_policy_names",
+    "register_eviction_policy",
+    "resolve_eviction_policy",
+    "restore",
+    "snapshot",
+]

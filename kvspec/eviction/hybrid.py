@@ -1,0 +1,148 @@
+"""Hybrid-aware eviction: recency plus recompute cost saved per byte, coherent across KV cache groups.
+
+For hybrid models (sliding window beside full attention, Mamba beside attention) LRU treats every block
+alike. After Marconi (Pan et al., MLSys 2025), this policy ranks a free cached block by
+
+    score = release order + alpha * num_blocks * (1 - e_min / e)
+
+where ``e`` is the tokens of prefix the block saves recomputing per byte of its page: a block's own tokens
+for attention, the whole prefix before it for a state snapshot (Mamba), whose one page stands for all of
+it; ``e_min`` is the smallest per-block figure of the model's groups. Attention blocks of equal pages get
+no bonus (their order is LRU); a state standing for a long prefix is kept up to ``alpha * num_blocks``
+releases longer. The lowest score is evicted first.
+
+Coherence: once a block of a group that every longer hit needs (full attention) is evicted, the free blocks
+of the other groups at the same prefix position can serve no hit any more (a hit at or past that position
+needs the evicted block); they are evicted next, before any block that still could.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from itertools import count
+from typing import TYPE_CHECKING
+
+from kvspec.blocks.eviction import BlockUse, EvictionContext
+from kvspec.blocks.hashing import get_group_id
+from kvspec.eviction._heap import BlockHeap
+
+if TYPE_CHECKING:
+    from kvspec.blocks.block import KVCacheBlock
+
+
+class HybridAwarePolicy:
+    """Score = release order + cost-per-byte bonus; evicting a left-closed group's block dooms its peers."""
+
+    __slots__ = (
+        "_at_prefix",
+        "_bonus_scale",
+        "_doomed",
+        "_e_min",
+        "_groups",
+        "_heap",
+        "_prefix_of",
+        "_released",
+        "_seq",
+        "alpha",
+    )
+
+    def __init__(self, context: EvictionContext, alpha: float = 0.5) -> None:
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha!r}")
+        self.alpha = alpha
+        self._groups = context.groups
+        self._e_min = min((g.block_tokens / g.page_bytes for g in context.groups), default=1.0)
+        self._bonus_scale = alpha * context.num_blocks
+        self._heap = BlockHeap()
+        self._seq = count()
+        #: prefix position (the block hash without its group) -> free blocks cached there
+        self._at_prefix: dict[bytes, dict[int, KVCacheBlock]] = {}
+        #: free block id -> the prefix position it was cached at when added, and its release number
+        self._prefix_of: dict[int, bytes] = {}
+        self._released: dict[int, int] = {}
+        #: (block, release number) of free blocks that can serve no hit any more, evicted first
+        self._doomed: deque[tuple[KVCacheBlock, int]] = deque()
+
+    def bonus(self, block: KVCacheBlock) -> float:
+        """The score bonus of ``block``'s cached content (releases it is kept longer than LRU would)."""
+        key = block.block_hash
+        if key is None or not self._groups:
+            return 0.0
+        gid = get_group_id(key)
+        if gid >= len(self._groups):
+            return 0.0
+        group = self._groups[gid]
+        tokens = group.block_tokens
+        if group.holds_prefix_state and block.block_hash_num_tokens is not None:
+            tokens = max(tokens, block.block_hash_num_tokens)
+        e = tokens / group.page_bytes
+        return self._bonus_scale * (1.0 - self._e_min / e) if e > self._e_min else 0.0
+
+    def add(self, block: KVCacheBlock) -> None:
+        seq = next(self._seq)
+        block_id = block.block_id
+        self._released[block_id] = seq
+        self._heap.push(block, (seq + self.bonus(block), seq))
+        key = block.block_hash
+        if key is not None:
+            self._prefix_of[block_id] = key[:-4]
+            self._at_prefix.setdefault(key[:-4], {})[block_id] = block
+
+    def _forget(self, block: KVCacheBlock) -> None:
+        block_id = block.block_id
+        self._released.pop(block_id, None)
+        prefix = self._prefix_of.pop(block_id, None)
+        if prefix is not None:
+            peers = self._at_prefix[prefix]
+            del peers[block_id]
+            if not peers:
+                del self._at_prefix[prefix]
+
+    def remove(self, block: KVCacheBlock) -> None:
+        self._heap.discard(block)
+        self._forget(block)
+
+    def pop_victim(self) -> KVCacheBlock:
+        heap, doomed = self._heap, self._doomed
+        victim: KVCacheBlock | None = None
+        while doomed:
+            candidate, seq = doomed.popleft()
+            if self._released.get(candidate.block_id) == seq and heap.discard(candidate):
+                victim = candidate
+                break
+        if victim is None:
+            victim = heap.pop()
+        prefix = self._prefix_of.get(victim.block_id)
+        self._forget(victim)
+        key = victim.block_hash
+        if prefix is not None and key is not None and self._groups:
+            gid = get_group_id(key)
+            if gid < len(self._groups) and self._groups[gid].needed_by_longer_hits:
+                released = self._released
+                doomed.extend((peer, released[peer.block_id]) for peer in self._at_prefix.get(prefix, {}).values())
+        return victim
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def evictable_blocks(self) -> list[KVCacheBlock]:
+        """The order pops would take now, cascades included (a copy of the state is popped empty)."""
+        twin = HybridAwarePolicy.__new__(HybridAwarePolicy)
+        twin.alpha = self.alpha
+        twin._groups = self._groups
+        twin._e_min = self._e_min
+        twin._bonus_scale = self._bonus_scale
+        twin._heap = self._heap.copy()
+        twin._seq = self._seq
+        twin._at_prefix = {prefix: dict(peers) for prefix, peers in self._at_prefix.items()}
+        twin._prefix_of = dict(self._prefix_of)
+        twin._released = dict(self._released)
+        twin._doomed = deque(self._doomed)
+        return [twin.pop_victim() for _ in range(len(twin))]
+
+    def on_cached(self, blocks: Sequence[KVCacheBlock], use: BlockUse) -> None:
+        pass
+
+    def on_hit(self, blocks: Sequence[KVCacheBlock], use: BlockUse) -> None:
+        pass

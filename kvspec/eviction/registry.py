@@ -1,0 +1,142 @@
+"""Eviction policies by name: a thread-safe registry checked at the door, with snapshot and restore.
+
+"lru" is reserved: it names the pool's own linked list (vLLM's free-queue order, no policy object) and
+resolves to None. Every other name maps to an :data:`~kvspec.blocks.eviction.EvictionPolicyFactory`.
+Registration builds the policy once on a small context and refuses, with an ``EvictionPolicyError``,
+a factory whose product is not an ``EvictionPolicy``, so a broken plugin fails when it registers, not in
+the middle of a run.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from kvspec.blocks.eviction import EvictionContext, EvictionPolicy, EvictionPolicyFactory, GroupInfo
+from kvspec.errors import EvictionPolicyError, UnknownEvictionPolicyError
+
+#: The name of vLLM's own LRU order (the pool's linked list; no policy object).
+LRU = "lru"
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
+_lock = threading.Lock()
+_policies: dict[str, EvictionPolicyFactory] = {}
+
+
+def check_eviction_policy_factory(name: str, factory: object) -> EvictionPolicyFactory:
+    """``factory`` as a factory, after building one policy from it on a 4-block, one-group context;
+    an ``EvictionPolicyError`` naming ``name`` and what is wrong otherwise."""
+    if not callable(factory):
+        raise EvictionPolicyError(
+            f"Eviction policy {name!r}: the factory must be callable (EvictionContext -> EvictionPolicy), "
+            f"got {type(factory).__name__}."
+        )
+    probe = EvictionContext(num_blocks=4, groups=(GroupInfo(block_tokens=16, page_bytes=4096),))
+    try:
+        policy = factory(probe)
+    except Exception as exc:
+        raise EvictionPolicyError(
+            f"Eviction policy {name!r}: the factory raised {type(exc).__name__}: {exc} when called with an "
+            "EvictionContext; it must take one and return a policy."
+        ) from exc
+    if not isinstance(policy, EvictionPolicy):
+        missing = [
+            member
+            for member in (
+                "add",
+                "remove",
+                "pop_victim",
+                "__len__",
+                "evictable_blocks",
+                "on_cached",
+                "on_hit",
+            )
+            if not callable(getattr(policy, member, None))
+        ]
+        raise EvictionPolicyError(
+            f"Eviction policy {name!r}: the factory returned a {type(policy).__name__}, which is not an "
+            f"EvictionPolicy (missing or not callable: {', '.join(missing)}); see kvspec.blocks.eviction."
+        )
+    if len(policy) != 0:
+        raise EvictionPolicyError(
+            f"Eviction policy {name!r}: a new policy must hold no block, this one holds {len(policy)}."
+        )
+    return factory  # type: ignore[return-value]  # checked above: callable, builds an EvictionPolicy
+
+
+def register_eviction_policy(name: str, factory: EvictionPolicyFactory, *, replace: bool = False) -> None:
+    """Register ``factory`` under ``name`` (dotted lower-case words: "lfu", "acme.cost_aware").
+    A name already taken is refused unless ``replace``; "lru" is vLLM's own order and cannot be taken.
+    Nothing changes when the registration is refused."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise EvictionPolicyError(
+            f"Eviction policy name {name!r} must be dotted lower-case words like 'lfu' or 'acme.cost_aware'."
+        )
+    if name == LRU:
+        raise EvictionPolicyError(
+            "Eviction policy name 'lru' is vLLM's own free-queue order (the pool's linked list); "
+            "register yours under another name."
+        )
+    checked = check_eviction_policy_factory(name, factory)
+    with _lock:
+        if name in _policies and not replace and _policies[name] is not factory:
+            raise EvictionPolicyError(
+                f"Eviction policy {name!r} is already registered (to {_describe(_policies[name])}); pass "
+                "replace=True to replace it."
+            )
+        _policies[name] = checked
+
+
+def eviction_policy_names() -> tuple[str, ...]:
+    """Every name ``resolve_eviction_policy`` takes: "lru" first, then the registered ones, sorted."""
+    with _lock:
+        return (LRU, *sorted(_policies))
+
+
+def resolve_eviction_policy(
+    policy: str | EvictionPolicyFactory | None,
+) -> EvictionPolicyFactory | None:
+    """The factory for ``policy``: None for None or "lru" (the pool's own LRU); a registered name's
+    factory; a factory as given once checked. An unknown name raises ``UnknownEvictionPolicyError``."""
+    if policy is None or policy == LRU:
+        return None
+    if isinstance(policy, str):
+        with _lock:
+            factory = _policies.get(policy)
+        if factory is None:
+            raise UnknownEvictionPolicyError(
+                f"Unknown eviction policy {policy!r}; registered: {', '.join(eviction_policy_names())} "
+                "(a plugin registers more with kvspec.eviction.register_eviction_policy)."
+            )
+        return factory
+    return check_eviction_policy_factory(getattr(policy, "__name__", repr(policy)), policy)
+
+
+def snapshot() -> Mapping[str, EvictionPolicyFactory]:
+    """The registrations now (read-only), for :func:`restore` (tests)."""
+    with _lock:
+        return MappingProxyType(dict(_policies))
+
+
+def restore(saved: Mapping[str, EvictionPolicyFactory]) -> None:
+    """Put back the registrations a :func:`snapshot` saw."""
+    with _lock:
+        _policies.clear()
+        _policies.update(saved)
+
+
+def _describe(factory: Callable[..., object]) -> str:
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
+
+
+__all__ = [
+    "LRU",
+    "check_eviction_policy_factory",
+    "eviction_policy_names",
+    "register_eviction_policy",
+    "resolve_eviction_policy",
+    "restore",
+    "snapshot",
+]

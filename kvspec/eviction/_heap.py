@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -79,3 +80,47 @@ class BlockHeap:
         members = self._members
         self._entries = [e for e in self._entries if members.get(e[2], (None, -1))[1] == e[1]]
         heapq.heapify(self._entries)
+
+
+class ScoredBlocks:
+    """Blocks ordered by ``(score, seq)``, smallest first, where ``seq`` grows with every push. Blocks pushed
+    with ``score == seq`` (no bonus: plain release order) sit in an insertion-ordered dict, O(1) each way;
+    the others in a :class:`BlockHeap`. ``pop`` takes the smaller of the two heads."""
+
+    __slots__ = ("_heap", "_plain")
+
+    def __init__(self) -> None:
+        self._plain: OrderedDict[int, tuple[KVCacheBlock, int]] = OrderedDict()
+        self._heap = BlockHeap()
+
+    def push(self, block: KVCacheBlock, score: float, seq: int) -> None:
+        if score == seq:
+            self._plain[block.block_id] = (block, seq)
+        else:
+            self._heap.push(block, (score, seq))
+
+    def discard(self, block: KVCacheBlock) -> bool:
+        return self._plain.pop(block.block_id, None) is not None or self._heap.discard(block)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self._plain or block_id in self._heap
+
+    def __len__(self) -> int:
+        return len(self._plain) + len(self._heap)
+
+    def pop(self) -> KVCacheBlock:
+        plain = self._plain
+        if plain:
+            if len(self._heap):
+                key, block = self._heap.peek()
+                first = next(iter(plain.values()))
+                if key < (first[1], first[1]):
+                    return self._heap.pop()
+            return plain.popitem(last=False)[1][0]
+        return self._heap.pop()
+
+    def copy(self) -> ScoredBlocks:
+        twin = ScoredBlocks()
+        twin._plain = OrderedDict(self._plain)
+        twin._heap = self._heap.copy()
+        return twin

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from kvspec.blocks.eviction import BlockUse, EvictionContext
 from kvspec.blocks.hashing import get_group_id
-from kvspec.eviction._heap import BlockHeap
+from kvspec.eviction._heap import ScoredBlocks
 
 if TYPE_CHECKING:
     from kvspec.blocks.block import KVCacheBlock
@@ -43,6 +43,7 @@ class HybridAwarePolicy:
         "_heap",
         "_prefix_of",
         "_released",
+        "_plain_lru",
         "_seq",
         "alpha",
     )
@@ -54,7 +55,9 @@ class HybridAwarePolicy:
         self._groups = context.groups
         self._e_min = min((g.block_tokens / g.page_bytes for g in context.groups), default=1.0)
         self._bonus_scale = alpha * context.num_blocks
-        self._heap = BlockHeap()
+        self._heap = ScoredBlocks()
+        # One group and no state snapshots: no bonus and no peers, so the order is plain LRU (kept fast).
+        self._plain_lru = len(context.groups) <= 1 and not any(g.holds_prefix_state for g in context.groups)
         self._seq = count()
         #: prefix position (the block hash without its group) -> free blocks cached there
         self._at_prefix: dict[bytes, dict[int, KVCacheBlock]] = {}
@@ -83,11 +86,18 @@ class HybridAwarePolicy:
         seq = next(self._seq)
         block_id = block.block_id
         self._released[block_id] = seq
-        self._heap.push(block, (seq + self.bonus(block), seq))
         key = block.block_hash
-        if key is not None:
-            self._prefix_of[block_id] = key[:-4]
-            self._at_prefix.setdefault(key[:-4], {})[block_id] = block
+        if key is None or self._plain_lru:
+            self._heap.push(block, seq, seq)  # one group, no bonus: plain release order
+            return
+        self._heap.push(block, seq + self.bonus(block), seq)
+        prefix = key[:-4]
+        self._prefix_of[block_id] = prefix
+        peers = self._at_prefix.get(prefix)
+        if peers is None:
+            self._at_prefix[prefix] = {block_id: block}
+        else:
+            peers[block_id] = block
 
     def _forget(self, block: KVCacheBlock) -> None:
         block_id = block.block_id
@@ -134,6 +144,7 @@ class HybridAwarePolicy:
         twin._e_min = self._e_min
         twin._bonus_scale = self._bonus_scale
         twin._heap = self._heap.copy()
+        twin._plain_lru = self._plain_lru
         twin._seq = self._seq
         twin._at_prefix = {prefix: dict(peers) for prefix, peers in self._at_prefix.items()}
         twin._prefix_of = dict(self._prefix_of)

@@ -63,14 +63,14 @@ def check_eviction_policy_factory(name: str, factory: object) -> EvictionPolicyF
         raise EvictionPolicyError(
             f"Eviction policy {name!r}: a new policy must hold no block, this one holds {len(policy)}."
         )
-    return factory  # type: ignore[return-value]  # checked above: callable, builds an EvictionPolicy
+    return factory
 
 
 def register_eviction_policy(name: str, factory: EvictionPolicyFactory, *, replace: bool = False) -> None:
     """Register ``factory`` under ``name`` (dotted lower-case words: "lfu", "acme.cost_aware").
     A name already taken is refused unless ``replace``; "lru" is vLLM's own order and cannot be taken.
     Nothing changes when the registration is refused."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not _NAME.match(str(name)):
         raise EvictionPolicyError(
             f"Eviction policy name {name!r} must be dotted lower-case words like 'lfu' or 'acme.cost_aware'."
         )

@@ -855,7 +855,12 @@ class _ManualClock:
 
 
 def _eviction_scenario(
-    factory: EvictionPolicyFactory | None, seed: int, steps: int, num_blocks: int, profile: ReleaseProfile | None
+    factory: EvictionPolicyFactory | None,
+    seed: int,
+    steps: int,
+    num_blocks: int,
+    profile: ReleaseProfile | None,
+    asks: bool = True,
 ) -> EvictionReport:
     """One seeded run: requests over a few shared prefixes (full attention beside a sliding window, so two
     groups share the pool), with priorities and retentions, admitted with their prefix hit, freed in random
@@ -899,8 +904,8 @@ def _eviction_scenario(
                 f"r{step}",
                 tokens,
                 block_hasher=hasher,
-                priority=rng.randrange(3),
-                retention_seconds=rng.choice((None, None, 2.0, 30.0)),
+                priority=rng.randrange(3) if asks else 0,
+                retention_seconds=rng.choice((None, None, 2.0, 30.0)) if asks else None,
             )
             computed, hit = coord.get_computed_blocks(request)
             hashed_before = {b.block_id for b in pool.blocks if b.block_hash is not None}
@@ -952,10 +957,10 @@ def _check_policy_state(policy: EvictionPolicy, pool: BlockPool) -> None:
     if len(set(ids_held)) != len(ids_held):
         raise _fail(f"eviction policy {name}: evictable_blocks() lists a block twice: {ids_held}")
     if len(held) != len(policy):
-        raise _fail(f"eviction policy {name}: len() is {len(policy)} but evictable_blocks() lists {len(held)}")
-    expected = {
-        b.block_id for b in pool.free_block_queue.get_all_free_blocks() if b.prev_free_block is None
-    }
+        raise _fail(
+            f"eviction policy {name}: len() is {len(policy)} but evictable_blocks() lists {len(held)}"
+        )
+    expected = {b.block_id for b in pool.free_block_queue.get_all_free_blocks() if b.prev_free_block is None}
     if set(ids_held) != expected:
         raise _fail(
             f"eviction policy {name}: holds {sorted(ids_held)} but the free blocks with cached content given "
@@ -1004,6 +1009,8 @@ def eviction_scenario(
     steps: int = 300,
     num_blocks: int = 40,
     profile: ReleaseProfile | None = None,
+    asks: bool = True,
 ) -> EvictionReport:
-    """The kit's seeded scenario run once (None: the pool's own LRU), to compare two policies' block ids."""
-    return _eviction_scenario(factory, seed, steps, num_blocks, profile)
+    """The kit's seeded scenario run once (None: the pool's own LRU), to compare two policies' block ids;
+    ``asks`` False: every request at priority 0 without retention."""
+    return _eviction_scenario(factory, seed, steps, num_blocks, profile, asks)

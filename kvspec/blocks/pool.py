@@ -17,8 +17,8 @@ from typing import Any
 from mypy_extensions import mypyc_attr
 
 from kvspec.blocks.block import BlockId, KVCacheBlock
-from kvspec.blocks.eviction import BlockUse, EvictionPolicy
 from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvspec.blocks.eviction import BlockUse, EvictionPolicy
 from kvspec.blocks.hashing import (
     GROUP_SUFFIXES,
     BlockHashListWithBlockSize,
@@ -31,6 +31,7 @@ from kvspec.blocks.request_view import RequestView
 from kvspec.errors import BlockPoolError, InvariantError, NotEnoughFreeBlocksError
 
 logger = logging.getLogger(__name__)
+
 
 class FreeKVCacheBlockQueue:
     """Doubly linked list of free blocks threaded through the blocks themselves (O(1), no allocation).
@@ -256,7 +257,13 @@ class PolicyFreeQueue(FreeKVCacheBlockQueue):
             return
         if block.ref_cnt != 0 or block.is_null:
             raise BlockPoolError(f"remove() called on block {block.block_id}, which is not free")
-        self.policy.remove(block)
+        try:
+            self.policy.remove(block)
+        except KeyError:
+            raise BlockPoolError(
+                f"remove() called on block {block.block_id}, which is not free (its eviction policy does not "
+                "hold it)"
+            ) from None
         self.num_free_blocks -= 1
 
     def release(self, ordered_blocks: Iterable[KVCacheBlock], prepend: bool = False) -> None:

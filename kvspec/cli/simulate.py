@@ -338,7 +338,13 @@ def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
         mine = [row for row in rows if row["policy"] == policy]
         memory = [row["kv_cache_gib"] for row in mine]
         colour = f"C{index}"
-        ax.plot(memory, [row["token_hit_rate"] for row in mine], marker="o", color=colour, label=f"{policy}: tokens")
+        ax.plot(
+            memory,
+            [row["token_hit_rate"] for row in mine],
+            marker="o",
+            color=colour,
+            label=f"{policy}: tokens",
+        )
         ax.plot(
             memory,
             [row["block_hit_rate"] for row in mine],
@@ -352,7 +358,13 @@ def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
     ax.set_ylabel("prefix-cache hit rate")
     ax.set_ylim(0, 1)
     ax.set_title(title)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(4, 2 * len(policies)), frameon=False, fontsize=8)
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.18),
+        ncol=min(4, 2 * len(policies)),
+        frameon=False,
+        fontsize=8,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -401,7 +413,10 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
     for index, (policy, num_blocks) in enumerate(runs):
         clock = TraceClock()
         coordinator = replay_coordinator(
-            dataclasses.replace(config, num_blocks=num_blocks + 1), limits, eviction_policy=policy, clock=clock
+            dataclasses.replace(config, num_blocks=num_blocks + 1),
+            limits,
+            eviction_policy=policy,
+            clock=clock,
         )
         scheduler_block = coordinator.scheduler_block_size
         start = time.perf_counter()

@@ -112,7 +112,7 @@ class ScoredBlocks:
         plain = self._plain
         if plain:
             if len(self._heap):
-                key, block = self._heap.peek()
+                key, _ = self._heap.peek()
                 first = next(iter(plain.values()))
                 if key < (first[1], first[1]):
                     return self._heap.pop()

@@ -41,9 +41,9 @@ class HybridAwarePolicy:
         "_e_min",
         "_groups",
         "_heap",
+        "_plain_lru",
         "_prefix_of",
         "_released",
-        "_plain_lru",
         "_seq",
         "alpha",
     )
@@ -130,7 +130,9 @@ class HybridAwarePolicy:
             gid = get_group_id(key)
             if gid < len(self._groups) and self._groups[gid].needed_by_longer_hits:
                 released = self._released
-                doomed.extend((peer, released[peer.block_id]) for peer in self._at_prefix.get(prefix, {}).values())
+                doomed.extend(
+                    (peer, released[peer.block_id]) for peer in self._at_prefix.get(prefix, {}).values()
+                )
         return victim
 
     def __len__(self) -> int:

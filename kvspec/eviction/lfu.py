@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class LFUPolicy:
     """Evicts the smallest (use count, release order): one insertion-ordered bucket per count."""
 
-    __slots__ = ("_buckets", "_counts", "_where", "_uses")
+    __slots__ = ("_buckets", "_counts", "_uses", "_where")
 
     def __init__(self, context: EvictionContext) -> None:
         self._uses = [0] * context.num_blocks

@@ -3,8 +3,8 @@
 Free cached blocks sit in two LRU segments. A block whose content no request has hit yet joins the
 probationary segment; one that has been a prefix hit joins the protected segment. Eviction takes the
 probationary segment's oldest first, so a burst of one-off prompts (a scan) evicts only other one-off
-content. The protected segment holds at most ``protected_fraction`` of the free cached blocks: beyond it
-its oldest move to the probationary segment's newest end.
+content. The protected segment holds at most ``protected_fraction`` of the pool's blocks: beyond it its
+oldest move to the probationary segment's newest end.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ if TYPE_CHECKING:
 class SLRUPolicy:
     """Two LRU segments (probationary, protected); ``protected_fraction`` in (0, 1]."""
 
-    __slots__ = ("_hit", "_probation", "_protected", "protected_fraction")
+    __slots__ = ("_hit", "_limit", "_probation", "_protected", "protected_fraction")
 
     def __init__(self, context: EvictionContext, protected_fraction: float = 0.8) -> None:
         if not 0.0 < protected_fraction <= 1.0:
             raise ValueError(f"protected_fraction must be in (0, 1], got {protected_fraction!r}")
         self.protected_fraction = protected_fraction
+        self._limit = int(protected_fraction * (context.num_blocks - 1))  # the null block is no one's
         self._hit = bytearray(context.num_blocks)  # 1: the block's content has been a prefix hit
         # Oldest first. OrderedDicts: popping a plain dict's first key is O(deleted keys) there.
         self._probation: OrderedDict[int, KVCacheBlock] = OrderedDict()
@@ -36,8 +37,7 @@ class SLRUPolicy:
     def add(self, block: KVCacheBlock) -> None:
         if self._hit[block.block_id]:
             self._protected[block.block_id] = block
-            limit = int(self.protected_fraction * len(self))
-            while len(self._protected) > limit:
+            while len(self._protected) > self._limit:
                 oldest, demoted = self._protected.popitem(last=False)
                 self._probation[oldest] = demoted
         else:

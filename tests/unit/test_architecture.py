@@ -189,8 +189,19 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "device": BASE | {"contracts", "specs", "planning"},
     "models": BASE | {"presets", "contracts", "specs", "registry"},
     "testing": BASE
-    | {"blocks", "contracts", "specs", "managers", "eviction", "registry", "planning", "coordinator", "device"},
-    "engine": BASE | {"blocks", "contracts", "specs", "eviction", "planning", "coordinator", "device", "models"},
+    | {
+        "blocks",
+        "contracts",
+        "specs",
+        "managers",
+        "eviction",
+        "registry",
+        "planning",
+        "coordinator",
+        "device",
+    },
+    "engine": BASE
+    | {"blocks", "contracts", "specs", "eviction", "planning", "coordinator", "device", "models"},
     "integrations": BASE
     | {"blocks", "contracts", "specs", "managers", "registry", "planning", "coordinator"},
     "cli": BASE

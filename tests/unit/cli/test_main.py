@@ -382,3 +382,39 @@ def test_simulate_trace_sweep_hit_rate_grows_with_the_cache(
     rates = [row["token_hit_rate"] for row in sweep]
     assert rates == sorted(rates) and sweep[-1]["hit_tokens"] == unlimited["hit_tokens"] == 9 * 512
     assert sweep[0]["refused"] == 12 and sweep[0]["hit_tokens"] == 0  # 47 blocks hold no 63-block prompt
+
+
+def test_simulate_trace_compares_policies_and_refuses_an_unknown_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--policy lru,lfu --sweep 2`: one row per policy and size, each policy at the same sizes; with room
+    for every prompt the policies agree (nothing is evicted). An unknown name is refused before the trace
+    is read, naming the registered ones."""
+    rows = [
+        {"timestamp": i, "input_length": 1000, "output_length": 1, "hash_ids": [i % 3, 10 + i]}
+        for i in range(12)
+    ]
+    trace = _trace(tmp_path, rows)
+    argv = ["simulate", "llama-3.1-8b", "--trace", trace, "--json", "--sweep", "2", "--policy", "lru,lfu"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["eviction"] == ["lru", "lfu"]
+    sweep = report["sweep"]
+    assert [(row["policy"], row["num_blocks"]) for row in sweep] == [
+        ("lru", 47),
+        ("lru", 470),
+        ("lfu", 47),
+        ("lfu", 470),
+    ]
+    assert sweep[1]["hit_tokens"] == sweep[3]["hit_tokens"] == 9 * 512
+    plot = tmp_path / "policies.png"
+    assert main([*argv[:-1], "lru,slru", "--plot", str(plot)]) == 0 and plot.stat().st_size > 0
+    capsys.readouterr()
+    assert (
+        main(["simulate", "llama-3.1-8b", "--trace", str(tmp_path / "missing.jsonl"), "--policy", "fifo"])
+        == 2
+    )
+    assert (
+        "Unknown eviction policy 'fifo'; registered: lru, hybrid, lfu, retention, slru"
+        in capsys.readouterr().err
+    )

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.engine.replay import replay_cache
+from kvspec.contracts.spec import SchedulerLimits
+from kvspec.engine.replay import TraceClock, replay_cache, replay_coordinator
 from kvspec.engine.traces import TraceRequest, parse_line, prompt_tokens, read_trace
 from kvspec.errors import KVSpecError, TraceFormatError
-from tests.helpers import full_spec, make_coordinator
+from tests.helpers import full_spec, make_config, make_coordinator
 
 TRACES = Path(__file__).resolve().parents[4] / "shared" / "traces"
 CONVERSATION = TRACES / "mooncake_conversation_trace.jsonl"
@@ -190,3 +191,51 @@ def test_a_mamba_hybrid_hits_where_chunks_ended_and_at_pinned_junctions() -> Non
         assert hits == expected, chunk
     with pytest.raises(KVSpecError, match="below the scheduler block"):
         replay_cache(rows, make_coordinator([full_spec(16)], 64), chunk_tokens=8)
+
+
+def _retention_rows(retention: float | None) -> list[TraceRequest]:
+    shared = tuple(range(1000, 1256))  # 16 blocks of 16 tokens
+    prompts = [
+        shared + tuple(range(44)),
+        tuple(range(5000, 5300)),
+        tuple(range(7000, 7300)),
+        shared + tuple(range(3000, 3044)),
+    ]
+    return [
+        TraceRequest(
+            line=i,
+            arrival_ms=1000.0 * i,
+            input_length=300,
+            output_length=1,
+            token_ids=p,
+            retention_seconds=retention if i == 0 else None,
+        )
+        for i, p in enumerate(prompts)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("policy", "retention", "last_hit"),
+    [
+        ("lru", 60.0, 32),  # vLLM's LRU ignores the ask: the third prompt evicts the prefix down to 2 blocks
+        ("retention", 60.0, 256),  # the prefix is retained; the unrelated second prompt is evicted instead
+        ("retention", 1.5, 32),  # the retention ended (t=1.5 s) before the third prompt arrived (t=2 s)
+        ("retention", None, 32),  # no ask: LRU's order
+    ],
+)
+def test_a_trace_request_can_retain_its_prefix(policy: str, retention: float | None, last_hit: int) -> None:
+    """A 39-block cache, 19 blocks a prompt: the third prompt must evict 16 cached blocks. LRU takes the
+    oldest, the first prompt's (tail first, leaving its first 2 blocks); the retention policy keeps the
+    first prompt's retained prefix and takes the second's, so the fourth prompt hits all 256 shared tokens."""
+    clock = TraceClock()
+    coord = replay_coordinator(
+        make_config([full_spec(16)], 40),
+        SchedulerLimits(max_model_len=4096),
+        eviction_policy=policy,
+        clock=clock,
+    )
+    hits: list[int] = []
+    replay_cache(_retention_rows(retention), coord, on_request=functools.partial(_record, hits), clock=clock)
+    assert hits == [0, 0, 0, last_hit]
+    assert clock.now == 3.0
+    coord.check_invariants()

@@ -22,6 +22,7 @@ from kvspec.errors import (
     ModelConfigError,
     PlotPathError,
     PluginError,
+    SchedulingError,
     UnknownEvictionPolicyError,
 )
 
@@ -36,6 +37,8 @@ DEFAULT_MEMORY = parse_bytes("8GiB")
 UNLIMITED_MEMORY = 1 << 50
 #: The token budget a trace replay computes prompts in when --max-num-batched-tokens is not given.
 DEFAULT_TRACE_CHUNK = 8192
+#: Running requests at most in a timed replay (vLLM's default max_num_seqs on GPUs).
+DEFAULT_TRACE_SEQS = 256
 #: Simulations are bounded: past this many requests a run takes minutes and says nothing new.
 MAX_REQUESTS = 100_000
 
@@ -114,6 +117,20 @@ def add_simulate_parser(sub: Any) -> None:
         default="lru",
         help="with --trace: eviction policies to compare, comma-separated (lru = vLLM's order, the default; "
         "lfu, slru, retention, hybrid, or a plugin's); each replays at every size",
+    )
+    p.add_argument(
+        "--timed",
+        action="store_true",
+        help="with --trace: a timed replay instead of the pure one: arrivals at the trace's timestamps, "
+        "kvspec's scheduler (chunked prefill, decode, preemption) on a simulated clock; reports hit rate, "
+        "time to first token, latency and preemptions",
+    )
+    p.add_argument(
+        "--step-time",
+        metavar="BASE,PER_TOKEN,PER_REQUEST",
+        default="6,0.06,0.01",
+        help="with --timed: the step-time model in milliseconds: a fixed cost per step, per computed token "
+        "and per request in the batch (default 6,0.06,0.01: illustrative, an 8B model on one GPU)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", metavar="PNG", default=None, help="draw block usage and hit rate over time")
@@ -299,7 +316,7 @@ def _trace_plan(args: argparse.Namespace, requests: list[Any]) -> tuple[Any, Any
     from kvspec.models import build_model_layout
     from kvspec.planning import get_kv_cache_config
 
-    longest = max((r.input_length for r in requests), default=1)
+    longest = max((r.input_length + (r.output_length if args.timed else 0) for r in requests), default=1)
     max_len = max(args.max_model_len or 0, longest)
     layout = build_model_layout(
         args.model, block_size=args.block_size, max_model_len=max_len, mamba_cache_mode="align"
@@ -345,6 +362,8 @@ def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
             color=colour,
             label=f"{policy}: tokens",
         )
+        if "block_hit_rate" not in mine[0]:
+            continue  # a timed replay: hit rate in tokens only
         ax.plot(
             memory,
             [row["block_hit_rate"] for row in mine],
@@ -376,6 +395,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
     import dataclasses
 
     from kvspec.engine.replay import TraceClock, blocks_to_hold_every_prompt, replay_cache, replay_coordinator
+    from kvspec.engine.timed_replay import StepTimeModel, replay_timed
     from kvspec.engine.traces import read_trace
     from kvspec.eviction import resolve_eviction_policy
 
@@ -392,9 +412,10 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
             raise UnknownEvictionPolicyError("--policy names no eviction policy; give e.g. lru,lfu")
         for name in policies:
             resolve_eviction_policy(name)  # an unknown name fails before the trace is read
+        step_time = StepTimeModel.parse(args.step_time) if args.timed else None
         requests = list(read_trace(args.trace, limit=args.limit))
         config, limits, bytes_per_block = _trace_plan(args, requests)
-    except (ModelConfigError, PluginError, PlotPathError, UnknownEvictionPolicyError) as exc:
+    except (ModelConfigError, PluginError, PlotPathError, UnknownEvictionPolicyError, SchedulingError) as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 2
     except KVSpecError as exc:
@@ -421,6 +442,26 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         scheduler_block = coordinator.scheduler_block_size
         start = time.perf_counter()
         label = f"replaying {len(requests)} requests ({index + 1}/{len(runs)}: {policy}, {num_blocks} blocks)"
+        if step_time is not None:
+            timed = replay_timed(
+                requests,
+                coordinator,
+                max_num_batched_tokens=chunk_tokens,
+                max_num_seqs=args.max_num_seqs or DEFAULT_TRACE_SEQS,
+                step_time=step_time,
+                clock=clock,
+            )
+            seconds = time.perf_counter() - start
+            rows.append(
+                {
+                    "policy": policy,
+                    "num_blocks": num_blocks,
+                    "kv_cache_gib": round(num_blocks * bytes_per_block / 2**30, 3),
+                    **timed.summary(),
+                    "wall_seconds": round(seconds, 3),
+                }
+            )
+            continue
         if args.json or not has_rich():
             stats = replay_cache(requests, coordinator, chunk_tokens=chunk_tokens, clock=clock)
         else:
@@ -449,7 +490,11 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "model": args.model,
         "trace": args.trace,
-        "mode": "pure cache replay (arrival order, one request at a time)",
+        "mode": (
+            f"timed replay (arrival times, FCFS scheduler, step time {args.step_time} ms)"
+            if step_time is not None
+            else "pure cache replay (arrival order, one request at a time)"
+        ),
         "chunk_tokens": chunk_tokens,
         "eviction": policies[0] if len(policies) == 1 else policies,
         "block_size": scheduler_block,
@@ -465,14 +510,16 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         for key, value in report.items():
             if key != "sweep":
                 print(f"{key.replace('_', ' '):36s} {value}")
+        second_name = "median TTFT ms" if step_time is not None else "block hit rate"
         print(
-            f"{'policy':>10} {'blocks':>12} {'KV GiB':>9} {'token hit rate':>15} {'block hit rate':>15} "
+            f"{'policy':>10} {'blocks':>12} {'KV GiB':>9} {'token hit rate':>15} {second_name:>15} "
             f"{'refused':>8}"
         )
         for row in rows:
+            second = row["block_hit_rate"] if "block_hit_rate" in row else row["ttft_ms_median"]
             print(
                 f"{row['policy']:>10} {row['num_blocks']:>12} {row['kv_cache_gib']:>9} "
-                f"{row['token_hit_rate']:>15.4f} {row['block_hit_rate']:>15.4f} {row['refused']:>8}"
+                f"{row['token_hit_rate']:>15.4f} {second:>15} {row['refused']:>8}"
             )
     else:
         for key, value in report.items():

@@ -418,3 +418,27 @@ def test_simulate_trace_compares_policies_and_refuses_an_unknown_one(
         "Unknown eviction policy 'fifo'; registered: lru, hybrid, lfu, retention, slru"
         in capsys.readouterr().err
     )
+
+
+def test_simulate_trace_timed_reports_latency_and_refuses_a_bad_step_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--timed`: arrivals at the trace's timestamps through the scheduler; three requests sharing a 512-token
+    block, the later two arriving after the first finished, hit it (and the next request's own blocks do
+    not exist yet). Step time 10 ms + 0.001 ms a token."""
+    rows = [
+        {"timestamp": 1000 * i, "input_length": 1000, "output_length": 3, "hash_ids": [7, 100 + i]}
+        for i in range(3)
+    ]
+    trace = _trace(tmp_path, rows)
+    argv = ["simulate", "llama-3.1-8b", "--trace", trace, "--json", "--timed", "--step-time", "10,0.001,0"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mode"].startswith("timed replay")
+    assert (report["requests"], report["finished"], report["refused"], report["preemptions"]) == (3, 3, 0, 0)
+    assert report["prompt_tokens"] == 3000 and report["generated_tokens"] == 9
+    assert report["prompt_hit_rate"] == round(2 * 512 / 3000, 4)
+    # Each request alone: one 1,000-token prefill step (or 488 after a hit), then two decode steps.
+    assert report["ttft_ms_median"] == round(10 + 0.001 * 488, 1) and report["steps"] == 9
+    assert main([*argv[:-1], "10,0.001"]) == 2
+    assert "give three numbers in milliseconds" in capsys.readouterr().err

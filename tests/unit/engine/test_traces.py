@@ -11,8 +11,9 @@ import pytest
 
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.engine.replay import TraceClock, replay_cache, replay_coordinator
+from kvspec.engine.timed_replay import StepTimeModel, replay_timed
 from kvspec.engine.traces import TraceRequest, parse_line, prompt_tokens, read_trace
-from kvspec.errors import KVSpecError, TraceFormatError
+from kvspec.errors import KVSpecError, SchedulingError, TraceFormatError
 from tests.helpers import full_spec, make_config, make_coordinator
 
 TRACES = Path(__file__).resolve().parents[4] / "shared" / "traces"
@@ -239,3 +240,63 @@ def test_a_trace_request_can_retain_its_prefix(policy: str, retention: float | N
     assert hits == [0, 0, 0, last_hit]
     assert clock.now == 3.0
     coord.check_invariants()
+
+
+def test_a_timed_replay_follows_the_step_time_model_exactly() -> None:
+    """A (t=0, 100 tokens, 2 out) and B (t=50 ms, the same prompt, 1 out); 64 tokens a step; a step costs
+    10 ms + 0.5 ms a token. Step 1 (t=0): A's first 64 tokens, 42 ms. Step 2 (t=42): A's last 36, 28 ms: A's
+    first token at 70. Step 3 (t=70): A decodes 1, B arrived and hits A's 6 cached blocks (96 tokens) and
+    computes 4: 5 tokens, 12.5 ms: at 82.5 A finishes and B's first (and last) token is out."""
+    prompt = tuple(range(500, 600))
+    rows = [
+        TraceRequest(line=0, arrival_ms=0.0, input_length=100, output_length=2, token_ids=prompt),
+        TraceRequest(line=1, arrival_ms=50.0, input_length=100, output_length=1, token_ids=prompt),
+    ]
+    clock = TraceClock()
+    coord = replay_coordinator(
+        make_config([full_spec(16)], 64), SchedulerLimits(max_model_len=4096), clock=clock
+    )
+    model = StepTimeModel(base_ms=10.0, per_token_ms=0.5, per_request_ms=0.0)
+    stats = replay_timed(rows, coord, max_num_batched_tokens=64, max_num_seqs=4, step_time=model, clock=clock)
+    assert (stats.steps, stats.finished, stats.refused, stats.preemptions) == (3, 2, 0, 0)
+    assert stats.ttft_ms == [70.0, 32.5] and stats.e2e_ms == [82.5, 32.5] and stats.simulated_ms == 82.5
+    assert (stats.query_tokens, stats.hit_tokens, stats.generated_tokens) == (200, 96, 3)
+    assert stats.prompt_hit_rate == 96 / 200 and clock.now == 70 / 1000  # the last step started at 70 ms
+    assert coord.block_pool.get_num_free_blocks() == 63
+    coord.check_invariants()
+
+
+def test_a_timed_replay_preempts_recomputes_and_refuses() -> None:
+    """Ten 16-token blocks (9 usable): two requests of 64 prompt tokens growing by 60 output tokens each
+    cannot both finish at once: one is preempted, readmitted (its prompt looked up again) and finishes; a
+    300-token prompt can never fit and is refused; one longer than max_model_len is refused on arrival."""
+    rows = [
+        TraceRequest(
+            line=i,
+            arrival_ms=0.0,
+            input_length=64,
+            output_length=60,
+            token_ids=tuple(range(i * 1000, i * 1000 + 64)),
+        )
+        for i in range(2)
+    ]
+    rows.append(
+        TraceRequest(
+            line=2, arrival_ms=1.0, input_length=300, output_length=1, token_ids=tuple(range(9000, 9300))
+        )
+    )
+    rows.append(
+        TraceRequest(line=3, arrival_ms=1.0, input_length=900, output_length=200, token_ids=tuple(range(900)))
+    )
+    coord = replay_coordinator(make_config([full_spec(16)], 10), SchedulerLimits(max_model_len=1024))
+    stats = replay_timed(rows, coord, max_num_batched_tokens=64, max_num_seqs=4)
+    assert (stats.requests, stats.finished, stats.refused) == (4, 2, 2)
+    assert stats.preemptions >= 1 and stats.generated_tokens >= 120
+    assert stats.query_tokens > 128  # a readmission looks the prompt (and its output so far) up again
+    assert len(stats.ttft_ms) == 2 and len(stats.e2e_ms) == 2
+    assert coord.block_pool.get_num_free_blocks() == 9
+    coord.check_invariants()
+    with pytest.raises(SchedulingError, match="PER_TOKEN"):
+        StepTimeModel.parse("6,0.06")
+    with pytest.raises(SchedulingError, match="per_token_ms must be >= 0"):
+        StepTimeModel(per_token_ms=-1.0)

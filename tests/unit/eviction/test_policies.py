@@ -202,6 +202,16 @@ class TestRetention:
         # Not retained first, the least important priority (5) before 0, then the retained block.
         assert evicted(pool, 3) == [low[0].block_id, high[0].block_id, pinned[0].block_id]
 
+    def test_a_hit_by_a_more_important_request_raises_the_blocks_priority(self) -> None:
+        pool = make_pool(RetentionPolicy, num_blocks=4)
+        (shared,) = fill(pool, request("batch", 0, 1, priority=5))
+        hit(pool, request("interactive", 0, 1, priority=0), shared)  # the most important use counts
+        finish(pool, shared)
+        (later,) = fill(pool, request("batch2", 100, 1, priority=5))
+        (last,) = fill(pool, request("batch3", 200, 1, priority=5))
+        # Without the hit, `shared` (the oldest priority-5 block) would go first.
+        assert evicted(pool, 3) == [later[0].block_id, last[0].block_id, shared[0].block_id]
+
     def test_without_asks_it_is_the_pools_lru(self) -> None:
         # Every request at priority 0 without retention: the order is release order.
         for seed in range(3):

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from kvspec.blocks.events import (
         KVCacheEvent as KVCacheEvent,
     )
+    from kvspec.blocks.eviction import BlockUse as BlockUse
+    from kvspec.blocks.eviction import EvictionContext as EvictionContext
+    from kvspec.blocks.eviction import EvictionPolicy as EvictionPolicy
+    from kvspec.blocks.eviction import GroupInfo as GroupInfo
     from kvspec.blocks.hashing import BlockHash as BlockHash
     from kvspec.blocks.hashing import BlockHasher as BlockHasher
     from kvspec.blocks.hashing import MultiModalFeature as MultiModalFeature
@@ -119,6 +123,8 @@ if TYPE_CHECKING:
     from kvspec.errors import (
         UnsupportedConfigurationError as UnsupportedConfigurationError,
     )
+    from kvspec.eviction import eviction_policy_names as eviction_policy_names
+    from kvspec.eviction import register_eviction_policy as register_eviction_policy
     from kvspec.managers import (
         ChunkedLocalAttentionManager as ChunkedLocalAttentionManager,
     )
@@ -254,6 +260,12 @@ _API: dict[str, tuple[str, ...]] = {
         "BlockStored",
         "KVCacheEvent",
     ),
+    "kvspec.blocks.eviction": (
+        "BlockUse",
+        "EvictionContext",
+        "EvictionPolicy",
+        "GroupInfo",
+    ),
     "kvspec.blocks.hashing": (
         "BlockHash",
         "BlockHasher",
@@ -299,6 +311,10 @@ _API: dict[str, tuple[str, ...]] = {
         "SchedulingError",
         "SpecValidationError",
         "UnsupportedConfigurationError",
+    ),
+    "kvspec.eviction": (
+        "eviction_policy_names",
+        "register_eviction_policy",
     ),
     "kvspec.managers": (
         "ChunkedLocalAttentionManager",

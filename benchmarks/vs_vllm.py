@@ -117,6 +117,10 @@ def make_prompts(num: int, length: int, shared: int, seed: int = 0) -> list[list
 class KvspecAdapter:
     name = "kvspec"
 
+    def __init__(self, eviction_policy: str | None = None) -> None:
+        #: None: vLLM's LRU (the pool's own list); "lru-protocol": the same order through the policy protocol
+        self.eviction_policy = eviction_policy
+
     def specs(self, model: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         attn_page = BLOCK * 2 * HEADS * HEAD_SIZE * 2
@@ -162,6 +166,7 @@ class KvspecAdapter:
             profile=PROFILE,
             # vLLM 0.34 plans sparse retention (0) into every config; 0.23 caches densely (None).
             prefix_cache_retention_interval=PROFILE.prefix_cache_retention_interval,
+            eviction_policy=_policy_factory(self.eviction_policy),
         )
         self.hasher = self.kv.make_block_hasher()
 
@@ -505,6 +510,14 @@ def _w12_prompts(quick: bool) -> list[list[int]]:
     return make_prompts(64 if quick else 256, 2048, 1024)
 
 
+def _policy_factory(name: str | None) -> Any:
+    if name == "lru-protocol":
+        from kvspec.eviction import ReleaseOrderLRU
+
+        return ReleaseOrderLRU
+    return name
+
+
 class LocalRunner:
     """A library imported in this process (vLLM, and the kvspec build that is importable here)."""
 
@@ -794,13 +807,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also run the kvspec in DIR (a checkout, e.g. the compiled copy `nox -s compiled` keeps) in a "
         "worker process, beside the kvspec importable here; repeatable",
     )
+    parser.add_argument(
+        "--with-policy",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also run the kvspec importable here with eviction policy NAME (lfu, slru, ..., or lru-protocol: "
+        "LRU through the policy protocol) as one more column; repeatable",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker_main()
     runners: list[Any] = [LocalRunner(KvspecAdapter(), f"kvspec {kvspec.__build__}")]
+    runners += [
+        LocalRunner(KvspecAdapter(eviction_policy=name), f"kvspec {kvspec.__build__} +{name}")
+        for name in args.with_policy
+    ]
     runners += [WorkerRunner(os.path.abspath(d)) for d in args.kvspec_build]
-    for runner, root in zip(runners[1:], args.kvspec_build, strict=True):
+    for runner, root in zip(runners[1 + len(args.with_policy) :], args.kvspec_build, strict=True):
         if sum(r.name == runner.name for r in runners) > 1:  # two pure builds, say: name the directory
             runner.name += f" @{os.path.basename(os.path.abspath(root))}"
     try:

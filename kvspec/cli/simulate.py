@@ -108,8 +108,9 @@ def add_simulate_parser(sub: Any) -> None:
         type=bounded_int(32, "--sweep"),
         default=None,
         metavar="N",
-        help="with --trace: replay at N cache sizes, from a tenth of the trace's distinct prompt blocks to "
-        "all of them (log-spaced), and print the hit rate at each (--plot draws it against KV memory)",
+        help="with --trace: replay at N cache sizes, log-spaced from a tenth of what an unlimited cache keeps "
+        "of the trace (plus room for its longest prompt) to all of it, and print the hit rate at each (--plot "
+        "draws it against KV memory)",
     )
     p.add_argument(
         "--policy",
@@ -394,7 +395,13 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
     ``--sweep`` cache sizes."""
     import dataclasses
 
-    from kvspec.engine.replay import TraceClock, blocks_to_hold_every_prompt, replay_cache, replay_coordinator
+    from kvspec.engine.replay import (
+        TraceClock,
+        blocks_retained,
+        blocks_to_hold_every_prompt,
+        replay_cache,
+        replay_coordinator,
+    )
     from kvspec.engine.timed_replay import StepTimeModel, replay_timed
     from kvspec.engine.traces import read_trace
     from kvspec.eviction import resolve_eviction_policy
@@ -426,8 +433,12 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
     chunk_tokens = args.max_num_batched_tokens or DEFAULT_TRACE_CHUNK
     sizes = [config.num_blocks - 1]  # the null block is not the cache's
     if args.sweep:
+        # The top of the sweep is what an unlimited LRU replay keeps (sparse retention keeps few windowed and
+        # Mamba blocks), plus room for the longest prompt: beyond it more memory changes nothing.
         block_sizes = [group.kv_cache_spec.block_size for group in config.kv_cache_groups]
-        sizes = sweep_block_counts(blocks_to_hold_every_prompt(requests, block_sizes), args.sweep)
+        unlimited = dataclasses.replace(config, num_blocks=blocks_to_hold_every_prompt(requests, block_sizes))
+        top = blocks_retained(requests, unlimited, limits, chunk_tokens=chunk_tokens)
+        sizes = sweep_block_counts(top, args.sweep)
     rows: list[dict[str, Any]] = []
     scheduler_block = args.block_size  # the layout's may differ (Mamba "align"): read off the coordinator
     runs = [(policy, num_blocks) for policy in policies for num_blocks in sizes]

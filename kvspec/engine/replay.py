@@ -206,3 +206,24 @@ def blocks_to_hold_every_prompt(requests: Sequence[TraceRequest], block_sizes: S
     else:
         lengths = [r.input_length for r in requests]
     return sum(sum(cdiv(n, b) for n in lengths) + 2 for b in block_sizes)
+
+
+def blocks_retained(
+    requests: Sequence[TraceRequest],
+    config: KVCacheConfig,
+    limits: SchedulerLimits,
+    *,
+    chunk_tokens: int | None = None,
+) -> int:
+    """Blocks a cache needs to keep everything a replay of ``requests`` would cache, plus room for the
+    longest prompt: the blocks holding cached content after an LRU replay in ``config`` (which must hold
+    every prompt, see :func:`blocks_to_hold_every_prompt`), plus that prompt's blocks in every group.
+
+    Under sparse retention (vLLM 0.34's default) sliding-window and Mamba groups keep only the blocks a hit
+    can end on, so for hybrids this is far below the distinct prompt blocks: it is the size at which more
+    memory stops raising the hit rate, the top of a sweep."""
+    coordinator = replay_coordinator(config, limits)
+    replay_cache(requests, coordinator, chunk_tokens=chunk_tokens)
+    cached = sum(1 for block in coordinator.block_pool.blocks if block.block_hash is not None)
+    longest = max((r.input_length for r in requests), default=0)
+    return cached + sum(cdiv(longest, size) for size in coordinator.group_block_sizes)

@@ -364,8 +364,9 @@ def test_simulate_trace_replays_the_cache_and_a_bad_line_is_named(
 def test_simulate_trace_sweep_hit_rate_grows_with_the_cache(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--sweep 4`: four cache sizes from a tenth of the trace's distinct prompt blocks to all of them; the
-    largest equals the unlimited replay, the smallest refuses the prompts it cannot hold."""
+    """`--sweep 4`: four cache sizes from a tenth of what an unlimited replay keeps (plus room for the longest
+    prompt) to all of it; the largest equals the unlimited replay, the smallest refuses the prompts it
+    cannot hold."""
     rows = [
         {"timestamp": i, "input_length": 1000, "output_length": 1, "hash_ids": [i % 3, 10 + i]}
         for i in range(12)
@@ -376,12 +377,13 @@ def test_simulate_trace_sweep_hit_rate_grows_with_the_cache(
     assert main(["simulate", "llama-3.1-8b", "--trace", trace, "--json", "--sweep", "4"]) == 0
     sweep = json.loads(capsys.readouterr().out)["sweep"]
     blocks = [row["num_blocks"] for row in sweep]
-    # 3 shared first blocks + 12 own second blocks (488 tokens: 31 blocks of 16) = 3*32 + 12*31 + 2
-    assert blocks[-1] == 3 * 32 + 12 * 31 + 2 and blocks == sorted(blocks) and len(blocks) == 4
+    # Cached: 3 shared first blocks (32 blocks of 16 each) + 12 own second blocks (488 tokens: 30 full
+    # blocks; the 8-token tails are never cached); plus the longest prompt's 63 blocks.
+    assert blocks[-1] == 3 * 32 + 12 * 30 + 63 and blocks == sorted(blocks) and len(blocks) == 4
     assert blocks[0] == round(blocks[-1] / 10)
     rates = [row["token_hit_rate"] for row in sweep]
     assert rates == sorted(rates) and sweep[-1]["hit_tokens"] == unlimited["hit_tokens"] == 9 * 512
-    assert sweep[0]["refused"] == 12 and sweep[0]["hit_tokens"] == 0  # 47 blocks hold no 63-block prompt
+    assert sweep[0]["refused"] == 12 and sweep[0]["hit_tokens"] == 0  # 52 blocks hold no 63-block prompt
 
 
 def test_simulate_trace_compares_policies_and_refuses_an_unknown_one(
@@ -401,10 +403,10 @@ def test_simulate_trace_compares_policies_and_refuses_an_unknown_one(
     assert report["eviction"] == ["lru", "lfu"]
     sweep = report["sweep"]
     assert [(row["policy"], row["num_blocks"]) for row in sweep] == [
-        ("lru", 47),
-        ("lru", 470),
-        ("lfu", 47),
-        ("lfu", 470),
+        ("lru", 52),
+        ("lru", 519),
+        ("lfu", 52),
+        ("lfu", 519),
     ]
     assert sweep[1]["hit_tokens"] == sweep[3]["hit_tokens"] == 9 * 512
     plot = tmp_path / "policies.png"

@@ -166,7 +166,12 @@ class KvspecAdapter:
             profile=PROFILE,
             # vLLM 0.34 plans sparse retention (0) into every config; 0.23 caches densely (None).
             prefix_cache_retention_interval=PROFILE.prefix_cache_retention_interval,
-            eviction_policy=_policy_factory(self.eviction_policy),
+            # Only when asked: a worker may run a kvspec from before eviction policies (a baseline build).
+            **(
+                {}
+                if self.eviction_policy is None
+                else {"eviction_policy": _policy_factory(self.eviction_policy)}
+            ),
         )
         self.hasher = self.kv.make_block_hasher()
 

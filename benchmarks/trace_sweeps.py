@@ -62,8 +62,8 @@ def tables(out: Path) -> str:
     for trace in TRACES:
         for model, label in MODELS.items():
             path = out / f"{trace}_{model}.json"
-            if not path.exists():
-                continue
+            if not path.exists() or not path.stat().st_size:
+                continue  # not run (yet)
             report: dict[str, Any] = json.loads(path.read_text())
             rows = report["sweep"]
             policies = list(dict.fromkeys(r["policy"] for r in rows))

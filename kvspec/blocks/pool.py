@@ -190,6 +190,16 @@ class FreeKVCacheBlockQueue:
         """Drop one reference on each block; of those reaching 0 (never the null block), the ones without a
         hash (all of them unless ``keep_hashed_last``) join the head in the given order and the others the
         tail in the given order (vLLM 0.34's ``free_blocks``)."""
+        first, last = self._drop_references(ordered_blocks, keep_hashed_last)
+        self.prepend_n(first)
+        self.append_n(last)
+
+    @staticmethod
+    def _drop_references(
+        ordered_blocks: Iterable[KVCacheBlock], keep_hashed_last: bool
+    ) -> tuple[list[KVCacheBlock], list[KVCacheBlock]]:
+        """Drop one reference on each block; those reaching 0 (never the null block), in the given order:
+        the ones to reuse first (no hash, or every one unless ``keep_hashed_last``) and the hashed rest."""
         first: list[KVCacheBlock] = []
         last: list[KVCacheBlock] = []
         for block in ordered_blocks:
@@ -199,8 +209,7 @@ class FreeKVCacheBlockQueue:
                     last.append(block)
                 else:
                     first.append(block)
-        self.prepend_n(first)
-        self.append_n(last)
+        return first, last
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         out: list[KVCacheBlock] = []
@@ -272,15 +281,7 @@ class PolicyFreeQueue(FreeKVCacheBlockQueue):
     def release_by_hash(self, ordered_blocks: Iterable[KVCacheBlock], keep_hashed_last: bool) -> None:
         """Blocks reaching 0 references: without a hash (every one unless ``keep_hashed_last``) to the list's
         head in the given order; with one, to the policy in the given order."""
-        first: list[KVCacheBlock] = []
-        cached: list[KVCacheBlock] = []
-        for block in ordered_blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0 and not block.is_null:
-                if keep_hashed_last and block.block_hash is not None:
-                    cached.append(block)
-                else:
-                    first.append(block)
+        first, cached = self._drop_references(ordered_blocks, keep_hashed_last)
         self.prepend_n(first)
         add = self.policy.add
         for block in cached:

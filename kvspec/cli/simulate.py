@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from kvspec.cli.args import bounded_int, check_plot_path, parse_bytes
@@ -305,6 +307,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _progress(label: str, total: int, *, quiet: bool) -> Iterator[Callable[[], None]]:
+    """A progress bar for ``total`` steps (rich, when installed and not ``quiet``); yields the advance call."""
+    if quiet or not has_rich():
+        yield lambda: None
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=True) as progress:
+        task = progress.add_task(label, total=total)
+        yield lambda: progress.advance(task)
+
+
 def _trace_plan(args: argparse.Namespace, requests: list[Any]) -> tuple[Any, Any, float]:
     """The plan a trace replays with: the model's layout (prefix caching on; Mamba "align") as a config of
     ``--num-blocks`` blocks, or what ``--memory`` holds when given, else room for every distinct prompt
@@ -453,51 +468,36 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         scheduler_block = coordinator.scheduler_block_size
         start = time.perf_counter()
         label = f"replaying {len(requests)} requests ({index + 1}/{len(runs)}: {policy}, {num_blocks} blocks)"
-        if step_time is not None:
-            timed = replay_timed(
-                requests,
-                coordinator,
-                max_num_batched_tokens=chunk_tokens,
-                max_num_seqs=args.max_num_seqs or DEFAULT_TRACE_SEQS,
-                step_time=step_time,
-                clock=clock,
-            )
-            seconds = time.perf_counter() - start
-            rows.append(
-                {
-                    "policy": policy,
-                    "num_blocks": num_blocks,
-                    "kv_cache_gib": round(num_blocks * bytes_per_block / 2**30, 3),
-                    **timed.summary(),
-                    "wall_seconds": round(seconds, 3),
-                }
-            )
-            continue
-        if args.json or not has_rich():
-            stats = replay_cache(requests, coordinator, chunk_tokens=chunk_tokens, clock=clock)
-        else:
-            from rich.progress import Progress
-
-            with Progress(transient=True) as progress:
-                task = progress.add_task(label, total=len(requests))
-
-                def advance(_request: Any, _hit: int, progress: Any = progress, task: Any = task) -> None:
-                    progress.advance(task)
-
-                stats = replay_cache(
-                    requests, coordinator, chunk_tokens=chunk_tokens, on_request=advance, clock=clock
-                )
+        with _progress(label, len(requests), quiet=args.json) as advance:
+            if step_time is not None:
+                summary = replay_timed(
+                    requests,
+                    coordinator,
+                    max_num_batched_tokens=chunk_tokens,
+                    max_num_seqs=args.max_num_seqs or DEFAULT_TRACE_SEQS,
+                    step_time=step_time,
+                    clock=clock,
+                    on_finish=lambda _request: advance(),
+                ).summary()
+            else:
+                summary = replay_cache(
+                    requests,
+                    coordinator,
+                    chunk_tokens=chunk_tokens,
+                    on_request=lambda _request, _hit: advance(),
+                    clock=clock,
+                ).summary()
         seconds = time.perf_counter() - start
-        rows.append(
-            {
-                "policy": policy,
-                "num_blocks": num_blocks,
-                "kv_cache_gib": round(num_blocks * bytes_per_block / 2**30, 3),
-                **stats.summary(),
-                "wall_seconds": round(seconds, 3),
-                "prompt_tokens_per_second": round(stats.prompt_tokens / seconds) if seconds else 0,
-            }
-        )
+        row: dict[str, Any] = {
+            "policy": policy,
+            "num_blocks": num_blocks,
+            "kv_cache_gib": round(num_blocks * bytes_per_block / 2**30, 3),
+            **summary,
+            "wall_seconds": round(seconds, 3),
+        }
+        if step_time is None:
+            row["prompt_tokens_per_second"] = round(int(summary["prompt_tokens"]) / seconds) if seconds else 0
+        rows.append(row)
     report: dict[str, Any] = {
         "model": args.model,
         "trace": args.trace,

@@ -45,7 +45,7 @@ from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.contracts.traits import SpecTraits, block_tokens_of, event_kind, traits_of
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.device.kv_cache import allocate_kv_caches, page_views_of
-from kvspec.errors import KVSpecError, PluginContractError
+from kvspec.errors import InvariantError, KVSpecError, PluginContractError
 from kvspec.eviction.registry import check_eviction_policy_factory
 from kvspec.planning import generate_scheduler_kv_cache_config, get_kv_cache_config
 from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec
@@ -939,7 +939,13 @@ def _eviction_scenario(
                 )
             allocations.append(tuple(b.block_id for b in taken))
             pool.free_blocks(taken)
-        coord.check_invariants()
+        try:
+            coord.check_invariants()
+        except InvariantError as exc:
+            raise _fail(
+                f"eviction policy {type(policy).__name__}: the pool's invariants broke at step {step}: {exc} "
+                "(does the policy hold exactly the free blocks it was given, minus those removed?)"
+            ) from exc
         if policy is not None:
             _check_policy_state(policy, pool)
     for request in live:

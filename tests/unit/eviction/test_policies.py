@@ -14,7 +14,7 @@ from kvspec.blocks.eviction import EvictionContext, EvictionPolicy, EvictionPoli
 from kvspec.blocks.hashing import BlockHasher
 from kvspec.blocks.pool import PolicyFreeQueue
 from kvspec.contracts.release import VLLM_0_23
-from kvspec.errors import BlockPoolError, NotEnoughFreeBlocksError
+from kvspec.errors import BlockPoolError, NotEnoughFreeBlocksError, PluginContractError
 from kvspec.eviction import (
     BUILTIN_POLICIES,
     HybridAwarePolicy,
@@ -361,3 +361,40 @@ def test_random_operations_keep_the_pool_and_the_policy_consistent(
     for blocks in held:
         finish(pool, blocks)
     assert pool.get_num_free_blocks() == 9
+
+
+class LiesAboutItsOrder(ReleaseOrderLRU):
+    """Evicts the newest but says the oldest goes first."""
+
+    def pop_victim(self) -> KVCacheBlock:
+        return self._free.popitem(last=True)[1]
+
+
+class Forgetful(ReleaseOrderLRU):
+    """Loses track of blocks a request hits (remove does nothing)."""
+
+    def remove(self, block: KVCacheBlock) -> None:
+        pass
+
+
+class Random(ReleaseOrderLRU):
+    """Evicts a block chosen at random: not deterministic."""
+
+    def pop_victim(self) -> KVCacheBlock:
+        import random
+
+        block_id = random.choice(list(self._free))
+        return self._free.pop(block_id)
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        (LiesAboutItsOrder, "evictable_blocks\\(\\) promised"),
+        (Forgetful, "invariants broke at step"),
+        (Random, "evictable_blocks\\(\\) promised|not deterministic"),
+    ],
+)
+def test_the_kit_catches_a_broken_policy(policy: EvictionPolicyFactory, message: str) -> None:
+    with pytest.raises(PluginContractError, match=message):
+        check_eviction_policy(policy, seeds=(0,), steps=200)

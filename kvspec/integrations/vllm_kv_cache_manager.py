@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final, NamedTuple
 
 from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvspec.blocks.eviction import EvictionPolicyFactory
 from kvspec.blocks.hashing import BlockHash, BlockHasher
 from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
 from kvspec.blocks.request import Request
@@ -41,6 +42,7 @@ from kvspec.contracts.traits import block_tokens_of
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.coordinator.stats import PrefixCacheStats
 from kvspec.errors import SchedulingError, UnsupportedConfigurationError
+from kvspec.eviction.registry import resolve_eviction_policy
 from kvspec.integrations.vllm import VLLM_SPECS_MODULE, SpecConverter
 from kvspec.integrations.vllm_managers import VllmManagerView
 from kvspec.integrations.vllm_planning import config_from_vllm
@@ -106,6 +108,11 @@ class VllmRequestView:
     @property
     def cache_salt(self) -> str | None:
         return self.vllm_request.cache_salt  # type: ignore[no-any-return]
+
+    @property
+    def priority(self) -> int:
+        """vLLM's scheduling priority (lower first), which an eviction policy may weigh (``BlockUse``)."""
+        return int(getattr(self.vllm_request, "priority", 0))
 
     @property
     def shared_prefix_boundary(self) -> int:
@@ -447,6 +454,7 @@ class VllmKVCacheManager:
         hash_lookahead_tokens: int = 0,
         num_reprefillable_tokens: int = 0,
         zero_new_blocks: tuple[bool, ...] | None = None,
+        eviction_policy: str | EvictionPolicyFactory | None = None,
     ) -> None:
         vllm_manager_module = importlib.import_module("vllm.v1.core.kv_cache_manager")
         self._vllm_blocks_cls: Any = vllm_manager_module.KVCacheBlocks
@@ -482,6 +490,8 @@ class VllmKVCacheManager:
             hash_lookahead_tokens=hash_lookahead_tokens,
             num_reprefillable_tokens=num_reprefillable_tokens,
             zero_new_blocks=zero_new_blocks,
+            # Beyond vLLM: its requests' priorities reach the policy (None: vLLM's own LRU order).
+            eviction_policy=eviction_policy,
         )
         # vLLM's collector (or kvspec's: same calls) is told of allocations, hits and evictions by kvspec's pool.
         self.kvspec_coordinator.block_pool.metrics_collector = metrics_collector
@@ -657,18 +667,27 @@ def adapter_class() -> type[VllmKVCacheManager]:
     return Vllm032KVCacheManager if profile is VLLM_0_32 else Vllm034KVCacheManager
 
 
-def install(*, spec_converter: SpecConverter | None = None, registry: AnyRegistry | None = None) -> None:
+def install(
+    *,
+    spec_converter: SpecConverter | None = None,
+    registry: AnyRegistry | None = None,
+    eviction_policy: str | EvictionPolicyFactory | None = None,
+) -> None:
     """Make vLLM's scheduler (and ``vllm.v1.core.kv_cache_manager.KVCacheManager``) kvspec's adapter.
 
-    ``spec_converter`` (a plugin's conversion of its vLLM-side specs) and ``registry`` are passed to every
-    adapter the scheduler builds; without them the class installed is ``VllmKVCacheManager`` itself."""
+    ``spec_converter`` (a plugin's conversion of its vLLM-side specs), ``registry`` and ``eviction_policy``
+    (``kvspec.eviction``: a name or a factory; None: vLLM's LRU order) are passed to every adapter the
+    scheduler builds; without them the class installed is the adapter class itself."""
     manager_cls: type[VllmKVCacheManager] = adapter_class()
-    if spec_converter is not None or registry is not None:
+    if spec_converter is not None or registry is not None or eviction_policy is not None:
+        resolve_eviction_policy(eviction_policy)  # an unknown name fails here, not inside vLLM's engine
 
         class BoundVllmKVCacheManager(manager_cls):  # type: ignore[valid-type,misc]
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 kwargs.setdefault("spec_converter", spec_converter)
                 kwargs.setdefault("registry", registry)
+                if eviction_policy is not None:
+                    kwargs.setdefault("eviction_policy", eviction_policy)
                 super().__init__(*args, **kwargs)
 
         manager_cls = BoundVllmKVCacheManager
@@ -727,6 +746,7 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
         registry: AnyRegistry | None = None,
         spec_converter: SpecConverter | None = None,
         profile: ReleaseProfile | None = None,
+        eviction_policy: str | EvictionPolicyFactory | None = None,
     ) -> None:
         if not 0.0 <= watermark <= 1.0:
             raise UnsupportedConfigurationError(f"watermark must be within [0, 1], got {watermark!r}.")
@@ -750,6 +770,7 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
             hash_lookahead_tokens=int(num_hash_lookahead_tokens),
             num_reprefillable_tokens=max(0, num_prefill_lookahead - 1),
             zero_new_blocks=_zeroed_groups_034(kv_cache_config),
+            eviction_policy=eviction_policy,
         )
         self.enable_kv_cache_events = enable_kv_cache_events
         self._live_stats: Any = self._vllm_stats_cls() if log_stats else None

@@ -203,7 +203,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "engine": BASE
     | {"blocks", "contracts", "specs", "eviction", "planning", "coordinator", "device", "models"},
     "integrations": BASE
-    | {"blocks", "contracts", "specs", "managers", "registry", "planning", "coordinator"},
+    | {"blocks", "contracts", "specs", "managers", "eviction", "registry", "planning", "coordinator"},
     "cli": BASE
     | {
         "build_info",

@@ -96,3 +96,26 @@ def test_the_adapter_reproduces_the_installed_vllms_release() -> None:
         else vllm_kv_cache_manager.VllmKVCacheManager
     )
     assert type(scheduler.kv_cache_manager) is expected
+
+
+def test_install_with_an_eviction_policy_reaches_vllms_scheduler_and_its_priorities() -> None:
+    """Beyond vLLM: ``install(eviction_policy=...)`` gives vLLM's own Scheduler a kvspec policy, and the
+    request view carries vLLM's request priority to it."""
+    from kvspec.errors import UnknownEvictionPolicyError
+    from kvspec.eviction import RetentionPolicy
+
+    with pytest.raises(UnknownEvictionPolicyError):
+        vllm_kv_cache_manager.install(eviction_policy="fifo")
+    vllm_kv_cache_manager.install(eviction_policy="retention")
+    try:
+        scheduler = loop.make_scheduler(32, 16, 64, 2)
+    finally:
+        vllm_kv_cache_manager.uninstall()
+    manager = scheduler.kv_cache_manager
+    assert isinstance(manager.kvspec_coordinator.block_pool.eviction_policy, RetentionPolicy)
+
+    class Fake:
+        priority = 3
+
+    view = vllm_kv_cache_manager.VllmRequestView(Fake(), manager._hasher)
+    assert view.priority == 3

@@ -264,6 +264,27 @@ class TestHybrid:
             window[0].block_id,
         ]
 
+    def test_a_state_at_the_evicted_position_is_not_doomed(self) -> None:
+        groups = (self.GROUPS[0], self.GROUPS[2])  # full attention and a Mamba state
+        pool = make_pool(HybridAwarePolicy, num_blocks=10, groups=groups)
+        req = request("r", 0, 2)
+        full = pool.get_new_blocks(2)
+        pool.cache_full_blocks(req, full, 0, 2, B, 0)
+        state = pool.get_new_blocks(2)
+        pool.cache_full_blocks(req, state, 1, 2, B, 1)  # a state at 8 tokens only
+        other = publish(pool, request("o", 900, 2))
+        finish(pool, full)
+        pool.free_blocks(state[:1])
+        finish(pool, state[1:])
+        finish(pool, other)
+        policy = policy_of(pool)
+        assert isinstance(policy, HybridAwarePolicy)
+        assert policy.bonus(state[1]) == pytest.approx(0.5 * 10 * (1 - 4 / 8))  # it stands for 8 tokens
+        pool.get_new_blocks(pool.get_num_free_blocks() - 5)  # leave only the five cached blocks free
+        # full[1] goes first; the state at its position is not doomed (it would go next): scores go on.
+        order = [full[1], full[0], other[1], other[0], state[1]]
+        assert evicted(pool, 5) == [b.block_id for b in order]
+
 
 class TestPolicyFreeQueue:
     def test_unhashed_blocks_are_reused_first_and_counted(self) -> None:

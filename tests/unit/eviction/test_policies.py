@@ -264,6 +264,20 @@ class TestHybrid:
             window[0].block_id,
         ]
 
+    def test_evicting_one_copy_of_duplicated_content_dooms_nothing(self) -> None:
+        pool = make_pool(HybridAwarePolicy, num_blocks=12, groups=self.GROUPS)
+        req = request("r", 0, 1)
+        first = publish(pool, req)
+        again = publish(pool, request("r2", 0, 1))  # the same content recomputed: a duplicate
+        window = pool.get_new_blocks(1)
+        pool.cache_full_blocks(req, window, 0, 1, B, 1)
+        other = publish(pool, request("o", 900, 1), group=1)
+        for blocks in (first, other, again, window):
+            finish(pool, blocks)
+        pool.get_new_blocks(pool.get_num_free_blocks() - 4)  # leave only the four cached blocks free
+        # `first` goes; its copy `again` still serves the position, so neither it nor `window` is doomed.
+        assert evicted(pool, 3) == [first[0].block_id, other[0].block_id, again[0].block_id]
+
     def test_a_state_at_the_evicted_position_is_not_doomed(self) -> None:
         groups = (self.GROUPS[0], self.GROUPS[2])  # full attention and a Mamba state
         pool = make_pool(HybridAwarePolicy, num_blocks=10, groups=groups)

@@ -16,8 +16,9 @@ attention blocks of the other groups at the same prefix position (sliding window
 request recomputes that position, which recomputes them too; they are evicted next, before any block that
 still could (unless a copy of the evicted content is still free: then the position still serves hits).
 State snapshots at that position are not: a later request recomputing the attention brings
-their hit back, and a state returns only where a chunk ends again (measured on Jamba, dooming them cost
-0.013 of the hit rate).
+their hit back, and a state returns only where a chunk ends again (on Jamba 1.5 Mini and the conversation
+trace, dooming states and copies cost 0.013 of the token hit rate at 113 GiB; without, the policy is within
+0.0003 of LRU there).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvspec.blocks.eviction import EvictionPolicyFactory
+from kvspec.blocks.hashing import BlockHasher
 from kvspec.blocks.request import Request
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
@@ -57,6 +58,18 @@ class ReplayStats:
             "block_hit_rate": round(self.block_hit_rate, 4),
             "refused": self.refused,
         }
+
+
+def trace_request(item: TraceRequest, hasher: BlockHasher) -> Request:
+    """The request a replay runs for trace line ``item``: id ``trace-<line>``, its prompt tokens, and the
+    priority and retention it carries to the eviction policy."""
+    return Request(
+        f"trace-{item.line}",
+        prompt_tokens(item),
+        block_hasher=hasher,
+        priority=item.priority,
+        retention_seconds=item.retention_seconds,
+    )
 
 
 class TraceClock:
@@ -101,15 +114,8 @@ def replay_cache(
         )
     num_requests = total_tokens = total_hits = total_blocks = hit_blocks = refused = 0
     for item in requests:
-        tokens = prompt_tokens(item)
-        num_tokens = len(tokens)
-        request = Request(
-            f"trace-{item.line}",
-            tokens,
-            block_hasher=hasher,
-            priority=item.priority,
-            retention_seconds=item.retention_seconds,
-        )
+        request = trace_request(item, hasher)
+        num_tokens = request.num_tokens
         if clock is not None:
             clock.now = item.arrival_ms / 1000.0
         computed, hit, uncached = coordinator.lookup_prefix(request, num_tokens - 1)

@@ -23,11 +23,10 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from kvspec.blocks.request import Request
 from kvspec.coordinator import KVCacheCoordinator
-from kvspec.engine.replay import TraceClock
+from kvspec.engine.replay import TraceClock, trace_request
 from kvspec.engine.scheduler import Scheduler, SchedulerOutput
-from kvspec.engine.traces import TraceRequest, prompt_tokens
+from kvspec.engine.traces import TraceRequest
 from kvspec.errors import SchedulingError
 
 #: Generated token ids: ``_GENERATED_BASE + (line * _OUTPUT_SPAN + i) % _GENERATED_RANGE`` for the i-th token
@@ -168,18 +167,10 @@ def replay_timed(
             if total > coordinator.max_model_len:
                 stats.refused += 1
                 continue
-            rid = f"trace-{item.line}"
-            items[rid] = item
-            generated[rid] = 0
-            scheduler.add_request(
-                Request(
-                    rid,
-                    prompt_tokens(item),
-                    block_hasher=hasher,
-                    priority=item.priority,
-                    retention_seconds=item.retention_seconds,
-                )
-            )
+            request = trace_request(item, hasher)
+            items[request.request_id] = item
+            generated[request.request_id] = 0
+            scheduler.add_request(request)
         if not scheduler.has_unfinished():
             now = pending[0].arrival_ms  # idle until the next arrival
             continue

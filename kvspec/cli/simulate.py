@@ -45,6 +45,23 @@ DEFAULT_TRACE_SEQS = 256
 MAX_REQUESTS = 100_000
 
 
+def _retention_interval(text: str) -> int | str | None:
+    """argparse type for --retention-interval: tokens >= 0, 'dense' (None) or 'planned' (the default)."""
+    if text in ("planned", "dense"):
+        return None if text == "dense" else text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a retention interval: give tokens (e.g. 0 or 1024) or 'dense'"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"retention interval {value} is negative: give tokens >= 0 or 'dense'"
+        )
+    return value
+
+
 def add_simulate_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "simulate",
@@ -120,6 +137,15 @@ def add_simulate_parser(sub: Any) -> None:
         default="lru",
         help="with --trace: eviction policies to compare, comma-separated (lru = vLLM's order, the default; "
         "lfu, slru, retention, hybrid, or a plugin's); each replays at every size",
+    )
+    p.add_argument(
+        "--retention-interval",
+        type=_retention_interval,
+        default="planned",
+        metavar="TOKENS|dense",
+        help="with --trace: prefix-cache retention of sliding-window and Mamba groups: tokens (a multiple of "
+        "the block size; 0 keeps only the blocks at replay boundaries and shared-prefix junctions), or "
+        "dense (cache every block, vLLM 0.23); default: what vLLM 0.34 plans, 0",
     )
     p.add_argument(
         "--timed",
@@ -411,6 +437,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
     import dataclasses
 
     from kvspec.engine.replay import (
+        PLANNED_RETENTION,
         TraceClock,
         blocks_retained,
         blocks_to_hold_every_prompt,
@@ -435,8 +462,13 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         for name in policies:
             resolve_eviction_policy(name)  # an unknown name fails before the trace is read
         step_time = StepTimeModel.parse(args.step_time) if args.timed else None
+        retention: int | None = (
+            PLANNED_RETENTION if args.retention_interval == "planned" else args.retention_interval
+        )
         requests = list(read_trace(args.trace, limit=args.limit))
         config, limits, bytes_per_block = _trace_plan(args, requests)
+        # A retention the layout cannot take (not a block multiple, or no windowed group) fails here.
+        replay_coordinator(dataclasses.replace(config, num_blocks=2), limits, retention_interval=retention)
     except (ModelConfigError, PluginError, PlotPathError, UnknownEvictionPolicyError, SchedulingError) as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 2
@@ -452,7 +484,9 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         # room for the longest prompt: beyond it more memory changes nothing.
         block_sizes = [group.kv_cache_spec.block_size for group in config.kv_cache_groups]
         unlimited = dataclasses.replace(config, num_blocks=blocks_to_hold_every_prompt(requests, block_sizes))
-        top = blocks_retained(requests, unlimited, limits, chunk_tokens=chunk_tokens)
+        top = blocks_retained(
+            requests, unlimited, limits, chunk_tokens=chunk_tokens, retention_interval=retention
+        )
         sizes = sweep_block_counts(top, args.sweep)
     rows: list[dict[str, Any]] = []
     scheduler_block = args.block_size  # the layout's may differ (Mamba "align"): read off the coordinator
@@ -464,6 +498,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
             limits,
             eviction_policy=policy,
             clock=clock,
+            retention_interval=retention,
         )
         scheduler_block = coordinator.scheduler_block_size
         start = time.perf_counter()
@@ -510,6 +545,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         "eviction": policies[0] if len(policies) == 1 else policies,
         "block_size": scheduler_block,
         "kv_cache_groups": groups,
+        "prefix_cache_retention_interval": "dense" if retention is None else retention,
     }
     if args.sweep or len(rows) > 1:
         report["sweep"] = rows

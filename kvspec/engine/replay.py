@@ -15,16 +15,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from kvspec.blocks.eviction import EvictionPolicyFactory
 from kvspec.blocks.hashing import BlockHasher
 from kvspec.blocks.request import Request
+from kvspec.contracts.release import DEFAULT_PROFILE
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.engine.traces import TraceRequest, prompt_tokens
 from kvspec.errors import SchedulingError
 from kvspec.intmath import cdiv
 from kvspec.planning.config import KVCacheConfig
+
+#: The prefix-cache retention interval (tokens) the current release plans into every config: vLLM 0.34's 0
+#: (sparse sliding-window and Mamba caches). A replay uses it unless told otherwise (None: dense).
+PLANNED_RETENTION: Final = DEFAULT_PROFILE.prefix_cache_retention_interval
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -186,11 +192,22 @@ def replay_coordinator(
     *,
     eviction_policy: str | EvictionPolicyFactory | None = None,
     clock: TraceClock | None = None,
+    retention_interval: int | None = PLANNED_RETENTION,
 ) -> KVCacheCoordinator:
     """A coordinator for a replay of ``config``'s layout: prefix caching on, the current release's rules,
-    ``eviction_policy`` (None: vLLM's LRU) on ``clock``'s time (pass the same clock to ``replay_cache``)."""
+    ``eviction_policy`` (None: vLLM's LRU) on ``clock``'s time (pass the same clock to ``replay_cache``).
+
+    ``retention_interval`` (tokens) is the prefix-cache retention of sliding-window and Mamba groups: by
+    default what the current release plans into every config (vLLM 0.34: 0, sparse: only the blocks a hit
+    can end on, at replay boundaries and shared-prefix junctions); None caches them densely (vLLM 0.23).
+    Full-attention groups cache every block either way."""
     return KVCacheCoordinator(
-        config, limits, enable_caching=True, eviction_policy=eviction_policy, eviction_clock=clock
+        config,
+        limits,
+        enable_caching=True,
+        eviction_policy=eviction_policy,
+        eviction_clock=clock,
+        prefix_cache_retention_interval=retention_interval,
     )
 
 
@@ -220,15 +237,16 @@ def blocks_retained(
     limits: SchedulerLimits,
     *,
     chunk_tokens: int | None = None,
+    retention_interval: int | None = PLANNED_RETENTION,
 ) -> int:
     """Blocks a cache needs to keep everything a replay of ``requests`` would cache, plus room for the
     longest prompt: the blocks holding cached content after an LRU replay in ``config`` (which must hold
     every prompt, see :func:`blocks_to_hold_every_prompt`), plus that prompt's blocks in every group.
 
-    Under sparse retention (vLLM 0.34's default) sliding-window and Mamba groups keep only the blocks a hit
-    can end on, so for hybrids this is far below the distinct prompt blocks: it is the size at which more
+    Under sparse retention (``retention_interval`` 0, vLLM 0.34's default) sliding-window and Mamba groups
+    keep only the blocks a hit can end on, so for hybrids this is far below the distinct prompt blocks: it is the size at which more
     memory stops raising the hit rate, the top of a sweep."""
-    coordinator = replay_coordinator(config, limits)
+    coordinator = replay_coordinator(config, limits, retention_interval=retention_interval)
     replay_cache(requests, coordinator, chunk_tokens=chunk_tokens)
     cached = sum(1 for block in coordinator.block_pool.blocks if block.block_hash is not None)
     longest = max((r.input_length for r in requests), default=0)

@@ -36,7 +36,8 @@ class SchedulerOutput:
 
 class Scheduler:
     """FCFS: running requests first (oldest first), then admissions; the newest running request is
-    preempted when blocks run out. Token budget per step: ``max_num_batched_tokens``."""
+    preempted when blocks run out. Token budget per step: ``max_num_batched_tokens``. An admission's first
+    chunk ends at its shared-prefix junction (``Request.shared_prefix_boundary``), as in vLLM 0.34."""
 
     def __init__(
         self, coordinator: KVCacheCoordinator, *, max_num_batched_tokens: int, max_num_seqs: int
@@ -95,8 +96,15 @@ class Scheduler:
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            computed, num_computed = coord.get_computed_blocks(request)
+            computed, num_computed, uncached = coord.lookup_prefix(request, request.num_tokens - 1)
+            coord.record_prefix_hit(request, num_computed)
+            # The shared-prefix junction (where one group's hit reached past the common one) is pinned as
+            # vLLM 0.34's Scheduler pins it: the first chunk ends there, so sparse retention caches it.
+            junction = num_computed + uncached if uncached else 0
+            request.shared_prefix_boundary = junction
             num_new = min(request.num_tokens - num_computed, budget)
+            if junction > num_computed:
+                num_new = min(num_new, junction - num_computed)
             new_blocks = coord.allocate_slots(request, num_new, num_computed, computed)
             if new_blocks is None:
                 break

@@ -14,7 +14,7 @@ from kvspec.engine.replay import TraceClock, replay_cache, replay_coordinator
 from kvspec.engine.timed_replay import StepTimeModel, replay_timed
 from kvspec.engine.traces import TraceRequest, parse_line, prompt_tokens, read_trace
 from kvspec.errors import KVSpecError, SchedulingError, TraceFormatError
-from tests.helpers import full_spec, make_config, make_coordinator
+from tests.helpers import full_spec, make_config, make_coordinator, sw_spec
 
 TRACES = Path(__file__).resolve().parents[4] / "shared" / "traces"
 CONVERSATION = TRACES / "mooncake_conversation_trace.jsonl"
@@ -192,6 +192,64 @@ def test_a_mamba_hybrid_hits_where_chunks_ended_and_at_pinned_junctions() -> Non
         assert hits == expected, chunk
     with pytest.raises(KVSpecError, match="below the scheduler block"):
         replay_cache(rows, make_coordinator([full_spec(16)], 64), chunk_tokens=8)
+
+
+def _three_siblings(shared_tokens: int, arrival_gap_ms: float = 1.0) -> list[TraceRequest]:
+    """Three 128-token prompts sharing their first ``shared_tokens`` tokens, each with its own tail."""
+    shared = tuple(range(1000, 1000 + shared_tokens))
+    tails = [tuple(range(b, b + 128 - shared_tokens)) for b in (0, 2000, 3000)]
+    return [
+        TraceRequest(
+            line=i, arrival_ms=arrival_gap_ms * i, input_length=128, output_length=1, token_ids=shared + tail
+        )
+        for i, tail in enumerate(tails)
+    ]
+
+
+@pytest.mark.parametrize(("retention", "expected"), [(None, [0, 64, 64]), (0, [0, 0, 64]), (48, [0, 48, 64])])
+def test_a_replay_retains_sliding_window_blocks_as_the_release_plans(
+    retention: int | None, expected: list[int]
+) -> None:
+    """Full attention + a 32-token window. Dense (None, vLLM 0.23) caches every window block, so the second
+    prompt hits the whole 64-token shared prefix. Sparse (0, vLLM 0.34's plan and the replay's default) keeps
+    the window's tail only at the first prompt's replay boundary: the second hits nothing, learns the
+    junction at 64 and caches the tail there, so the third hits 64. An interval of 48 tokens also keeps a tail
+    at 48."""
+    coord = replay_coordinator(
+        make_config([full_spec(16), sw_spec(32)], 200),
+        SchedulerLimits(max_model_len=1024),
+        retention_interval=retention,
+    )
+    assert coord.prefix_cache_retention_interval == retention
+    hits: list[int] = []
+    replay_cache(_three_siblings(64), coord, on_request=functools.partial(_record, hits))
+    assert hits == expected
+    default = replay_coordinator(
+        make_config([full_spec(16), sw_spec(32)], 200), SchedulerLimits(max_model_len=1024)
+    )
+    assert default.prefix_cache_retention_interval == 0
+    coord.check_invariants()
+
+
+def test_a_timed_replay_pins_the_shared_prefix_junction() -> None:
+    """As the pure replay: full attention + Mamba "align", prompts computed in one chunk (a 1024-token
+    budget). The second request's lookup finds full attention reaching 64 tokens past Mamba's hit (0): its
+    first chunk ends at that junction, leaving a state there, so the third request hits 64 tokens."""
+    import torch
+
+    from kvspec import MambaSpec
+
+    mamba = MambaSpec(block_size=16, shapes=((16, 4),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    coord = replay_coordinator(
+        make_config([full_spec(16), mamba], 200),
+        SchedulerLimits(max_model_len=1024, mamba_cache_mode="align"),
+    )
+    stats = replay_timed(
+        _three_siblings(64, arrival_gap_ms=1000.0), coord, max_num_batched_tokens=1024, max_num_seqs=4
+    )
+    assert (stats.finished, stats.first_admission_hit_tokens, stats.preemptions) == (3, 64, 0)
+    assert stats.steps == 4  # the second request's prompt took two steps: to the junction, then the rest
+    coord.check_invariants()
 
 
 def _retention_rows(retention: float | None) -> list[TraceRequest]:

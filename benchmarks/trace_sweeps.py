@@ -5,7 +5,10 @@ Runs ``kvspec simulate MODEL --trace FILE --sweep 5 --policy ... --json --plot``
 tables: per model and cache size, each policy's token hit rate, and which policy wins by how much.
 ``--from-json DIR`` formats runs made before (same file names) without running anything.
 
-    python -m benchmarks.trace_sweeps --out /tmp/sweeps [--limit-conversation 4000]
+    python -m benchmarks.trace_sweeps --out /tmp/sweeps [--only conversation:gemma-3-27b,...]
+        [--limit-conversation N] [--retention-interval dense]
+
+Each run is one process; runs named by ``--only`` (TRACE:MODEL) let two cores share the work.
 """
 
 from __future__ import annotations
@@ -29,10 +32,19 @@ MODELS = {
 POLICIES = "lru,lfu,slru,hybrid"
 
 
-def run(out: Path, traces_dir: Path, limit_conversation: int | None, policies: str) -> None:
+def run(
+    out: Path,
+    traces_dir: Path,
+    limit_conversation: int | None,
+    policies: str,
+    only: set[str] | None = None,
+    retention: str | None = None,
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for trace, file in TRACES.items():
         for model in MODELS:
+            if only is not None and f"{trace}:{model}" not in only:
+                continue
             stem = out / f"{trace}_{model}"
             argv = [
                 sys.executable,
@@ -52,6 +64,8 @@ def run(out: Path, traces_dir: Path, limit_conversation: int | None, policies: s
             ]
             if trace == "conversation" and limit_conversation:
                 argv += ["--limit", str(limit_conversation)]
+            if retention is not None:
+                argv += ["--retention-interval", retention]
             with open(f"{stem}.json", "w") as sink:
                 subprocess.run(argv, stdout=sink, check=True)
             print(f"done {trace} {model}", file=sys.stderr)
@@ -69,7 +83,14 @@ def tables(out: Path) -> str:
             policies = list(dict.fromkeys(r["policy"] for r in rows))
             sizes = list(dict.fromkeys(r["num_blocks"] for r in rows))
             by = {(r["policy"], r["num_blocks"]): r for r in rows}
-            lines.append(f"\n#### {trace} trace, {label}\n")
+            retention = report.get("prefix_cache_retention_interval", "dense")
+            caching = (
+                "dense window and state caching (vLLM 0.23)"
+                if retention == "dense"
+                else f"retention interval {retention} (vLLM 0.34's plan)"
+            )
+            requests = rows[0]["requests"]
+            lines.append(f"\n#### {trace} trace ({requests:,} requests), {label}, {caching}\n")
             lines.append(
                 "| blocks | KV GiB | "
                 + " | ".join(f"{p} tokens (blocks)" for p in policies)
@@ -94,8 +115,7 @@ def tables(out: Path) -> str:
                 lines.append(f"| {size:,} | {gib:,} | " + " | ".join(cells) + f" | {verdict} |")
             seconds = {p: sum(by[(p, s)]["wall_seconds"] for s in sizes) for p in policies}
             lines.append(
-                "\nReplay seconds (all five sizes, pure build): "
-                + ", ".join(f"{p} {t:.0f}" for p, t in seconds.items())
+                "\nReplay seconds (all five sizes): " + ", ".join(f"{p} {t:.0f}" for p, t in seconds.items())
             )
     return "\n".join(lines)
 
@@ -106,12 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "traces"
     )
-    parser.add_argument("--limit-conversation", type=int, default=4000)
+    parser.add_argument(
+        "--limit-conversation", type=int, default=0, help="replay the conversation trace's first N (0: all)"
+    )
+    parser.add_argument("--only", default=None, help="TRACE:MODEL runs, comma-separated (default: every one)")
+    parser.add_argument(
+        "--retention-interval", default=None, help="passed to kvspec simulate (default: vLLM 0.34's plan, 0)"
+    )
     parser.add_argument("--policies", default=POLICIES)
     parser.add_argument("--from-json", type=Path, default=None, help="format the runs in DIR, run nothing")
     args = parser.parse_args(argv)
     if args.from_json is None:
-        run(args.out, args.traces, args.limit_conversation, args.policies)
+        only = None if args.only is None else {name.strip() for name in args.only.split(",")}
+        run(args.out, args.traces, args.limit_conversation, args.policies, only, args.retention_interval)
     print(tables(args.from_json or args.out))
     return 0
 

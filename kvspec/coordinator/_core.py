@@ -419,6 +419,13 @@ class CoordinatorCore:
         """(blocks per group, hit tokens) for at most ``max_length`` tokens (see kvspec.coordinator.hit_search)."""
         return self.hit_search.find(block_hashes, max_length)
 
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Sequence[bytes], max_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
+        """Each group's own hit, searched without agreement (blocks per group, tokens per group): for a KV
+        connector that supplies what a lagging group lacks (see ``PrefixHitSearch.find_per_group``)."""
+        return self.hit_search.find_per_group(block_hashes, max_length)
+
     # -- allocation ---------------------------------------------------------------------------
 
     def allocate_slots(

@@ -137,6 +137,42 @@ class PrefixHitSearch:
             return blocks, length, 0
         return self._hybrid(block_hashes, max_length)
 
+    def find_per_group(
+        self, block_hashes: Sequence[bytes], max_length: int
+    ) -> tuple[GroupBlocks, tuple[int, ...]]:
+        """Each spec group's own longest hit of at most ``max_length`` tokens, searched independently (no
+        agreement between groups): (blocks per group, hit tokens per group). The hits may diverge: under
+        block pressure a full-attention tail can be evicted while a deeper Mamba state survives, or the
+        reverse. Only a KV connector that can supply the missing part uses this (vLLM 0.34's
+        ``find_longest_cache_hit_per_group``); the engine's hit is ``find``'s. A group left out of the
+        search (not prefix-cacheable) gets no block and 0."""
+        per_group: list[list[KVCacheBlock]] = [[] for _ in range(self.num_groups)]
+        lengths = [0] * self.num_groups
+        hashed = len(block_hashes) * self.hash_block_size
+        alignment = self.scheduler_block_size if self.num_groups > 1 else None
+        for group, margin in zip(self.spec_groups, self._eagle_margin, strict=True):
+            bs = group.block_size
+            answer = group.manager_cls.find_longest_cache_hit(
+                HitQuery(
+                    block_hashes=self._hash_view(block_hashes, bs),
+                    max_length=min(max_length + margin, hashed) if group.use_eagle else max_length,
+                    kv_cache_group_ids=group.group_ids,
+                    block_pool=self.block_pool,
+                    kv_cache_spec=group.spec,
+                    traits=group.traits,
+                    use_eagle=group.use_eagle,
+                    alignment_tokens=bs if alignment is None else alignment,
+                    dcp_world_size=group.dcp_world_size,
+                    pcp_world_size=group.pcp_world_size,
+                )
+            )
+            found = answer.blocks
+            length = len(found[0]) * bs if answer.num_tokens is None else answer.num_tokens
+            for gid, blocks in zip(group.group_ids, found):
+                per_group[gid] = blocks
+                lengths[gid] = length
+        return tuple(per_group), tuple(lengths)
+
     def _single(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
         group = self.spec_groups[0]
         hit = group.manager_cls.find_longest_cache_hit(

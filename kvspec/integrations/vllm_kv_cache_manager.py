@@ -25,6 +25,7 @@ Importing this module does not import vLLM; constructing the adapter does.
 
 from __future__ import annotations
 
+import abc
 import functools
 import importlib
 from collections.abc import Iterable, Sequence
@@ -300,6 +301,15 @@ class _CoordinatorFacade:
     def eagle_group_ids(self) -> tuple[int, ...]:
         return tuple(sorted(self._coordinator._eagle_group_ids))
 
+    @property
+    def full_attention_group_id(self) -> int | None:
+        """The first group of the first spec group searched when that is full attention (left-closed
+        hits), else None: vLLM 0.34's reference group for per-group lookups."""
+        groups = self._coordinator.hit_search.spec_groups
+        if not groups or not groups[0].left_closed:
+            return None
+        return groups[0].group_ids[0]
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._coordinator, name)
 
@@ -400,7 +410,23 @@ def _coordinator_facade(
     else:
         name = "HybridKVCacheCoordinator"
     groups = getattr(vllm_config, "kv_cache_groups", None) or ()
-    return _FACADE_CLASSES[name](coordinator, [g.kv_cache_spec for g in groups])
+    facade_cls = _FACADE_CLASSES[name]
+    _register_with_vllm(name)
+    return facade_cls(coordinator, [g.kv_cache_spec for g in groups])
+
+
+@functools.cache
+def _register_with_vllm(name: str) -> None:
+    """Make the facade an instance of vLLM's coordinator class of the same name, as vLLM's code checks it
+    (0.34's ``get_computed_blocks_for_connector`` asks ``isinstance(coordinator, HybridKVCacheCoordinator)``):
+    vLLM's coordinators are ABCs, so the facade is registered as a virtual subclass. Nothing without vLLM."""
+    try:
+        module = importlib.import_module("vllm.v1.core.kv_cache_coordinator")
+    except ImportError:
+        return
+    vllm_cls = getattr(module, name, None)
+    if isinstance(vllm_cls, abc.ABCMeta):
+        vllm_cls.register(_FACADE_CLASSES[name])
 
 
 class VllmBlockPool(BlockPool):
@@ -808,9 +834,30 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
     def get_computed_blocks_for_connector(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[Any, int, int, bool]:
-        """The ``get_computed_blocks`` triple and ``hit_diverged``: kvspec's hit is always the one every
-        group agrees on, so it never diverges."""
-        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        """The ``get_computed_blocks`` triple and ``hit_diverged``, for a connector that can restore what a
+        lagging group lacks (vLLM 0.34's Scheduler asks when its connector supports divergent hybrid hits).
+
+        A Mamba hybrid with a full-attention group searches each group alone: when full attention hit at
+        least as far as every other group, its hit is the local prefix (the blocks each group found) and
+        ``hit_diverged`` says whether some group lags (the caller reconciles with ``get_computed_blocks``
+        when the connector finds nothing); when another group reached further, full attention's tail was
+        evicted, and the hit every group agrees on is returned. Other models: ``get_computed_blocks``."""
+        coordinator = self.kvspec_coordinator
+        fa_group_id = self.coordinator.full_attention_group_id
+        mamba = bool(getattr(self.kv_cache_config, "has_mamba_layers", False))
+        if not (mamba and coordinator.num_groups > 1 and fa_group_id is not None):
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0, False
+        max_length = self._max_hit_length(request, max_cache_hit_length)
+        computed, hits = coordinator.find_longest_cache_hit_per_group(
+            self._view(request).block_hashes, max_length
+        )
+        num_local = hits[fa_group_id]
+        if any(hit > num_local for hit in hits):
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        # A per-group search finds no uncached shared prefix: no junction (0).
+        return self.create_kv_cache_blocks(computed), num_local, 0, min(hits) < num_local
 
     def get_num_cached_tokens(self, request: Any) -> int:
         """Tokens of ``request`` in the prefix cache; a probe: no reference taken, no stats, no event."""

@@ -72,10 +72,6 @@ _MAMBA = (
     "copies; kvspec's align frees and hits match 0.34 where the Mamba block is the hash block"
 )
 _CHECKPOINT = "Mamba shared-prefix checkpoints (enable_mamba_shared_prefix_checkpoint, off by default)"
-_CONNECTOR = (
-    "get_computed_blocks_for_connector's per-group divergent hits (hybrid + KV connector); kvspec's hit "
-    "is always the one every group agrees on"
-)
 KNOWN_GAPS_034: dict[str, str] = {
     "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py::*": _PARTIAL,
     "tests/v1/core/test_deferred_block_free.py::test_cow_retentions_deferred_until_copy_step_processed": _PARTIAL,
@@ -101,9 +97,6 @@ KNOWN_GAPS_034: dict[str, str] = {
     },
     _PC + "test_eagle_hybrid_mamba_hits_partial_prompt_boundary": _MAMBA,
     _PC + "test_mamba_boundary_handoffs_do_not_pin_obsolete_blocks": _MAMBA,
-    _SCHED + "test_hybrid_per_group_hit_divergence_with_connector": _CONNECTOR,
-    _SCHED + "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs[kept]": _CONNECTOR,
-    _SCHED + "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy": _CONNECTOR,
 }
 
 

@@ -608,3 +608,49 @@ def test_mamba_align_allocation_returns_position_aligned_blocks() -> None:
         state = coord.get_block_ids("a")[1]
         # The running state sits where the appended row says: the last block of both.
         assert rows[1][len(state) - 1] == state[-1] and len(rows[1]) == len(state)
+
+
+def _seed_full_and_mamba(blocks: int) -> tuple[KVCacheCoordinator, list[int], list[int], list[int]]:
+    """Full attention + Mamba "align", 16-token blocks: a prompt computed one block per step, so a state is
+    cached at every block boundary; returns the coordinator, the prompt, and each group's block ids."""
+    mamba = MambaSpec(block_size=16, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    coord = make_coordinator([full_spec(16), mamba], 40)
+    prompt = list(range(blocks * 16))
+    fill = make_request(coord, "fill", prompt)
+    mamba_ids: list[int] = []
+    for step in range(blocks):
+        coord.new_step_starts()
+        assert coord.allocate_slots(fill, 16) is not None
+        fill.num_computed_tokens += 16
+        mamba_ids.append(coord.get_block_ids("fill")[1][step])  # the state this step's block end keeps
+    fa_ids = [int(i) for i in coord.get_block_ids("fill")[0]]
+    coord.free(fill)
+    return coord, prompt, fa_ids, mamba_ids
+
+
+@pytest.mark.parametrize(
+    ("evicted", "per_group", "common"),
+    [
+        # Full attention's tail and the middle states evicted: the deep state at 64 survives alone.
+        ((("fa", 2), ("fa", 3), ("mamba", 1), ("mamba", 2)), (32, 64), 16),
+        # Every state but the first evicted: full attention reaches 64, Mamba 16.
+        ((("mamba", 1), ("mamba", 2), ("mamba", 3)), (64, 16), 16),
+        ((), (64, 64), 64),
+    ],
+)
+def test_per_group_hits_diverge_where_the_common_hit_does_not(
+    evicted: tuple[tuple[str, int], ...], per_group: tuple[int, int], common: int
+) -> None:
+    """vLLM 0.34's ``find_longest_cache_hit_per_group``: each group searched alone, for a KV connector that
+    restores what a lagging group lacks; ``find_longest_cache_hit`` keeps the hit every group agrees on."""
+    coord, prompt, fa_ids, mamba_ids = _seed_full_and_mamba(4)
+    coord.block_pool.evict_blocks((fa_ids if group == "fa" else mamba_ids)[i] for group, i in evicted)
+    replay = make_request(coord, "replay", prompt + list(range(900, 916)))
+    blocks, hits = coord.find_longest_cache_hit_per_group(replay.block_hashes, replay.num_tokens - 1)
+    assert hits == per_group
+    assert [len(b) for b in blocks] == [h // 16 for h in per_group]
+    assert blocks[0] == [coord.block_pool.blocks[i] for i in fa_ids[: per_group[0] // 16]]
+    if per_group[1]:
+        assert blocks[1][-1].block_id == mamba_ids[per_group[1] // 16 - 1]
+    assert coord.find_longest_cache_hit(replay.block_hashes, replay.num_tokens - 1)[1] == common
+    coord.check_invariants()

@@ -480,8 +480,8 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
     chunk_tokens = args.max_num_batched_tokens or DEFAULT_TRACE_CHUNK
     sizes = [config.num_blocks - 1]  # the null block is not the cache's
     if args.sweep:
-        # The top of the sweep is what an unlimited LRU replay keeps (Mamba "align" keeps few states), plus
-        # room for the longest prompt: beyond it more memory changes nothing.
+        # The top of the sweep is what an unlimited LRU replay keeps (sparse retention keeps few windowed and
+        # Mamba blocks), plus room for the longest prompt: beyond it more memory changes nothing.
         block_sizes = [group.kv_cache_spec.block_size for group in config.kv_cache_groups]
         unlimited = dataclasses.replace(config, num_blocks=blocks_to_hold_every_prompt(requests, block_sizes))
         top = blocks_retained(

@@ -17,10 +17,17 @@ from kvspec.contracts.checking import check_door
 from kvspec.contracts.release import ReleaseProfile
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator._core import CoordinatorCore, KVCacheBlocks, as_count, resolve_block_sizes
+from kvspec.coordinator.hit_search import shared_prefix_junction
 from kvspec.planning.config import KVCacheConfig
 from kvspec.registry.core import AnyRegistry
 
-__all__ = ["KVCacheBlocks", "KVCacheCoordinator", "as_count", "resolve_block_sizes"]
+__all__ = [
+    "KVCacheBlocks",
+    "KVCacheCoordinator",
+    "as_count",
+    "resolve_block_sizes",
+    "shared_prefix_junction",
+]
 
 
 class KVCacheCoordinator(CoordinatorCore):

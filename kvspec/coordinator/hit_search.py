@@ -40,6 +40,13 @@ class SpecGroup:
     pcp_world_size: int = 1
 
 
+def shared_prefix_junction(num_hit_tokens: int, uncached: int) -> int:
+    """Where a lookup's longest single-group hit ended (tokens; 0: no group reached past the common hit of
+    ``num_hit_tokens``, ``uncached`` being ``find_with_uncached``'s third value): the junction an engine
+    pins (``Request.shared_prefix_boundary``) so that the lagging groups cache it."""
+    return num_hit_tokens + uncached if uncached else 0
+
+
 def split_spec_groups(
     specs: Sequence[KVCacheSpec],
     traits: Sequence[SpecTraits],
@@ -106,9 +113,8 @@ class PrefixHitSearch:
         self.scheduler_block_size = scheduler_block_size
         if len(spec_groups) == 1:
             group = spec_groups[0]
-            # Single-group search, precomputed: block size with CP, and the alignment of a hit.
-            self._single_bs = group.block_size
-            self._single_alignment = scheduler_block_size if num_groups > 1 else self._single_bs
+            # Single-group search, precomputed: the alignment of a hit.
+            self._single_alignment = scheduler_block_size if num_groups > 1 else group.block_size
 
     def _hash_view(self, hashes: Sequence[bytes], block_size: int) -> Sequence[bytes]:
         if block_size == self.hash_block_size:
@@ -149,32 +155,20 @@ class PrefixHitSearch:
         per_group: list[list[KVCacheBlock]] = [[] for _ in range(self.num_groups)]
         lengths = [0] * self.num_groups
         hashed = len(block_hashes) * self.hash_block_size
-        alignment = self.scheduler_block_size if self.num_groups > 1 else None
         for group, margin in zip(self.spec_groups, self._eagle_margin, strict=True):
-            bs = group.block_size
-            answer = group.manager_cls.find_longest_cache_hit(
-                HitQuery(
-                    block_hashes=self._hash_view(block_hashes, bs),
-                    max_length=min(max_length + margin, hashed) if group.use_eagle else max_length,
-                    kv_cache_group_ids=group.group_ids,
-                    block_pool=self.block_pool,
-                    kv_cache_spec=group.spec,
-                    traits=group.traits,
-                    use_eagle=group.use_eagle,
-                    alignment_tokens=bs if alignment is None else alignment,
-                    dcp_world_size=group.dcp_world_size,
-                    pcp_world_size=group.pcp_world_size,
-                )
-            )
-            found = answer.blocks
-            length = len(found[0]) * bs if answer.num_tokens is None else answer.num_tokens
+            limit = min(max_length + margin, hashed) if group.use_eagle else max_length
+            alignment = self.scheduler_block_size if self.num_groups > 1 else group.block_size
+            found, length = self._search_alone(group, block_hashes, limit, alignment)
             for gid, blocks in zip(group.group_ids, found):
                 per_group[gid] = blocks
                 lengths[gid] = length
         return tuple(per_group), tuple(lengths)
 
-    def _single(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
-        group = self.spec_groups[0]
+    def _search_alone(
+        self, group: SpecGroup, block_hashes: Sequence[bytes], max_length: int, alignment: int
+    ) -> tuple[GroupBlocks, int]:
+        """One spec group's hit of at most ``max_length`` tokens ending on a multiple of ``alignment``: its
+        blocks (one list per group id of the spec group) and tokens."""
         hit = group.manager_cls.find_longest_cache_hit(
             HitQuery(
                 block_hashes=self._hash_view(block_hashes, group.block_size),
@@ -184,13 +178,17 @@ class PrefixHitSearch:
                 kv_cache_spec=group.spec,
                 traits=group.traits,
                 use_eagle=group.use_eagle,
-                alignment_tokens=self._single_alignment,
+                alignment_tokens=alignment,
                 dcp_world_size=group.dcp_world_size,
                 pcp_world_size=group.pcp_world_size,
             )
         )
-        blocks_found = hit.blocks
-        length = len(blocks_found[0]) * self._single_bs if hit.num_tokens is None else hit.num_tokens
+        found = hit.blocks
+        return found, len(found[0]) * group.block_size if hit.num_tokens is None else hit.num_tokens
+
+    def _single(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
+        group = self.spec_groups[0]
+        blocks_found, length = self._search_alone(group, block_hashes, max_length, self._single_alignment)
         if self.num_groups == 1:
             return blocks_found, length
         per_group: list[list[KVCacheBlock]] = [[] for _ in range(self.num_groups)]

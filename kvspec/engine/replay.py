@@ -22,7 +22,7 @@ from kvspec.blocks.hashing import BlockHasher
 from kvspec.blocks.request import Request
 from kvspec.contracts.release import DEFAULT_PROFILE
 from kvspec.contracts.spec import SchedulerLimits
-from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
+from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator, shared_prefix_junction
 from kvspec.engine.traces import TraceRequest, prompt_tokens
 from kvspec.errors import SchedulingError
 from kvspec.intmath import cdiv
@@ -125,7 +125,7 @@ def replay_cache(
         if clock is not None:
             clock.now = item.arrival_ms / 1000.0
         computed, hit, uncached = coordinator.lookup_prefix(request, num_tokens - 1)
-        junction = hit + uncached if uncached else 0
+        junction = shared_prefix_junction(hit, uncached)
         request.shared_prefix_boundary = junction
         if num_tokens > max_model_len or not _compute_prompt(
             coordinator, request, computed, hit, junction, chunk_tokens, scheduler_block
@@ -244,8 +244,8 @@ def blocks_retained(
     every prompt, see :func:`blocks_to_hold_every_prompt`), plus that prompt's blocks in every group.
 
     Under sparse retention (``retention_interval`` 0, vLLM 0.34's default) sliding-window and Mamba groups
-    keep only the blocks a hit can end on, so for hybrids this is far below the distinct prompt blocks: it is the size at which more
-    memory stops raising the hit rate, the top of a sweep."""
+    keep only the blocks a hit can end on, so for hybrids this is far below the distinct prompt blocks: it
+    is the size at which more memory stops raising the hit rate, the top of a sweep."""
     coordinator = replay_coordinator(config, limits, retention_interval=retention_interval)
     replay_cache(requests, coordinator, chunk_tokens=chunk_tokens)
     cached = sum(1 for block in coordinator.block_pool.blocks if block.block_hash is not None)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvspec.blocks.request import Request
-from kvspec.coordinator import KVCacheCoordinator
+from kvspec.coordinator import KVCacheCoordinator, shared_prefix_junction
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,7 +100,7 @@ class Scheduler:
             coord.record_prefix_hit(request, num_computed)
             # The shared-prefix junction (where one group's hit reached past the common one) is pinned as
             # vLLM 0.34's Scheduler pins it: the first chunk ends there, so sparse retention caches it.
-            junction = num_computed + uncached if uncached else 0
+            junction = shared_prefix_junction(num_computed, uncached)
             request.shared_prefix_boundary = junction
             num_new = min(request.num_tokens - num_computed, budget)
             if junction > num_computed:

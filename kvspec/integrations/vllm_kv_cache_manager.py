@@ -40,7 +40,7 @@ from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.release import VLLM_0_23, VLLM_0_32, ReleaseProfile, profile_for_vllm_version
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.contracts.traits import block_tokens_of
-from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
+from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator, shared_prefix_junction
 from kvspec.coordinator.stats import PrefixCacheStats
 from kvspec.errors import SchedulingError, UnsupportedConfigurationError
 from kvspec.eviction.registry import resolve_eviction_policy
@@ -823,8 +823,7 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
             return self.empty_kv_cache_blocks, 0, 0
         max_length = self._max_hit_length(request, max_cache_hit_length)
         blocks, num_hits, uncached = self.kvspec_coordinator.lookup_prefix(self._view(request), max_length)
-        boundary = num_hits + uncached if uncached else 0
-        return self._to_vllm(blocks), num_hits, boundary
+        return self._to_vllm(blocks), num_hits, shared_prefix_junction(num_hits, uncached)
 
     def _max_hit_length(self, request: Any, max_cache_hit_length: int | None) -> int:
         """The longest hit ``request`` may take (tokens): its own limit, lowered by the Scheduler's bound."""
@@ -845,7 +844,7 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
         coordinator = self.kvspec_coordinator
         fa_group_id = self.coordinator.full_attention_group_id
         mamba = bool(getattr(self.kv_cache_config, "has_mamba_layers", False))
-        if not (mamba and coordinator.num_groups > 1 and fa_group_id is not None):
+        if not (mamba and fa_group_id is not None):
             return (*self.get_computed_blocks(request, max_cache_hit_length), False)
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0, False

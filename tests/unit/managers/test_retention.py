@@ -8,6 +8,7 @@ import torch
 
 from kvspec import KVCacheCoordinator, MambaSpec, SchedulerLimits, UnsupportedConfigurationError
 from kvspec.contracts.release import DEFAULT_PROFILE, VLLM_0_23, VLLM_0_32, VLLM_0_34, ReleaseProfile
+from kvspec.coordinator import shared_prefix_junction
 from kvspec.managers.base import SingleTypeKVCacheManager
 from tests.helpers import full_spec, make_config, make_request, schedule, sw_spec
 
@@ -116,7 +117,7 @@ def _third_request_hit(
     if interval == 0:  # the window's group lags: the junction is at 64 (48: EAGLE drops a block everywhere)
         assert (hit, hit + uncached) == (0, 48 if use_eagle else 64)
     if pin:
-        second.shared_prefix_boundary = hit + uncached if uncached else 0
+        second.shared_prefix_boundary = shared_prefix_junction(hit, uncached)
     schedule(coord, second)
     _, hit = coord.get_computed_blocks(make_request(coord, "2", [*shared, *[70] * 64]))
     return hit
@@ -185,7 +186,7 @@ def _mamba_third_request_hit(*, pin: bool, interval: int | None, profile: Releas
     schedule(coord, make_request(coord, "0", [*shared, *[50] * 32]))
     second = make_request(coord, "1", [*shared, *[60] * 32])
     computed, hit, uncached = coord.lookup_prefix(second, second.num_tokens - 1)
-    junction = hit + uncached if uncached else 0
+    junction = shared_prefix_junction(hit, uncached)
     if pin:
         second.shared_prefix_boundary = junction
     if junction > hit:

@@ -40,11 +40,22 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-def _install_vllm(session: nox.Session, version: str = "0.23.0") -> None:
-    """vllm==``version`` without its dependencies, the pure-Python ones its imports need, CPU torch, kvspec."""
-    session.install("-c", "constraints.txt", "torch==2.13.0")
+def _install_vllm(session: nox.Session, version: str = "0.23.0", *, suite: bool = False) -> None:
+    """vllm==``version`` without its dependencies, the pure-Python ones its imports need, torch, kvspec.
+
+    ``suite``: for vLLM's own test files. Their llava and Qwen2.5-VL scheduler tests make vLLM build those
+    models' multimodal processors, which import torchvision; PyPI's torchvision does not load beside the CPU
+    torch 2.13.0 (``operator torchvision::nms does not exist``), so these environments take torch 2.14.1 with
+    its torchvision 0.29.1 (a CUDA build, run on the CPU: no kernel runs) and the processors' pure-Python
+    imports (tests/vllm_suite/requirements-multimodal.txt)."""
+    if suite:
+        session.install("torch==2.14.1", "torchvision==0.29.1")
+    else:
+        session.install("-c", "constraints.txt", "torch==2.13.0")
     session.install("--no-deps", f"vllm=={version}")
     session.install("--no-deps", "-r", "benchmarks/vllm-requirements.txt")
+    if suite:
+        session.install("--no-deps", "-r", "tests/vllm_suite/requirements-multimodal.txt")
     session.install("--no-deps", "-e", ".")
     session.install("mypy-extensions>=1.0")  # kvspec's one pure-Python dependency vLLM's set lacks
 
@@ -60,8 +71,10 @@ def _vllm_checks(session: nox.Session) -> None:
 
 @nox.session(python="3.11", default=False)
 def vllm(session: nox.Session) -> None:
-    """kvspec against vLLM 0.23.0 itself (see _vllm_checks)."""
-    _install_vllm(session)
+    """kvspec against vLLM 0.23.0 itself (see _vllm_checks), with the transformers release its llava
+    inspection imports from (tests/vllm_suite/requirements-0.23.txt)."""
+    _install_vllm(session, suite=True)
+    session.install("--no-deps", "-r", "tests/vllm_suite/requirements-0.23.txt")
     _vllm_checks(session)
 
 
@@ -69,7 +82,7 @@ def vllm(session: nox.Session) -> None:
 def vllm034(session: nox.Session) -> None:
     """kvspec against vLLM 0.34.0 itself (see _vllm_checks), installed with --no-deps like 0.23.0, plus the
     two packages 0.34's Qwen3-Next model inspection imports (its scheduler tests name that model)."""
-    _install_vllm(session, "0.34.0")
+    _install_vllm(session, "0.34.0", suite=True)
     session.install("--no-deps", "-r", "tests/vllm_suite/requirements-0.34.txt")
     _vllm_checks(session)
 

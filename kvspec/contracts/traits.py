@@ -99,6 +99,9 @@ class SpecTraits:
     Events and devices:
     - ``kind``: the KV event kind routers see (e.g. "full_attention", "acme_windowed"); None: the
       registration's capability identifier, else "unknown". ``event_sliding_window``: window in events.
+      ``kind_merged``: ``kind`` stands for layers of different kinds that are all full attention (a
+      uniform-type group of full, sink, MLA layers: vLLM 0.34 reports it as full attention, 0.23 as
+      unknown; ``ReleaseProfile.event_traits``).
     - ``zero_new_blocks``: the manager reports freshly allocated block ids (``take_new_block_ids``) so the
       runner can zero them; ``needs_zeroed_buffers``: the tensors must start zeroed (state read first).
     - ``device_views``: how one page is viewed as typed tensors; empty: one raw uint8 view of the page.
@@ -122,6 +125,7 @@ class SpecTraits:
     own_group: bool = False
     kind: str | None = None
     event_sliding_window: int | None = None
+    kind_merged: bool = False
     zero_new_blocks: bool = False
     needs_zeroed_buffers: bool = False
     device_views: tuple[PageView, ...] = ()
@@ -129,6 +133,7 @@ class SpecTraits:
 
     def __post_init__(self) -> None:
         for name in (
+            "kind_merged",
             "prefix_hits_left_closed",
             "hits_at_own_block_boundaries",
             "allocate_per_encoder_input",

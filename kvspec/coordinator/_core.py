@@ -339,8 +339,10 @@ class CoordinatorCore:
             eagle_margin_within_hashes=self.profile.eagle_margin_within_hashes,
             eagle_margin_for_state_groups=self.profile.eagle_margin_for_state_groups,
         )
+        # Events describe the whole group (a uniform-type group's kind is its layers', not its
+        # representative's), as vLLM annotates them.
         self._event_metadata = group_event_metadata(
-            self.traits,
+            [self.profile.event_traits(traits_of(g.kv_cache_spec)) for g in groups],
             [r.capabilities.identifier if r.capabilities is not None else None for r in registrations],
         )
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None

@@ -80,13 +80,22 @@ class UniformTypeKVCacheSpecs:
         return next(s for s in specs if type(s) is chosen)
 
     def kv_cache_traits(self) -> SpecTraits:
-        """The representative layer's traits; kind and event window only where all layers agree."""
+        """The representative layer's traits; the event window only where all layers agree. The kind is the
+        layers' kind where they share one, ``full_attention`` where every layer is full attention of some
+        family (full, sink, MLA, hidden state: one uniform base, as vLLM 0.34 reports such a group; the 0.23
+        profile's events say ``unknown``: ``SpecTraits.kind_merged``), else ``unknown``."""
         inner = [traits_of(s) for s in self.kv_cache_specs.values()]
         base = traits_of(self.representative_spec())
         kinds = {t.kind for t in inner}
+        merged = len(kinds) > 1 and all(t.full_attention_family is not None for t in inner)
+        if len(kinds) == 1:
+            kind = kinds.pop()
+        else:
+            kind = "full_attention" if merged else "unknown"
         return dataclasses.replace(
             base,
-            kind=kinds.pop() if len(kinds) == 1 else "unknown",
+            kind=kind,
+            kind_merged=merged,
             event_sliding_window=common_value([t.event_sliding_window for t in inner]),
             needs_zeroed_buffers=any(t.needs_zeroed_buffers for t in inner),
             device_views=(),

@@ -73,11 +73,20 @@ def _no_op_register_all(vllm_config: Any) -> None:
 
 
 def routes() -> dict[str, dict[str, object]]:
-    """module -> {name: kvspec's object} to bind while the test file is imported."""
+    """module -> {name: kvspec's object} to bind while the test file is imported (the spec names the
+    installed vLLM has: 0.34.0 dropped TQFullAttentionSpec)."""
+    import importlib
+
+    interface = importlib.import_module("vllm.v1.kv_cache_interface")
     return {
         "vllm.v1.kv_cache_interface": {
-            **{name: getattr(specs, name) for name in SPEC_NAMES},
+            **{name: getattr(specs, name) for name in SPEC_NAMES if hasattr(interface, name)},
             "UniformTypeKVCacheSpecs": UniformTypeKVCacheSpecs,
+            **(
+                {"get_kv_cache_spec_kind": specs.get_kv_cache_spec_kind}
+                if hasattr(interface, "get_kv_cache_spec_kind")
+                else {}
+            ),
         },
         "vllm.v1.core.single_type_kv_cache_manager": {
             **{name: getattr(managers, name) for name in MANAGER_NAMES},

@@ -133,6 +133,11 @@ RELEASES = {
             "tests/v1/core/test_contiguous_kv_packing.py": _BUILT,
             "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py": _BUILT,
             "tests/v1/core/prefix_cache/test_mamba_eagle_resume_checkpoint.py": _BUILT,
+            "tests/v1/core/test_kv_cache_metrics.py": "BlockMetricsState, KVCacheMetricsCollector (kvspec.blocks.metrics)",
+            "tests/v1/core/test_kv_sharing.py": "add_kv_sharing_layers_to_kv_cache_groups (kvspec.planning decides)",
+            "tests/v1/test_kv_cache_spec_registry.py": (
+                "specs, managers, the registry with role managers, get_kv_cache_spec_kind (kvspec's facade)"
+            ),
         },
         helper_files=(
             "tests/v1/core/utils.py",

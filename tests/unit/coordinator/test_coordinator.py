@@ -16,6 +16,8 @@ from kvspec import (
     MultiModalFeature,
     SchedulerLimits,
     SchedulingError,
+    SinkFullAttentionSpec,
+    UniformTypeKVCacheSpecs,
     UnsupportedConfigurationError,
 )
 from kvspec.contracts.release import VLLM_0_23, VLLM_0_34, ReleaseProfile
@@ -362,6 +364,32 @@ class TestFailureAndReset:
 
 
 class TestEvents:
+    @pytest.mark.parametrize(
+        ("profile", "kind"), [(VLLM_0_34, "full_attention"), (VLLM_0_23, "unknown")], ids=["0.34", "0.23"]
+    )
+    def test_a_group_of_full_and_sink_layers_reports_as_its_release_does(
+        self, profile: ReleaseProfile, kind: str
+    ) -> None:
+        """Full and sink layers in one uniform-type group (one uniform base, two kinds): vLLM 0.34's events
+        say full attention (B iface:1464-1472), 0.23's unknown (kvspec reported the representative sink
+        layer's kind before); a group of full layers alone is full attention under both."""
+        sink = SinkFullAttentionSpec(
+            block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float16, sink_len=16
+        )
+        merged = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": full_spec(), "b": sink})
+        coord = make_coordinator([merged], 12, events=True, profile=profile)
+        schedule(coord, make_request(coord, "0", list(range(32))))
+        stored = [e for e in coord.take_events() if isinstance(e, BlockStored)]
+        assert stored and {e.kv_cache_spec_kind for e in stored} == {kind}
+        alike = UniformTypeKVCacheSpecs(
+            block_size=16,
+            kv_cache_specs={"a": full_spec(), "b": dataclasses.replace(full_spec(), head_size=32)},
+        )
+        coord = make_coordinator([alike], 12, events=True, profile=profile)
+        schedule(coord, make_request(coord, "0", list(range(32))))
+        stored = [e for e in coord.take_events() if isinstance(e, BlockStored)]
+        assert stored and {e.kv_cache_spec_kind for e in stored} == {"full_attention"}
+
     @pytest.mark.parametrize("num_blocks", [2, 3, 10])
     def test_kv_cache_events(self, num_blocks: int) -> None:
         coord = make_coordinator([full_spec()], num_blocks + 1, events=True)

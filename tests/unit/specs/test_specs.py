@@ -26,6 +26,7 @@ from kvspec import (
     UnsupportedConfigurationError,
     get_kv_quant_mode,
 )
+from kvspec.contracts.traits import traits_of
 from kvspec.errors import KVSpecTypeError, SpecMergeError, WindowSizeMismatchError
 from kvspec.specs import (
     KVCacheSpecKind,
@@ -354,6 +355,16 @@ class TestKinds:
         mixed = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": full(), "b": sw()})
         assert get_kv_cache_spec_kind(same) is KVCacheSpecKind.FULL_ATTENTION
         assert get_kv_cache_spec_kind(mixed) is KVCacheSpecKind.UNKNOWN
+        assert not traits_of(same).kind_merged and not traits_of(mixed).kind_merged
+        # Full-attention layers of different kinds (one uniform base): full attention, as vLLM 0.34 says.
+        mla = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=BF16)
+        sink = SinkFullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=BF16, sink_len=16)
+        for other in (mla, sink):
+            merged = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": full(), "b": other})
+            assert get_kv_cache_spec_kind(merged) is KVCacheSpecKind.FULL_ATTENTION
+            assert traits_of(merged).kind_merged
+        with_window = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": sink, "b": sw()})
+        assert get_kv_cache_spec_kind(with_window) is KVCacheSpecKind.UNKNOWN
 
     def test_sliding_window_reporting(self) -> None:
         assert get_kv_cache_spec_sliding_window(sw(64)) == 64

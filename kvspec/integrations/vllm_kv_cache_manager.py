@@ -37,7 +37,7 @@ from kvspec.blocks.hashing import BlockHash, BlockHasher
 from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
 from kvspec.blocks.request import Request
 from kvspec.blocks.request_view import RequestView
-from kvspec.contracts.release import VLLM_0_23, VLLM_0_32, ReleaseProfile, profile_for_vllm_version
+from kvspec.contracts.release import VLLM_0_23, VLLM_0_32, VLLM_0_34, ReleaseProfile, profile_for_vllm_version
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.contracts.traits import block_tokens_of
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator, shared_prefix_junction
@@ -45,7 +45,7 @@ from kvspec.coordinator.stats import PrefixCacheStats
 from kvspec.errors import SchedulingError, UnsupportedConfigurationError
 from kvspec.eviction.registry import resolve_eviction_policy
 from kvspec.integrations.vllm import VLLM_SPECS_MODULE, SpecConverter
-from kvspec.integrations.vllm_managers import VllmManagerView
+from kvspec.integrations.vllm_names import VllmManagerView
 from kvspec.integrations.vllm_planning import config_from_vllm
 from kvspec.managers.base import SingleTypeKVCacheManager
 from kvspec.registry.core import AnyRegistry
@@ -191,12 +191,13 @@ def _zeroed_groups_034(kv_cache_config: Any) -> tuple[bool, ...]:
     blocks, otherwise none does. (0.23's managers report the full-attention families' blocks always: the
     specs' ``zero_new_blocks`` traits.)"""
     needs = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
-    return tuple(
-        needs
-        and _vllm_spec_is(g.kv_cache_spec, "AttentionSpec")
-        and not _vllm_spec_is(g.kv_cache_spec, "CircularBufferSpec")
-        for g in kv_cache_config.kv_cache_groups
-    )
+    return tuple(needs and zeroed_by_vllm_034(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups)
+
+
+def zeroed_by_vllm_034(vllm_spec: Any) -> bool:
+    """Whether vLLM 0.34 zeroes a group of ``vllm_spec`` when its model needs zeroing: attention, not a
+    ring."""
+    return _vllm_spec_is(vllm_spec, "AttentionSpec") and not _vllm_spec_is(vllm_spec, "CircularBufferSpec")
 
 
 def _vllm_spec_is(spec: Any, class_name: str) -> bool:
@@ -210,7 +211,7 @@ def _vllm_extra_keys() -> Any:
     return importlib.import_module("vllm.v1.core.kv_cache_utils").generate_block_hash_extra_keys
 
 
-def _as_kvspec_request(request: Any, hash_block_size: int) -> RequestView:
+def as_kvspec_request(request: Any, hash_block_size: int) -> RequestView:
     """``request`` if it is kvspec's, else a view of vLLM's (for callers that hand the pool a vLLM request)."""
     if isinstance(request, (Request, VllmRequestView)):
         return request
@@ -331,7 +332,7 @@ class _BlockPoolFacade:
         block_mask: Sequence[bool] | None = None,
     ) -> None:
         self._pool.cache_full_blocks(
-            _as_kvspec_request(request, self._pool.hash_block_size),
+            as_kvspec_request(request, self._pool.hash_block_size),
             blocks,
             num_cached_blocks,
             num_full_blocks,
@@ -443,7 +444,7 @@ class VllmBlockPool(BlockPool):
         block_mask: Sequence[bool] | None = None,
     ) -> None:
         super().cache_full_blocks(
-            _as_kvspec_request(request, self.hash_block_size),
+            as_kvspec_request(request, self.hash_block_size),
             blocks,
             num_cached_blocks,
             num_full_blocks,
@@ -455,6 +456,33 @@ class VllmBlockPool(BlockPool):
     def take_events(self) -> list[Any]:
         """The queued events as vLLM's event objects."""
         return [event_to_vllm(e) for e in super().take_events()]
+
+
+class Vllm034BlockPool(VllmBlockPool):
+    """``VllmBlockPool`` behind vLLM 0.34.0's constructor, with that release's pool rules (the ``VLLM_0_34``
+    profile: unhashed frees first, a coarse block keyed by its last fine hash)."""
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        metrics_collector: Any = None,
+        num_hash_lookahead_tokens: int = 0,
+        medium: str = "GPU",
+    ) -> None:
+        super().__init__(
+            num_gpu_blocks,
+            enable_caching,
+            hash_block_size,
+            enable_kv_cache_events,
+            medium,
+            metrics_collector,
+            free_unhashed_first=VLLM_0_34.free_unhashed_first,
+            coarse_hash_is_last_fine=VLLM_0_34.coarse_hash_is_last_fine,
+            hash_lookahead_tokens=num_hash_lookahead_tokens,
+        )
 
 
 class VllmKVCacheManager:

@@ -12,16 +12,21 @@ vLLM's or kvspec's objects; vLLM's are converted by class name.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, overload
 
+from kvspec.blocks.hashing import BlockHashListWithBlockSize
 from kvspec.blocks.pool import BlockPool, KVCacheBlock
 from kvspec.contracts.manager import HitQuery, ManagerContext
-from kvspec.contracts.traits import traits_of
+from kvspec.contracts.release import VLLM_0_34
+from kvspec.contracts.traits import block_tokens_of, traits_of
 from kvspec.integrations.vllm import as_kvspec
+from kvspec.integrations.vllm_kv_cache_manager import as_kvspec_request, zeroed_by_vllm_034
+from kvspec.integrations.vllm_names import VLLM_STATE_NAMES, VllmManagerView
 from kvspec.managers.base import SingleTypeKVCacheManager
 
-__all__ = ["VLLM_STATE_NAMES", "VllmManagerView", "VllmStyleManager", "vllm_style"]
+__all__ = ["VLLM_STATE_NAMES", "Vllm034StyleManager", "VllmManagerView", "VllmStyleManager", "vllm_style"]
 
 
 class VllmStyleManager:
@@ -92,52 +97,140 @@ class VllmStyleManager:
         setattr(self.kvspec_manager, VLLM_STATE_NAMES.get(name, name), value)
 
 
-#: vLLM's public names for a manager's per-request state -> kvspec's private fields (vLLM's tests read and
-#: write them; kvspec's plugins go through get_blocks / num_cached_blocks instead).
-VLLM_STATE_NAMES: dict[str, str] = {
-    "req_to_blocks": "_req_to_blocks",
-    "num_cached_block": "_num_cached_block",
-    "new_block_ids": "_new_block_ids",
-}
+class Vllm034StyleManager(VllmStyleManager):
+    """A kvspec manager behind vLLM 0.34.0's constructor and the signatures 0.34 changed: the zeroing
+    setting (``needs_kv_cache_zeroing``), the admission count's local-computed and prefill-end arguments, a
+    per-call retention interval and replay boundaries in ``cache_blocks``, processed tokens in
+    ``remove_skipped_blocks``, and a hit search that also returns the hit's length in tokens. The manager
+    runs the ``VLLM_0_34`` profile."""
+
+    def __init__(
+        self,
+        kv_cache_spec: Any,
+        block_pool: BlockPool,
+        enable_caching: bool = True,
+        kv_cache_group_id: int = 0,
+        scheduler_block_size: int | None = None,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        needs_kv_cache_zeroing: bool = False,
+        max_admission_blocks_per_request: int | None = None,
+    ) -> None:
+        spec = as_kvspec(kv_cache_spec)
+        context = ManagerContext(
+            kv_cache_spec=spec,
+            traits=traits_of(spec),
+            block_pool=block_pool,
+            kv_cache_group_id=kv_cache_group_id,
+            scheduler_block_size=spec.block_size if scheduler_block_size is None else scheduler_block_size,
+            enable_caching=enable_caching,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            max_admission_blocks_per_request=max_admission_blocks_per_request,
+            profile=VLLM_0_34,
+            # vLLM 0.34's policy is stated over its spec classes (kvspec's specs keep their traits' answer).
+            zero_new_blocks=(needs_kv_cache_zeroing and zeroed_by_vllm_034(kv_cache_spec))
+            if spec is not kv_cache_spec
+            else None,
+        )
+        object.__setattr__(self, "kvspec_manager", self.kvspec_manager_cls(context))
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        return int(
+            self.kvspec_manager.get_num_blocks_to_allocate(
+                request_id,
+                num_tokens,
+                new_computed_blocks,
+                total_computed_tokens,
+                num_tokens_main_model,
+                apply_admission_cap,
+            )
+        )
+
+    def cache_blocks(
+        self,
+        request: Any,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        *,
+        replay_boundaries: Sequence[int] = (),
+    ) -> None:
+        manager = self.kvspec_manager
+        context = manager.context
+        if context.prefix_cache_retention_interval != retention_interval:
+            manager.context = dataclasses.replace(context, prefix_cache_retention_interval=retention_interval)
+        manager.cache_blocks(as_kvspec_request(request, self.block_pool.hash_block_size), num_tokens)
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        self.kvspec_manager.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
+
+    @classmethod
+    def find_longest_cache_hit(  # type: ignore[override]  # 0.34 also returns the hit's tokens
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: Any,
+        drop_eagle_block: bool = False,
+        alignment_tokens: int | None = None,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        spec = as_kvspec(kv_cache_spec)
+        if spec.block_size != block_pool.hash_block_size:  # 0.34 hands a manager the pool's finer hashes
+            block_hashes = BlockHashListWithBlockSize(
+                block_hashes, block_pool.hash_block_size, spec.block_size, block_pool.coarse_hash_is_last_fine
+            )
+        query = HitQuery(
+            block_hashes=block_hashes,
+            max_length=max_length,
+            kv_cache_group_ids=tuple(kv_cache_group_ids),
+            block_pool=block_pool,
+            kv_cache_spec=spec,
+            traits=traits_of(spec),
+            use_eagle=drop_eagle_block,
+            alignment_tokens=spec.block_size if alignment_tokens is None else alignment_tokens,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+        )
+        hit = cls.kvspec_manager_cls.find_longest_cache_hit(query)
+        tokens = hit.num_tokens if hit.num_tokens is not None else hit.num_blocks * block_tokens_of(spec)
+        return hit.blocks, tokens
 
 
-_CONTEXT_NAMES = frozenset({"dcp_world_size", "pcp_world_size", "max_model_len"})
+_cache: dict[tuple[type[SingleTypeKVCacheManager], str], type[VllmStyleManager]] = {}
 
 
-class VllmManagerView:
-    """One of kvspec's managers as vLLM's coordinator lists it (``single_type_managers``): every attribute is
-    the manager's, vLLM's state names included, and ``isinstance`` sees the manager's class; its
-    ``kv_cache_spec`` is vLLM's spec of the group when given (vLLM code type-checks it)."""
-
-    __slots__ = ("_manager", "_vllm_spec")
-
-    def __init__(self, manager: object, vllm_spec: object = None) -> None:
-        object.__setattr__(self, "_manager", manager)
-        object.__setattr__(self, "_vllm_spec", vllm_spec)
-
-    @property  # type: ignore[misc]
-    def __class__(self) -> type:  # isinstance(view, SlidingWindowManager) answers for the manager
-        return type(self._manager)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in _CONTEXT_NAMES:  # settings vLLM keeps on the manager, kvspec on its context
-            return getattr(self._manager.context, name)
-        if name == "kv_cache_spec" and self._vllm_spec is not None:
-            return self._vllm_spec
-        return getattr(self._manager, VLLM_STATE_NAMES.get(name, name))
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._manager, VLLM_STATE_NAMES.get(name, name), value)
-
-
-_cache: dict[type[SingleTypeKVCacheManager], type[VllmStyleManager]] = {}
-
-
-def vllm_style(manager_cls: type[SingleTypeKVCacheManager]) -> type[VllmStyleManager]:
-    """The ``VllmStyleManager`` class over ``manager_cls`` (one per manager class, named like it)."""
-    adapted = _cache.get(manager_cls)
+@overload
+def vllm_style(
+    manager_cls: type[SingleTypeKVCacheManager], release: Literal["0.34.0"]
+) -> type[Vllm034StyleManager]: ...
+@overload
+def vllm_style(
+    manager_cls: type[SingleTypeKVCacheManager], release: str = "0.23.0"
+) -> type[VllmStyleManager]: ...
+def vllm_style(
+    manager_cls: type[SingleTypeKVCacheManager], release: str = "0.23.0"
+) -> type[VllmStyleManager]:
+    """The ``VllmStyleManager`` class (``Vllm034StyleManager`` for ``release`` "0.34.0") over
+    ``manager_cls`` (one per manager class and release, named like the manager)."""
+    adapted = _cache.get((manager_cls, release))
     if adapted is None:
-        adapted = type(manager_cls.__name__, (VllmStyleManager,), {"kvspec_manager_cls": manager_cls})
-        adapted.__qualname__ = f"vllm_style({manager_cls.__qualname__})"
-        _cache[manager_cls] = adapted
+        base = Vllm034StyleManager if release == "0.34.0" else VllmStyleManager
+        adapted = type(manager_cls.__name__, (base,), {"kvspec_manager_cls": manager_cls})
+        adapted.__qualname__ = f"vllm_style({manager_cls.__qualname__}, {release!r})"
+        _cache[(manager_cls, release)] = adapted
     return adapted

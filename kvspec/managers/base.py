@@ -330,7 +330,7 @@ class SingleTypeKVCacheManager:
         null = self._null_block
         while first < len(blocks) and blocks[first] is null:
             first += 1
-        return list(blocks[first:])
+        return blocks[first:] if first else blocks  # popped: the caller owns the list, no copy needed
 
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None

@@ -31,17 +31,28 @@ class CircularBufferManager(SingleTypeKVCacheManager):
     ) -> int:
         return super().get_num_blocks_to_allocate(request_id, _RING_TOKENS, (), 0, _RING_TOKENS)
 
-    def allocate_new_computed_blocks(
+    def add_local_computed_blocks(
         self,
         request_id: str,
         new_computed_blocks: Sequence[KVCacheBlock],
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
     ) -> None:
-        # A hit in the other groups brings nothing here; tokens a connector computed still need the ring.
-        super().allocate_new_computed_blocks(request_id, (), 0, 0)
+        # The base class's allocate_new_computed_blocks runs these two halves (so does the coordinator's
+        # two-phase attachment, every group's hits before any group's external blocks): a hit in the other
+        # groups brings nothing here.
+        super().add_local_computed_blocks(request_id, (), 0, 0)
+
+    def allocate_external_computed_blocks(
+        self,
+        request_id: str,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+        record_for_zeroing: bool = True,
+    ) -> None:
+        # Its second half: tokens a connector loads need the ring, and only the ring.
         if num_external_computed_tokens > 0:
-            super().allocate_new_blocks(request_id, _RING_TOKENS, _RING_TOKENS)
+            super().allocate_external_computed_blocks(request_id, 0, _RING_TOKENS, record_for_zeroing)
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int

@@ -56,8 +56,8 @@ class Release:
 
 
 _SCHEDULER = "the Scheduler's KVCacheManager"
-# 0.34.0's files get install() only: the KVCacheManager a test builds is kvspec's; the planning functions,
-# managers and registry they call by name stay vLLM's (no 0.34 facade for those yet).
+# 0.34.0's files get install(): the KVCacheManager a test builds is kvspec's; where a file is not routed by
+# name below, the planning functions it calls by name stay vLLM's (no 0.34 facade for those yet).
 _BUILT = "the KVCacheManager its tests build (planning and managers called by name stay vLLM's)"
 RELEASES = {
     "0.23.0": Release(
@@ -137,6 +137,9 @@ RELEASES = {
             "tests/v1/core/test_kv_sharing.py": "add_kv_sharing_layers_to_kv_cache_groups (kvspec.planning decides)",
             "tests/v1/test_kv_cache_spec_registry.py": (
                 "specs, managers, the registry with role managers, get_kv_cache_spec_kind (kvspec's facade)"
+            ),
+            "tests/v1/core/test_single_type_kv_cache_manager.py": (
+                "BlockPool, KVCacheBlock, the managers (vLLM 0.34-style: Vllm034BlockPool, Vllm034StyleManager)"
             ),
         },
         helper_files=(

@@ -65,6 +65,7 @@ ROUTED_034 = frozenset(
         "tests/v1/core/test_kv_cache_metrics.py",
         "tests/v1/core/test_kv_sharing.py",
         "tests/v1/test_kv_cache_spec_registry.py",
+        "tests/v1/core/test_single_type_kv_cache_manager.py",
     }
 )
 
@@ -160,12 +161,24 @@ def _module_routes() -> dict[str, dict[str, object]]:
         },
         "tests/v1/core/test_prefix_caching.py": pool_names,
         "tests/v1/core/test_single_type_kv_cache_manager.py": {
-            "BlockPool": vllm_kv_cache_manager.VllmBlockPool,
+            "BlockPool": vllm_kv_cache_manager.VllmBlockPool
+            if RELEASE == "0.23.0"
+            else vllm_kv_cache_manager.Vllm034BlockPool,
             "KVCacheBlock": pool.KVCacheBlock,
             "BlockHash": hashing.BlockHash,
             "make_block_hash_with_group_id": hashing.make_block_hash_with_group_id,
-            "SlidingWindowManager": vllm_style(managers.SlidingWindowManager),
-            "ChunkedLocalAttentionManager": vllm_style(managers.ChunkedLocalAttentionManager),
+            **{
+                name: vllm_style(getattr(managers, name), RELEASE)
+                for name in (
+                    "SlidingWindowManager",
+                    "ChunkedLocalAttentionManager",
+                    # 0.34.0's file also builds these
+                    "FullAttentionManager",
+                    "MambaManager",
+                    "RSWAManager",
+                    "CircularBufferManager",
+                )
+            },
         },
     }
 

@@ -6,8 +6,15 @@ evict a later group's hit block from the free queue and hand the same block out 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from kvspec import KVCacheBlocks, KVCacheCoordinator, SchedulerLimits, UnsupportedConfigurationError
+from kvspec import (
+    CircularBufferSpec,
+    KVCacheBlocks,
+    KVCacheCoordinator,
+    SchedulerLimits,
+    UnsupportedConfigurationError,
+)
 from tests.helpers import full_spec, make_config, make_coordinator, make_request, sw_spec
 
 
@@ -31,6 +38,29 @@ def test_external_blocks_never_take_another_groups_hit_blocks() -> None:
     # 10 hit blocks leave the queue, 2 x (2 external + 1 new) fresh ones are taken after them.
     assert coord.num_free_blocks == free_before - 16
     assert all(coord.block_pool.blocks[i].ref_cnt == 1 for i in flat)
+    coord.check_invariants()
+
+
+def test_a_ring_group_takes_one_block_and_the_hybrid_still_attaches_in_two_phases() -> None:
+    """Full attention, a sliding window and a circular buffer, with a connector's tokens: the ring takes its
+    one block, and the hit blocks of both attention groups are taken before any external allocation (a
+    ring in the model used to turn the two-phase attachment off, as its manager replaced
+    allocate_new_computed_blocks whole)."""
+    ring = CircularBufferSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float16)
+    coord = make_coordinator([full_spec(), sw_spec(4096), ring], 40)
+    head = coord.block_pool.free_block_queue.get_all_free_blocks()[:10]
+    request = make_request(coord, "r", [0] * (8 * 16))
+    free_before = coord.num_free_blocks
+    new = coord.allocate_slots(request, 16, 5 * 16, KVCacheBlocks((head[:5], head[5:], [])), 0, 2 * 16)
+    assert new is not None
+    full, window, ring_blocks = coord.get_block_ids("r")
+    flat = full + window + ring_blocks
+    assert len(set(flat)) == len(flat) == 17, coord.get_block_ids("r")
+    assert full[:5] == [b.block_id for b in head[:5]] and window[:5] == [b.block_id for b in head[5:]]
+    assert len(ring_blocks) == 1
+    assert coord.num_free_blocks == free_before - 17
+    coord.check_invariants()
+    coord.free(request)
     coord.check_invariants()
 
 

@@ -1,0 +1,47 @@
+"""vLLM's names for the state of kvspec's single-type managers, and a manager seen as vLLM's coordinator
+lists it (vLLM's code and tests read ``req_to_blocks``, ``num_cached_block``, ...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["VLLM_STATE_NAMES", "VllmManagerView"]
+
+
+#: vLLM's public names for a manager's per-request state -> kvspec's private fields (vLLM's tests read and
+#: write them; kvspec's plugins go through get_blocks / num_cached_blocks instead).
+VLLM_STATE_NAMES: dict[str, str] = {
+    "req_to_blocks": "_req_to_blocks",
+    "num_cached_block": "_num_cached_block",
+    "new_block_ids": "_new_block_ids",
+    "records_new_block_ids": "tracks_new_block_ids",  # vLLM 0.34's name
+}
+
+
+_CONTEXT_NAMES = frozenset({"dcp_world_size", "pcp_world_size", "max_model_len"})
+
+
+class VllmManagerView:
+    """One of kvspec's managers as vLLM's coordinator lists it (``single_type_managers``): every attribute is
+    the manager's, vLLM's state names included, and ``isinstance`` sees the manager's class; its
+    ``kv_cache_spec`` is vLLM's spec of the group when given (vLLM code type-checks it)."""
+
+    __slots__ = ("_manager", "_vllm_spec")
+
+    def __init__(self, manager: object, vllm_spec: object = None) -> None:
+        object.__setattr__(self, "_manager", manager)
+        object.__setattr__(self, "_vllm_spec", vllm_spec)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # isinstance(view, SlidingWindowManager) answers for the manager
+        return type(self._manager)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _CONTEXT_NAMES:  # settings vLLM keeps on the manager, kvspec on its context
+            return getattr(self._manager.context, name)
+        if name == "kv_cache_spec" and self._vllm_spec is not None:
+            return self._vllm_spec
+        return getattr(self._manager, VLLM_STATE_NAMES.get(name, name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._manager, VLLM_STATE_NAMES.get(name, name), value)

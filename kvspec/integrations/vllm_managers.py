@@ -47,6 +47,27 @@ class VllmStyleManager:
         use_eagle: bool = False,
         metrics_collector: Any = None,
     ) -> None:
+        self._start(
+            kv_cache_spec,
+            block_pool,
+            kv_cache_group_id,
+            scheduler_block_size,
+            enable_caching=enable_caching,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            max_admission_blocks_per_request=max_admission_blocks_per_request,
+            use_eagle=use_eagle,
+        )
+
+    def _start(
+        self,
+        kv_cache_spec: Any,
+        block_pool: BlockPool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int | None,
+        **settings: Any,
+    ) -> None:
+        """Build the kvspec manager over one ``ManagerContext`` (``settings``: its other fields)."""
         spec = as_kvspec(kv_cache_spec)
         context = ManagerContext(
             kv_cache_spec=spec,
@@ -54,11 +75,7 @@ class VllmStyleManager:
             block_pool=block_pool,
             kv_cache_group_id=kv_cache_group_id,
             scheduler_block_size=spec.block_size if scheduler_block_size is None else scheduler_block_size,
-            enable_caching=enable_caching,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
-            max_admission_blocks_per_request=max_admission_blocks_per_request,
-            use_eagle=use_eagle,
+            **settings,
         )
         object.__setattr__(self, "kvspec_manager", self.kvspec_manager_cls(context))
 
@@ -75,18 +92,16 @@ class VllmStyleManager:
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
-        spec = as_kvspec(kv_cache_spec)
-        query = HitQuery(
-            block_hashes=block_hashes,
-            max_length=max_length,
-            kv_cache_group_ids=tuple(kv_cache_group_ids),
-            block_pool=block_pool,
-            kv_cache_spec=spec,
-            traits=traits_of(spec),
-            use_eagle=drop_eagle_block,
-            alignment_tokens=spec.block_size if alignment_tokens is None else alignment_tokens,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
+        query = _hit_query(
+            block_hashes,
+            max_length,
+            kv_cache_group_ids,
+            block_pool,
+            as_kvspec(kv_cache_spec),
+            drop_eagle_block,
+            alignment_tokens,
+            dcp_world_size,
+            pcp_world_size,
         )
         return cls.kvspec_manager_cls.find_longest_cache_hit(query).blocks
 
@@ -116,13 +131,11 @@ class Vllm034StyleManager(VllmStyleManager):
         needs_kv_cache_zeroing: bool = False,
         max_admission_blocks_per_request: int | None = None,
     ) -> None:
-        spec = as_kvspec(kv_cache_spec)
-        context = ManagerContext(
-            kv_cache_spec=spec,
-            traits=traits_of(spec),
-            block_pool=block_pool,
-            kv_cache_group_id=kv_cache_group_id,
-            scheduler_block_size=spec.block_size if scheduler_block_size is None else scheduler_block_size,
+        self._start(
+            kv_cache_spec,
+            block_pool,
+            kv_cache_group_id,
+            scheduler_block_size,
             enable_caching=enable_caching,
             dcp_world_size=dcp_world_size,
             pcp_world_size=pcp_world_size,
@@ -130,10 +143,9 @@ class Vllm034StyleManager(VllmStyleManager):
             profile=VLLM_0_34,
             # vLLM 0.34's policy is stated over its spec classes (kvspec's specs keep their traits' answer).
             zero_new_blocks=(needs_kv_cache_zeroing and zeroed_by_vllm_034(kv_cache_spec))
-            if spec is not kv_cache_spec
+            if as_kvspec(kv_cache_spec) is not kv_cache_spec
             else None,
         )
-        object.__setattr__(self, "kvspec_manager", self.kvspec_manager_cls(context))
 
     def get_num_blocks_to_allocate(
         self,
@@ -194,17 +206,16 @@ class Vllm034StyleManager(VllmStyleManager):
             block_hashes = BlockHashListWithBlockSize(
                 block_hashes, block_pool.hash_block_size, spec.block_size, block_pool.coarse_hash_is_last_fine
             )
-        query = HitQuery(
-            block_hashes=block_hashes,
-            max_length=max_length,
-            kv_cache_group_ids=tuple(kv_cache_group_ids),
-            block_pool=block_pool,
-            kv_cache_spec=spec,
-            traits=traits_of(spec),
-            use_eagle=drop_eagle_block,
-            alignment_tokens=spec.block_size if alignment_tokens is None else alignment_tokens,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
+        query = _hit_query(
+            block_hashes,
+            max_length,
+            kv_cache_group_ids,
+            block_pool,
+            spec,
+            drop_eagle_block,
+            alignment_tokens,
+            dcp_world_size,
+            pcp_world_size,
         )
         hit = cls.kvspec_manager_cls.find_longest_cache_hit(query)
         tokens = hit.num_tokens if hit.num_tokens is not None else hit.num_blocks * block_tokens_of(spec)
@@ -212,6 +223,32 @@ class Vllm034StyleManager(VllmStyleManager):
 
 
 _cache: dict[tuple[type[SingleTypeKVCacheManager], str], type[VllmStyleManager]] = {}
+
+
+def _hit_query(
+    block_hashes: Sequence[bytes],
+    max_length: int,
+    kv_cache_group_ids: Sequence[int],
+    block_pool: BlockPool,
+    spec: Any,
+    drop_eagle_block: bool,
+    alignment_tokens: int | None,
+    dcp_world_size: int,
+    pcp_world_size: int,
+) -> HitQuery:
+    """vLLM's hit-search arguments as kvspec's one ``HitQuery`` (``spec``: kvspec's)."""
+    return HitQuery(
+        block_hashes=block_hashes,
+        max_length=max_length,
+        kv_cache_group_ids=tuple(kv_cache_group_ids),
+        block_pool=block_pool,
+        kv_cache_spec=spec,
+        traits=traits_of(spec),
+        use_eagle=drop_eagle_block,
+        alignment_tokens=spec.block_size if alignment_tokens is None else alignment_tokens,
+        dcp_world_size=dcp_world_size,
+        pcp_world_size=pcp_world_size,
+    )
 
 
 @overload

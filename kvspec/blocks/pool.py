@@ -399,6 +399,10 @@ class BlockHashToBlockMap:
     def secondary_keys(self, block_id: int) -> list[bytes]:
         return list(self._secondary.get(block_id, ()))
 
+    def secondary_keys_by_block(self) -> dict[int, list[bytes]]:
+        """Every block cached under keys besides its own hash: block id -> those keys (a copy)."""
+        return {block_id: list(keys) for block_id, keys in self._secondary.items() if keys}
+
     def evict(self, blocks: Sequence[KVCacheBlock]) -> list[bytes]:
         """Drop the cached content of ``blocks`` (each has a hash; a block not under its hash is left as
         it is); their hash is cleared. The keys dropped, in order."""

@@ -42,7 +42,7 @@ from kvspec.contracts.spec import SchedulerLimits
 from kvspec.contracts.traits import block_tokens_of
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator, shared_prefix_junction
 from kvspec.coordinator.stats import PrefixCacheStats
-from kvspec.errors import SchedulingError, UnsupportedConfigurationError
+from kvspec.errors import BlockPoolError, SchedulingError, UnsupportedConfigurationError
 from kvspec.eviction.registry import resolve_eviction_policy
 from kvspec.integrations.vllm import VLLM_SPECS_MODULE, SpecConverter
 from kvspec.integrations.vllm_names import VllmManagerView
@@ -452,6 +452,34 @@ class VllmBlockPool(BlockPool):
             kv_cache_group_id,
             block_mask,
         )
+
+    def cache_partial_block(
+        self,
+        request: Any,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int | None = None,
+    ) -> bytes | None:
+        """kvspec's partial prompt-tail entry for a vLLM request (vLLM 0.34's ``cache_partial_block``):
+        ``block_size`` is the owning group's block size, a multiple of the hash block."""
+        if block_size is not None and block_size % self.hash_block_size:
+            raise BlockPoolError(
+                f"A partial entry's group block size ({block_size} tokens) must be a multiple of the hash "
+                f"block ({self.hash_block_size} tokens)."
+            )
+        return super().cache_partial_block(
+            as_kvspec_request(request, self.hash_block_size), block, num_tokens, kv_cache_group_id
+        )
+
+    @property
+    def cached_block_hashes_by_block(self) -> dict[int, set[bytes]]:
+        """vLLM 0.34's name for the keys a block is cached under besides its own hash (block id -> keys;
+        only blocks that have such keys). A copy: the map is the pool's to change."""
+        return {
+            block_id: set(keys)
+            for block_id, keys in self.cached_block_hash_to_block.secondary_keys_by_block().items()
+        }
 
     def take_events(self) -> list[Any]:
         """The queued events as vLLM's event objects."""

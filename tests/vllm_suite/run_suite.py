@@ -141,6 +141,9 @@ RELEASES = {
             "tests/v1/core/test_single_type_kv_cache_manager.py": (
                 "BlockPool, KVCacheBlock, the managers (vLLM 0.34-style: Vllm034BlockPool, Vllm034StyleManager)"
             ),
+            "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py": (
+                "BlockPool (Vllm034BlockPool: partial prompt-tail entries), BlockHashListWithBlockSize"
+            ),
         },
         helper_files=(
             "tests/v1/core/utils.py",

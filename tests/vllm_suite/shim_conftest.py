@@ -9,6 +9,7 @@ before the test modules import it, so every decision the tests check comes from 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import sys
 
@@ -66,6 +67,7 @@ ROUTED_034 = frozenset(
         "tests/v1/core/test_kv_sharing.py",
         "tests/v1/test_kv_cache_spec_registry.py",
         "tests/v1/core/test_single_type_kv_cache_manager.py",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py",
     }
 )
 
@@ -122,6 +124,7 @@ def _module_routes() -> dict[str, dict[str, object]]:
     so vLLM's own modules and the other files keep vLLM's classes)."""
     from kvspec import managers
     from kvspec.blocks import hashing, pool
+    from kvspec.contracts.release import VLLM_0_34
     from kvspec.integrations.vllm_managers import vllm_style
 
     pool_names = {
@@ -160,6 +163,15 @@ def _module_routes() -> dict[str, dict[str, object]]:
             "add_kv_sharing_layers_to_kv_cache_groups": vllm_integration.add_kv_sharing_layers_to_kv_cache_groups,
         },
         "tests/v1/core/test_prefix_caching.py": pool_names,
+        # vLLM 0.34's partial prompt-tail entries on kvspec's pool (BlockPool.cache_partial_block) and its
+        # coarse hash view under 0.34's rule (a coarse block keyed by its last fine hash)
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py": {
+            "BlockPool": vllm_kv_cache_manager.Vllm034BlockPool,
+            "KVCacheBlock": pool.KVCacheBlock,
+            "BlockHashListWithBlockSize": functools.partial(
+                hashing.BlockHashListWithBlockSize, last_fine=VLLM_0_34.coarse_hash_is_last_fine
+            ),
+        },
         "tests/v1/core/test_single_type_kv_cache_manager.py": {
             "BlockPool": vllm_kv_cache_manager.VllmBlockPool
             if RELEASE == "0.23.0"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kvspec import CircularBufferManager, CircularBufferSpec, SlidingWindowManager, SlidingWindowSpec
@@ -49,3 +50,33 @@ def test_a_ring_takes_one_block_for_external_tokens_and_is_never_zeroed() -> Non
     assert manager.get_num_blocks_to_allocate("r", 40, [], 20, 20, 40) == 0
     manager.free("r")
     assert pool.get_num_free_blocks() == free
+
+
+def test_the_034_pool_takes_partial_entries_in_vllms_form_and_names_their_secondary_keys() -> None:
+    """vLLM 0.34's ``cache_partial_block(..., block_size)`` and ``cached_block_hashes_by_block``: a tail
+    entry on a block without a hash becomes its hash (no secondary key); once the block is full its entry
+    comes back as a secondary key, listed per block until the block is evicted."""
+    from kvspec import Request
+    from kvspec.blocks.hashing import BlockHasher
+    from kvspec.errors import BlockPoolError
+
+    pool = Vllm034BlockPool(num_gpu_blocks=6, enable_caching=True, hash_block_size=2)
+    r = Request("r", list(range(7)), block_hasher=BlockHasher(2))
+    first, tail = pool.get_new_blocks(2)
+    pool.cache_full_blocks(r, [first, tail], 0, 1, 4, 0)
+    key = pool.cache_partial_block(request=r, block=tail, num_tokens=6, kv_cache_group_id=0, block_size=4)
+    assert key == make_block_hash_with_group_id(r.block_hashes[2], 0) and tail.block_hash == key
+    assert pool.cached_block_hashes_by_block == {}
+    r.append_output_token_ids([7])
+    pool.cache_full_blocks(r, [first, tail], 1, 2, 4, 0)  # promoted: the tail entry is dropped
+    assert pool.get_cached_block(r.block_hashes[2], [0]) is None
+    pool.cache_partial_block(request=r, block=tail, num_tokens=6, kv_cache_group_id=0, block_size=4)
+    assert pool.cached_block_hashes_by_block == {tail.block_id: {key}}
+    assert pool.get_cached_block(r.block_hashes[2], [0]) == [tail]
+    pool.cached_block_hashes_by_block[tail.block_id].clear()  # a copy: the pool's map is untouched
+    assert pool.cached_block_hashes_by_block == {tail.block_id: {key}}
+    pool.evict_blocks({tail.block_id})
+    assert pool.cached_block_hashes_by_block == {} and pool.get_cached_block(r.block_hashes[2], [0]) is None
+    with pytest.raises(BlockPoolError, match=r"group block size \(3 tokens\) must be a multiple"):
+        pool.cache_partial_block(request=r, block=first, num_tokens=2, kv_cache_group_id=0, block_size=3)
+    pool.check_invariants()

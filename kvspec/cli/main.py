@@ -88,7 +88,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     release = getattr(args, "vllm_release", RELEASE_CHOICES[0])
     profile = _profile(release)
     explicit_block = args.block_size is not None
-    plan = _build_plan(args, args.block_size or profile.default_block_size)
+    plan = _build_plan(args, args.block_size or profile.default_block_size, profile)
     plan["vllm_release"] = release
     plan["block_size_default"] = not explicit_block
     layered = plan.get("fits") and any(
@@ -97,7 +97,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     plan["prefix_cache_retention_interval"] = profile.prefix_cache_retention_interval if layered else None
     other = next(r for r in RELEASE_CHOICES if r != release)
     if not explicit_block and _profile(other).default_block_size != profile.default_block_size:
-        alt = _build_plan(args, _profile(other).default_block_size)
+        alt = _build_plan(args, _profile(other).default_block_size, _profile(other))
         plan["other_release"] = {
             "vllm_release": other,
             "block_size": _profile(other).default_block_size,
@@ -110,7 +110,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     return plan
 
 
-def _build_plan(args: argparse.Namespace, block_size: int) -> dict[str, Any]:
+def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict[str, Any]:
     from kvspec.contracts.spec import SchedulerLimits
     from kvspec.models import build_model_layout
     from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memory_usage_bytes_from_groups
@@ -145,7 +145,14 @@ def _build_plan(args: argparse.Namespace, block_size: int) -> dict[str, Any]:
         "notes": list(layout.notes),
     }
     try:
-        configs = get_kv_cache_configs(workers, [args.memory] * len(workers), limits, hybrid=args.hybrid)
+        configs = get_kv_cache_configs(
+            workers,
+            [args.memory] * len(workers),
+            limits,
+            hybrid=args.hybrid,
+            reserve_null_block=profile.planning_reserves_null_block,
+            pad_pages=profile.planning_pads_pages,
+        )
     except InsufficientKVCacheMemoryError as exc:
         plan.update(
             fits=False,

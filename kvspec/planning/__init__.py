@@ -25,9 +25,11 @@ from kvspec.planning import _core
 from kvspec.planning._core import (
     CONSERVING_MEMORY_HINT,
     GiB,
+    auto_fit_from_groups,
     bytes_per_block,
     check_enough_kv_cache_memory,
     check_layer_values,
+    draft_groups_unidentified,
     estimate_max_model_len,
     format_gib,
     generate_scheduler_kv_cache_config,
@@ -35,23 +37,29 @@ from kvspec.planning._core import (
     group_bytes_per_request,
     is_kv_cache_spec_uniform,
     make_uniform_type_specs,
+    mark_eagle_groups,
     max_memory_usage_bytes_from_groups,
     merge_worker_specs,
+    plan_num_blocks,
     project_groups_to_worker,
     unify_hybrid_kv_cache_specs,
     unify_kv_cache_spec_page_size,
+    usable_bytes,
 )
-from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec
+from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec, WorkerBudgets
 from kvspec.registry.core import AnyRegistry
 
 __all__ = [
     "CONSERVING_MEMORY_HINT",
     "GiB",
+    "WorkerBudgets",
     "add_kv_sharing_layers",
+    "auto_fit_from_groups",
     "auto_fit_max_model_len",
     "bytes_per_block",
     "check_enough_kv_cache_memory",
     "check_layer_values",
+    "draft_groups_unidentified",
     "estimate_max_model_len",
     "format_gib",
     "generate_scheduler_kv_cache_config",
@@ -63,11 +71,14 @@ __all__ = [
     "group_bytes_per_request",
     "is_kv_cache_spec_uniform",
     "make_uniform_type_specs",
+    "mark_eagle_groups",
     "max_memory_usage_bytes_from_groups",
     "merge_worker_specs",
+    "plan_num_blocks",
     "project_groups_to_worker",
     "unify_hybrid_kv_cache_specs",
     "unify_kv_cache_spec_page_size",
+    "usable_bytes",
 ]
 
 
@@ -77,13 +88,16 @@ def get_kv_cache_groups(
     *,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
+    pad_pages: bool = False,
 ) -> list[KVCacheGroupSpec]:
     """Split layers into KV cache groups (each group shares one block table).
 
     Layers whose traits declare ``own_group`` (hidden-state caches) get one group each, resized to the
-    common page by their ``with_page_size``.
+    common page by their ``with_page_size``. With ``pad_pages`` (vLLM 0.34,
+    ``ReleaseProfile.planning_pads_pages``) a ``page_paddable`` layer whose block cannot scale to the common
+    page is padded to it (see ``unify_kv_cache_spec_page_size``).
     """
-    return _core.get_kv_cache_groups(layer_specs, hybrid=hybrid, registry=registry)
+    return _core.get_kv_cache_groups(layer_specs, hybrid=hybrid, registry=registry, pad_pages=pad_pages)
 
 
 @check_door(_core.get_kv_cache_config_from_groups)
@@ -105,12 +119,17 @@ def get_kv_cache_configs(
     num_blocks_override: int | None = None,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
+    reserve_null_block: bool = False,
+    pad_pages: bool = False,
 ) -> list[KVCacheConfig]:
     """One KVCacheConfig per worker (tensor- or pipeline-parallel), all with the same block count.
 
     The smallest block count over the workers wins (every worker must hold the same block ids); each
     worker's tensors are shrunk to it. With ``num_blocks_override`` every worker gets that many blocks.
-    Raises InsufficientKVCacheMemoryError naming the worker that cannot hold one max-length request.
+    Raises InsufficientKVCacheMemoryError naming the worker that cannot hold one max-length request; with
+    ``reserve_null_block`` (vLLM 0.34, ``ReleaseProfile.planning_reserves_null_block``) that request must fit
+    in the blocks left beside the null block, which the pool holds back for its lifetime. ``pad_pages``: as
+    :func:`get_kv_cache_groups`.
     """
     return _core.get_kv_cache_configs(
         per_worker_specs,
@@ -119,6 +138,8 @@ def get_kv_cache_configs(
         num_blocks_override=num_blocks_override,
         hybrid=hybrid,
         registry=registry,
+        reserve_null_block=reserve_null_block,
+        pad_pages=pad_pages,
     )
 
 
@@ -146,6 +167,8 @@ def get_kv_cache_config(
     num_blocks_override: int | None = None,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
+    reserve_null_block: bool = False,
+    pad_pages: bool = False,
 ) -> KVCacheConfig:
     """The layout for a single worker (see :func:`get_kv_cache_configs`)."""
     return _core.get_kv_cache_config(
@@ -155,6 +178,8 @@ def get_kv_cache_config(
         num_blocks_override=num_blocks_override,
         hybrid=hybrid,
         registry=registry,
+        reserve_null_block=reserve_null_block,
+        pad_pages=pad_pages,
     )
 
 
@@ -166,8 +191,17 @@ def auto_fit_max_model_len(
     *,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
+    reserve_null_block: bool = False,
+    pad_pages: bool = False,
 ) -> int:
-    """The largest max_model_len every worker can serve one request of (vLLM's max_model_len=-1)."""
+    """The largest max_model_len every worker can serve one request of (vLLM's max_model_len=-1); with
+    ``reserve_null_block`` (vLLM 0.34) in the blocks left beside the null block."""
     return _core.auto_fit_max_model_len(
-        per_worker_specs, per_worker_available_bytes, limits, hybrid=hybrid, registry=registry
+        per_worker_specs,
+        per_worker_available_bytes,
+        limits,
+        hybrid=hybrid,
+        registry=registry,
+        reserve_null_block=reserve_null_block,
+        pad_pages=pad_pages,
     )

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
-from kvspec.contracts.traits import full_attention_form, resized_to_page, traits_of
+from kvspec.contracts.traits import full_attention_form, padded_to_page, resized_to_page, traits_of
 from kvspec.errors import (
     ConflictingLayerSpecError,
     HybridUnificationError,
@@ -27,7 +27,14 @@ from kvspec.errors import (
     SpecValidationError,
 )
 from kvspec.intmath import cdiv
-from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor, scheduler_spec
+from kvspec.planning.config import (
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheTensor,
+    WorkerBudgets,
+    _layer_specs,
+    scheduler_spec,
+)
 from kvspec.registry.builtins import default_registry
 from kvspec.registry.core import AnyRegistry
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
@@ -120,8 +127,14 @@ def unify_hybrid_kv_cache_specs(
     return out
 
 
-def unify_kv_cache_spec_page_size(layer_specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
-    """Scale the block size of smaller-page layers so every layer's page equals the largest page."""
+def unify_kv_cache_spec_page_size(
+    layer_specs: Mapping[str, KVCacheSpec], *, pad_pages: bool = False
+) -> dict[str, KVCacheSpec]:
+    """Scale the block size of smaller-page layers so every layer's page equals the largest page.
+
+    With ``pad_pages`` (vLLM 0.34), a ``page_paddable`` layer whose page scaling cannot reach the largest
+    one (it does not divide it, or it does not grow with the block: Mamba) is padded to it instead
+    (``page_size_padded``); otherwise that is a PageSizeUnificationError."""
     pages = {spec.page_size_bytes for spec in layer_specs.values()}
     if len(pages) <= 1:
         return dict(layer_specs)
@@ -132,7 +145,11 @@ def unify_kv_cache_spec_page_size(layer_specs: Mapping[str, KVCacheSpec]) -> dic
         if page == max_page:
             out[name] = spec
             continue
+        paddable = pad_pages and traits_of(spec).page_paddable
         if max_page % page:
+            if paddable:
+                out[name] = padded_to_page(spec, max_page)
+                continue
             raise PageSizeUnificationError(
                 f"The page size of layer {name} ({type(spec).__name__}, {page} bytes) does not divide the "
                 f"largest page size ({max_page} bytes), so it cannot be unified by adjusting block_size. "
@@ -140,6 +157,9 @@ def unify_kv_cache_spec_page_size(layer_specs: Mapping[str, KVCacheSpec]) -> dic
             )
         scaled = spec.copy_with_new_block_size(spec.block_size * (max_page // page))
         if scaled.page_size_bytes != max_page:
+            if paddable:
+                out[name] = padded_to_page(spec, max_page)
+                continue
             raise PageSizeUnificationError(
                 f"Layer {name} ({type(spec).__name__}) has a padded page of {page} bytes; scaling its "
                 f"block size gives {scaled.page_size_bytes} bytes, not {max_page}."
@@ -173,11 +193,13 @@ def _bucket_layers(layer_specs: Mapping[str, KVCacheSpec]) -> dict[KVCacheSpec, 
 
 
 def _unify_buckets(
-    buckets: dict[KVCacheSpec, list[str]], order: Mapping[str, int]
+    buckets: dict[KVCacheSpec, list[str]], order: Mapping[str, int], pad_pages: bool
 ) -> dict[KVCacheSpec, list[str]]:
     """Page-size unification done once per distinct spec (not per layer); buckets that become equal merge,
     their layers back in model order."""
-    unified = unify_kv_cache_spec_page_size({names[0]: spec for spec, names in buckets.items()})
+    unified = unify_kv_cache_spec_page_size(
+        {names[0]: spec for spec, names in buckets.items()}, pad_pages=pad_pages
+    )
     if all(unified[names[0]] is spec for spec, names in buckets.items()):
         return buckets
     out: dict[KVCacheSpec, list[str]] = {}
@@ -213,6 +235,7 @@ def get_kv_cache_groups(
     *,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
+    pad_pages: bool = False,
 ) -> list[KVCacheGroupSpec]:
     # Documented on kvspec.planning.get_kv_cache_groups, the checked door.
     registry = default_registry if registry is None else registry
@@ -232,7 +255,9 @@ def get_kv_cache_groups(
     own = {spec: layers for spec, layers in buckets.items() if traits_of(spec).own_group}
     rest = {spec: layers for spec, layers in buckets.items() if spec not in own}
     order = {name: i for i, name in enumerate(specs_by_layer)}
-    groups = _split_buckets(_unify_buckets(rest, order), sum(map(len, rest.values()))) if rest else []
+    groups = (
+        _split_buckets(_unify_buckets(rest, order, pad_pages), sum(map(len, rest.values()))) if rest else []
+    )
     if own:
         common_page = groups[0].kv_cache_spec.page_size_bytes if groups else None
         for name in sorted((n for layers in own.values() for n in layers), key=order.__getitem__):
@@ -284,14 +309,30 @@ def bytes_per_block(groups: Sequence[KVCacheGroupSpec]) -> int:
     return _uniform_page_size(groups) * max(len(g.layer_names) for g in groups)
 
 
-def estimate_max_model_len(
-    groups: Sequence[KVCacheGroupSpec], available_memory: int, limits: SchedulerLimits
+def placed_usage_bytes(
+    groups: Sequence[KVCacheGroupSpec], limits: SchedulerLimits, block_bytes: int | None = None
 ) -> int:
-    """The largest max_model_len (<= limits.max_model_len) whose one request fits; 0 if none does."""
+    """Bytes one request of ``limits.max_model_len`` tokens takes: ``max_memory_usage_bytes_from_groups``
+    under kvspec's layout, or with ``block_bytes`` (what one block costs under the engine's placement) the
+    blocks it needs times that cost."""
+    usage = max_memory_usage_bytes_from_groups(groups, limits)
+    if block_bytes is None or not groups:
+        return usage
+    return cdiv(usage, bytes_per_block(groups)) * block_bytes
+
+
+def estimate_max_model_len(
+    groups: Sequence[KVCacheGroupSpec],
+    available_memory: int,
+    limits: SchedulerLimits,
+    block_bytes: int | None = None,
+) -> int:
+    """The largest max_model_len (<= limits.max_model_len) whose one request fits; 0 if none does
+    (``block_bytes``: see ``placed_usage_bytes``)."""
 
     def fits(length: int) -> bool:
         return (
-            max_memory_usage_bytes_from_groups(groups, dataclasses.replace(limits, max_model_len=length))
+            placed_usage_bytes(groups, dataclasses.replace(limits, max_model_len=length), block_bytes)
             <= available_memory
         )
 
@@ -305,15 +346,36 @@ def estimate_max_model_len(
     return lo
 
 
+def usable_bytes(
+    groups: Sequence[KVCacheGroupSpec],
+    available_memory: int,
+    reserve_null_block: bool,
+    block_bytes: int | None = None,
+) -> int:
+    """The bytes of ``available_memory`` requests can use: with ``reserve_null_block`` one block less (the
+    pool holds block 0 back as the null block for its lifetime; vLLM 0.34 plans its checks and auto-fit
+    against the usable blocks, B plan:1638). The blocks allocated still come from all of it. ``block_bytes``:
+    what one block costs under the engine's placement (None: ``bytes_per_block(groups)``)."""
+    if not reserve_null_block or not groups:
+        return available_memory
+    return available_memory - (bytes_per_block(groups) if block_bytes is None else block_bytes)
+
+
 def check_enough_kv_cache_memory(
-    groups: Sequence[KVCacheGroupSpec], available_memory: int, limits: SchedulerLimits, *, worker: str = ""
+    groups: Sequence[KVCacheGroupSpec],
+    available_memory: int,
+    limits: SchedulerLimits,
+    *,
+    worker: str = "",
+    block_bytes: int | None = None,
 ) -> None:
     """Raise InsufficientKVCacheMemoryError (with needed, available and the max_model_len that would fit)
-    unless one request of ``limits.max_model_len`` tokens fits in ``available_memory`` bytes."""
+    unless one request of ``limits.max_model_len`` tokens fits in ``available_memory`` bytes
+    (``block_bytes``: see ``placed_usage_bytes``)."""
     if not groups:
         return
     where = f" on {worker}" if worker else ""
-    needed = max_memory_usage_bytes_from_groups(groups, limits)
+    needed = placed_usage_bytes(groups, limits, block_bytes)
     if available_memory <= 0:
         raise InsufficientKVCacheMemoryError(
             f"No available memory for the cache blocks{where} ({available_memory} bytes). {CONSERVING_MEMORY_HINT}",
@@ -323,7 +385,7 @@ def check_enough_kv_cache_memory(
             estimated_max_model_len=0,
         )
     if needed > available_memory:
-        estimate = estimate_max_model_len(groups, available_memory, limits)
+        estimate = estimate_max_model_len(groups, available_memory, limits, block_bytes)
         estimated_msg = (
             f"Based on the available memory, the estimated maximum model length is {estimate}. "
             if estimate > 0
@@ -392,6 +454,25 @@ def project_groups_to_worker(
     return out
 
 
+def mark_eagle_groups(
+    groups: Sequence[KVCacheGroupSpec], draft_layers: Collection[str]
+) -> tuple[KVCacheGroupSpec, ...]:
+    """The groups with ``is_eagle_group`` set on exactly those that hold a layer of ``draft_layers``, the
+    draft model's (EAGLE / MTP) layers: the groups whose hits EAGLE's one-block drop applies to (vLLM 0.34,
+    B plan:1755-1762; 0.23 flags every group). Layer names and specs are unchanged."""
+    drafts = frozenset(draft_layers)
+    return tuple(dataclasses.replace(g, is_eagle_group=not drafts.isdisjoint(g.layer_names)) for g in groups)
+
+
+def draft_groups_unidentified(groups: Sequence[KVCacheGroupSpec]) -> bool:
+    """No group is flagged as the draft model's although some group holds state (Mamba) layers: EAGLE's
+    block drop then misses the draft's groups, and a state group's hit is not extended (vLLM 0.34 warns,
+    B plan:1088-1115). Tag the draft model's layers so ``mark_eagle_groups`` can find them."""
+    if any(g.is_eagle_group for g in groups):
+        return False
+    return any(traits_of(spec).kind == "mamba" for g in groups for spec in _layer_specs(g))
+
+
 def check_layer_values(layer_specs: Mapping[str, KVCacheSpec]) -> None:
     """Every layer's ``block_size`` and ``page_size_bytes`` are positive ints (a plugin returning a float
     would otherwise plan a fractional number of blocks); SpecValidationError names the layer."""
@@ -433,6 +514,8 @@ def get_kv_cache_configs(
     num_blocks_override: int | None = None,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
+    reserve_null_block: bool = False,
+    pad_pages: bool = False,
 ) -> list[KVCacheConfig]:
     # Documented on kvspec.planning.get_kv_cache_configs, the checked door.
     if len(per_worker_specs) != len(per_worker_available_bytes):
@@ -443,33 +526,61 @@ def get_kv_cache_configs(
     merged = merge_worker_specs(per_worker_specs)
     registry.check(merged)
     check_layer_values(merged)
-    global_groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry)
+    global_groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry, pad_pages=pad_pages)
     worker_groups = [project_groups_to_worker(global_groups, specs) for specs in per_worker_specs]
-    memory = list(per_worker_available_bytes)
-    if num_blocks_override is not None:
-        memory = [num_blocks_override * bytes_per_block(g) for g in worker_groups]
-    configs: list[KVCacheConfig] = []
-    for rank, (groups, avail) in enumerate(zip(worker_groups, memory)):
-        live = [g for g in groups if g.layer_names]
-        check_enough_kv_cache_memory(live, avail, limits, worker=f"worker {rank}" if len(memory) > 1 else "")
-        config = get_kv_cache_config_from_groups(groups, avail, num_blocks_override=num_blocks_override)
-        assigned = {n for g in config.kv_cache_groups for n in g.layer_names}
-        missing = set(per_worker_specs[rank]) - assigned
+    for rank, groups in enumerate(worker_groups):
+        missing = set(per_worker_specs[rank]) - {n for g in groups for n in g.layer_names}
         if missing:
             raise PlanningError(f"Some layers are not assigned to any group: {sorted(missing)}.")
-        configs.append(config)
-    if not configs:
-        return configs
-    min_blocks = min(c.num_blocks for c in configs)
-    out: list[KVCacheConfig] = []
-    for config in configs:
-        old = config.num_blocks
-        tensors = tuple(
-            KVCacheTensor(size=(t.size // old * min_blocks) if old else 0, shared_by=t.shared_by)
-            for t in config.kv_cache_tensors
-        )
-        out.append(dataclasses.replace(config, num_blocks=min_blocks, kv_cache_tensors=tensors))
+    if not worker_groups:
+        return []
+    budgets = WorkerBudgets(
+        worker_groups=worker_groups,
+        available_bytes=per_worker_available_bytes,
+        num_blocks_override=num_blocks_override,
+        reserve_null_block=reserve_null_block,
+    )
+    num_blocks = plan_num_blocks(budgets, limits)
+    return [
+        get_kv_cache_config_from_groups(groups, 0, num_blocks_override=num_blocks) for groups in worker_groups
+    ]
+
+
+def _live_workers(budgets: WorkerBudgets) -> list[tuple[list[KVCacheGroupSpec], int, int]]:
+    """(groups with layers, bytes to plan with, bytes per block) of each worker of ``budgets`` that has
+    layers (with an override, the memory its blocks take)."""
+    out: list[tuple[list[KVCacheGroupSpec], int, int]] = []
+    for rank, (groups, avail) in enumerate(zip(budgets.worker_groups, budgets.available_bytes)):
+        live = [g for g in groups if g.layer_names]
+        if not live:
+            continue
+        per_block = bytes_per_block(live) if budgets.block_bytes is None else budgets.block_bytes[rank]
+        if per_block <= 0:
+            raise PlanningError(
+                f"Worker {rank}'s blocks cost {per_block} bytes; a block costs at least a byte."
+            )
+        override = budgets.num_blocks_override
+        out.append((live, avail if override is None else override * per_block, per_block))
     return out
+
+
+def plan_num_blocks(budgets: WorkerBudgets, limits: SchedulerLimits) -> int:
+    """The number of blocks every worker gets (all must hold the same block ids): the smallest
+    ``available // block bytes`` over the workers with layers, or the override. Each worker must hold one
+    request of ``limits.max_model_len`` tokens (see ``WorkerBudgets``): InsufficientKVCacheMemoryError
+    names the worker that cannot. A model without KV cache gets 1 block (the null block)."""
+    counts: list[int] = []
+    for rank, (live, avail, per_block) in enumerate(_live_workers(budgets)):
+        check_enough_kv_cache_memory(
+            live,
+            usable_bytes(live, avail, budgets.reserve_null_block, per_block),
+            limits,
+            worker=f"worker {rank}" if len(budgets.worker_groups) > 1 else "",
+            block_bytes=per_block,
+        )
+        override = budgets.num_blocks_override
+        counts.append(override if override is not None else max(avail // per_block, 0))
+    return min(counts) if counts else 1
 
 
 def get_kv_cache_config(
@@ -480,6 +591,8 @@ def get_kv_cache_config(
     num_blocks_override: int | None = None,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
+    reserve_null_block: bool = False,
+    pad_pages: bool = False,
 ) -> KVCacheConfig:
     # Documented on kvspec.planning.get_kv_cache_config, the checked door.
     return get_kv_cache_configs(
@@ -489,6 +602,8 @@ def get_kv_cache_config(
         num_blocks_override=num_blocks_override,
         hybrid=hybrid,
         registry=registry,
+        reserve_null_block=reserve_null_block,
+        pad_pages=pad_pages,
     )[0]
 
 
@@ -523,17 +638,38 @@ def auto_fit_max_model_len(
     *,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
+    reserve_null_block: bool = False,
+    pad_pages: bool = False,
 ) -> int:
     # Documented on kvspec.planning.auto_fit_max_model_len, the checked door.
     registry = default_registry if registry is None else registry
     merged = merge_worker_specs(per_worker_specs)
-    groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry)
-    fitted = min(
-        estimate_max_model_len(
-            [g for g in project_groups_to_worker(groups, specs) if g.layer_names], avail, limits
-        )
-        for specs, avail in zip(per_worker_specs, per_worker_available_bytes)
+    groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry, pad_pages=pad_pages)
+    budgets = WorkerBudgets(
+        worker_groups=[project_groups_to_worker(groups, specs) for specs in per_worker_specs],
+        available_bytes=per_worker_available_bytes,
+        reserve_null_block=reserve_null_block,
     )
+    return auto_fit_from_groups(budgets, limits)
+
+
+def auto_fit_from_groups(budgets: WorkerBudgets, limits: SchedulerLimits) -> int:
+    """The largest max_model_len (<= ``limits.max_model_len``) every worker with layers can serve one request
+    of (see ``WorkerBudgets``); InsufficientKVCacheMemoryError when not one token fits. A model without KV
+    cache keeps ``limits.max_model_len``."""
+    fits = [
+        (
+            estimate_max_model_len(
+                live, usable_bytes(live, avail, budgets.reserve_null_block, per_block), limits, per_block
+            ),
+            live,
+            avail,
+        )
+        for live, avail, per_block in _live_workers(budgets)
+    ]
+    if not fits:
+        return limits.max_model_len
+    fitted, groups, limiting = min(fits, key=lambda fit: fit[0])
     if fitted <= 0:
         raise InsufficientKVCacheMemoryError(
             "Cannot auto-fit max_model_len: not enough memory to serve even a single token. "
@@ -541,7 +677,7 @@ def auto_fit_max_model_len(
             needed_bytes=max_memory_usage_bytes_from_groups(
                 groups, dataclasses.replace(limits, max_model_len=1)
             ),
-            available_bytes=min(per_worker_available_bytes),
+            available_bytes=limiting,
             max_model_len=limits.max_model_len,
             estimated_max_model_len=0,
         )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvspec.contracts.spec import KVCacheSpec
 from kvspec.contracts.traits import traits_of
+from kvspec.errors import PlanningError
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
 
 
@@ -71,3 +73,34 @@ def scheduler_spec(spec: KVCacheSpec) -> KVCacheSpec:
     if isinstance(spec, UniformTypeKVCacheSpecs):
         return spec.representative_spec()
     return spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerBudgets:
+    """What one plan knows of each worker (tensor- or pipeline-parallel rank), in worker order.
+
+    - ``worker_groups``: each worker's projection of the global groups (``project_groups_to_worker``);
+    - ``available_bytes``: the memory each worker has for its KV cache;
+    - ``num_blocks_override``: every worker gets this many blocks, whatever its memory (the memory its
+      blocks take is then what the checks see);
+    - ``reserve_null_block``: one max-length request must fit beside the null block (vLLM 0.34);
+    - ``block_bytes``: what one block costs each worker under the engine's tensor placement (an aligned or
+      padded layout); None: kvspec's layout (``bytes_per_block``).
+    """
+
+    worker_groups: Sequence[Sequence[KVCacheGroupSpec]]
+    available_bytes: Sequence[int]
+    num_blocks_override: int | None = None
+    reserve_null_block: bool = False
+    block_bytes: Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        counts = {len(self.worker_groups), len(self.available_bytes)}
+        if self.block_bytes is not None:
+            counts.add(len(self.block_bytes))
+        if len(counts) != 1:
+            raise PlanningError(
+                f"Got groups for {len(self.worker_groups)} workers, memory for {len(self.available_bytes)}"
+                + ("" if self.block_bytes is None else f" and block bytes for {len(self.block_bytes)}")
+                + "; give one of each per worker."
+            )

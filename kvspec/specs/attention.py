@@ -187,9 +187,15 @@ class AttentionSpec:
 
     def _sharded_traits(self) -> SpecTraits:
         traits = self._declare_traits()
-        if self.dcp_sharded:
+        # A page read through a strided view can be padded; a latent (MLA) page is indexed in token rows.
+        paddable = traits.full_attention_family != "latent"
+        if self.dcp_sharded and traits.page_paddable == paddable:
             return traits
-        return dataclasses.replace(traits, context_parallel_sharded=False)
+        return dataclasses.replace(
+            traits,
+            context_parallel_sharded=traits.context_parallel_sharded and self.dcp_sharded,
+            page_paddable=paddable,
+        )
 
     def _declare_traits(self) -> SpecTraits:
         return SpecTraits(device_views=self.page_views())

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("vllm.v1.core.kv_cache_planning", reason="vLLM 0.34's planner")
 
 from benchmarks.vllm_scheduler_loop import vllm_034_planner
+from kvspec.contracts.release import VLLM_0_34
 from kvspec.contracts.spec import MambaCacheMode, SchedulerLimits
 from kvspec.errors import InsufficientKVCacheMemoryError
 from kvspec.integrations.vllm import to_vllm
@@ -43,7 +44,13 @@ def test_plan_matches_vllm_0_34(preset: str, memory: int) -> None:
     )
     (specs,) = layout.per_worker_specs(1)
     try:
-        (ours,) = get_kv_cache_configs([specs], [memory], limits)
+        (ours,) = get_kv_cache_configs(
+            [specs],
+            [memory],
+            limits,
+            reserve_null_block=VLLM_0_34.planning_reserves_null_block,
+            pad_pages=VLLM_0_34.planning_pads_pages,
+        )
     except InsufficientKVCacheMemoryError:
         ours = None
 

@@ -144,6 +144,10 @@ RELEASES = {
             "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py": (
                 "BlockPool (Vllm034BlockPool: partial prompt-tail entries), BlockHashListWithBlockSize"
             ),
+            "tests/v1/core/test_kv_cache_planning.py": (
+                "grouping, EAGLE groups, block counts, null block, auto-fit, memory checks "
+                "(kvspec.integrations.vllm_planning_034; tensor placement stays vLLM's KVCacheConfigBuilder)"
+            ),
         },
         helper_files=(
             "tests/v1/core/utils.py",

@@ -68,6 +68,7 @@ ROUTED_034 = frozenset(
         "tests/v1/test_kv_cache_spec_registry.py",
         "tests/v1/core/test_single_type_kv_cache_manager.py",
         "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py",
+        "tests/v1/core/test_kv_cache_planning.py",
     }
 )
 
@@ -89,9 +90,23 @@ vllm_kv_cache_manager.install()
 _DURING_TESTS = {
     "tests/v1/core/test_kv_cache_utils.py": (
         "vllm.v1.core.kv_cache_utils",
+        "vllm_planning",
         {
             "_project_kv_cache_groups_to_worker": "project_kv_cache_groups_to_worker",
             "unify_hybrid_kv_cache_specs": "unify_hybrid_kv_cache_specs",
+        },
+    ),
+    # vLLM 0.34: the planning flow the file's helper (tests/v1/core/utils.get_kv_cache_configs) and tests
+    # call through the module
+    "tests/v1/core/test_kv_cache_planning.py": (
+        "vllm.v1.core.kv_cache_planning",
+        "vllm_planning_034",
+        {
+            "get_kv_cache_configs": "get_kv_cache_configs",
+            "get_global_kv_cache_groups": "get_global_kv_cache_groups",
+            "get_kv_cache_groups": "get_kv_cache_groups",
+            "check_enough_kv_cache_memory": "check_enough_kv_cache_memory",
+            "estimate_max_model_len": "estimate_max_model_len",
         },
     ),
 }
@@ -105,12 +120,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     import importlib
 
-    from kvspec.integrations import vllm_planning
-
     module = importlib.import_module(entry[0])
-    for theirs, ours in entry[1].items():
+    facade = importlib.import_module(f"kvspec.integrations.{entry[1]}")
+    for theirs, ours in entry[2].items():
         _restore.append((module, theirs, getattr(module, theirs)))
-        setattr(module, theirs, getattr(vllm_planning, ours))
+        setattr(module, theirs, getattr(facade, ours))
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
@@ -137,7 +151,7 @@ def _module_routes() -> dict[str, dict[str, object]]:
     }
     from kvspec.blocks import metrics as block_metrics
     from kvspec.integrations import vllm as vllm_integration
-    from kvspec.integrations import vllm_planning
+    from kvspec.integrations import vllm_planning, vllm_planning_034
 
     return {
         "tests/v1/core/test_kv_cache_utils.py": {
@@ -163,6 +177,16 @@ def _module_routes() -> dict[str, dict[str, object]]:
             "add_kv_sharing_layers_to_kv_cache_groups": vllm_integration.add_kv_sharing_layers_to_kv_cache_groups,
         },
         "tests/v1/core/test_prefix_caching.py": pool_names,
+        # vLLM 0.34's planning names the file imports (the rest go through the module: _DURING_TESTS)
+        "tests/v1/core/test_kv_cache_planning.py": {
+            name: getattr(vllm_planning_034, name)
+            for name in (
+                "check_enough_kv_cache_memory",
+                "estimate_max_model_len",
+                "get_kv_cache_groups",
+                "is_kv_cache_spec_uniform",
+            )
+        },
         # vLLM 0.34's partial prompt-tail entries on kvspec's pool (BlockPool.cache_partial_block) and its
         # coarse hash view under 0.34's rule (a coarse block keyed by its last fine hash)
         "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py": {

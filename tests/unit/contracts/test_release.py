@@ -98,6 +98,11 @@ def test_vllm_0_32_is_0_34_but_for_four_rows() -> None:
     assert VLLM_0_32.default_block_size == 16
 
 
+def test_the_planner_holds_the_null_block_back_from_0_32_on() -> None:
+    assert not VLLM_0_23.planning_reserves_null_block
+    assert VLLM_0_32.planning_reserves_null_block and VLLM_0_34.planning_reserves_null_block
+
+
 def test_mamba_all_is_refused_by_the_0_34_profile() -> None:
     mamba = MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="all")
     config = make_config([full_spec(), mamba], 32)

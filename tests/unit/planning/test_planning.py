@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -15,10 +17,13 @@ from kvspec import (
     KVCacheGroupSpec,
     KVCacheSpec,
     KVCacheTensor,
+    MambaSpec,
+    MLAAttentionSpec,
     SchedulerLimits,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
 )
+from kvspec.contracts.traits import traits_of
 from kvspec.errors import (
     ConflictingLayerSpecError,
     HybridUnificationError,
@@ -28,8 +33,11 @@ from kvspec.errors import (
     UnregisteredSpecError,
 )
 from kvspec.planning import (
+    WorkerBudgets,
     add_kv_sharing_layers,
+    auto_fit_from_groups,
     auto_fit_max_model_len,
+    draft_groups_unidentified,
     estimate_max_model_len,
     generate_scheduler_kv_cache_config,
     get_kv_cache_config,
@@ -37,7 +45,9 @@ from kvspec.planning import (
     get_kv_cache_groups,
     get_max_concurrency,
     is_kv_cache_spec_uniform,
+    mark_eagle_groups,
     max_memory_usage_bytes_from_groups,
+    plan_num_blocks,
     project_groups_to_worker,
     unify_hybrid_kv_cache_specs,
 )
@@ -223,7 +233,82 @@ class TestUniformityAndUnification:
         assert specs == before
 
 
+class TestPagePadding:
+    """vLLM 0.34 pads a page that block-size scaling cannot bring to the common page (``pad_pages``)."""
+
+    def test_a_page_that_does_not_divide_the_largest_is_padded_when_asked(self) -> None:
+        wide = sw(head_size=96)  # 24,576 bytes: 16,384 does not divide it
+        specs = {"full0": full(), "sw0": wide}
+        with pytest.raises(PageSizeUnificationError, match="does not divide the largest page size"):
+            get_kv_cache_groups(specs)
+        groups = get_kv_cache_groups(specs, pad_pages=True)
+        padded = {g.layer_names[0]: g.kv_cache_spec for g in groups}
+        assert padded["sw0"] is wide  # the largest page is left alone
+        assert padded["full0"] == dataclasses.replace(full(), page_size_padded=wide.page_size_bytes)
+        assert padded["full0"].block_size == 16 and padded["full0"].page_size_bytes == 24_576
+        # one layer per group, the groups overlaid on one tensor: a block costs one 24,576-byte page
+        config = get_kv_cache_config(specs, PAGE * 2 * 32, LIMITS, pad_pages=True)
+        assert config.num_blocks == PAGE * 2 * 32 // 24_576 == 42
+
+    def test_a_page_that_divides_is_still_scaled_not_padded(self) -> None:
+        groups = get_kv_cache_groups({"full0": full(), "sw0": sw(head_size=128)}, pad_pages=True)
+        full_spec = next(g.kv_cache_spec for g in groups if g.layer_names == ("full0",))
+        assert full_spec.block_size == 32 and getattr(full_spec, "page_size_padded") is None  # noqa: B009
+
+    def test_a_mamba_state_is_padded_and_a_latent_page_is_not(self) -> None:
+        mamba = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=(F32,))  # 128 bytes, does not scale
+        groups = get_kv_cache_groups({"full0": full(), "m0": mamba}, pad_pages=True)
+        state = next(g.kv_cache_spec for g in groups if g.layer_names == ("m0",))
+        assert state == dataclasses.replace(mamba, page_size_padded=PAGE) and state.block_size == 16
+        latent = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+        assert not traits_of(latent).page_paddable and traits_of(full()).page_paddable
+        with pytest.raises(PageSizeUnificationError, match="does not divide"):
+            get_kv_cache_groups({"mla0": latent, "sw0": sw(head_size=96)}, pad_pages=True)
+
+
+class TestEagleGroups:
+    def test_the_groups_holding_draft_layers_are_the_eagle_groups(self) -> None:
+        groups = get_kv_cache_groups({**layers("full", full(), 2), **layers("sw", sw(), 2)})
+        marked = mark_eagle_groups(groups, {"sw1"})
+        assert [g.is_eagle_group for g in marked] == ["sw1" in g.layer_names for g in groups]
+        assert sum(g.is_eagle_group for g in marked) == 1
+        assert [g.layer_names for g in marked] == [g.layer_names for g in groups]
+        assert not any(g.is_eagle_group for g in mark_eagle_groups(marked, ()))
+
+    def test_untagged_draft_layers_are_noticed_only_beside_state_layers(self) -> None:
+        mamba = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=(F32,), page_size_padded=PAGE)
+        hybrid = get_kv_cache_groups({"full0": full(), "m0": mamba})
+        assert draft_groups_unidentified(hybrid)
+        assert not draft_groups_unidentified(mark_eagle_groups(hybrid, {"full0"}))
+        assert not draft_groups_unidentified(get_kv_cache_groups({"full0": full(), "sw0": sw()}))
+
+
 class TestMemory:
+    def test_plan_num_blocks_takes_the_placements_block_cost(self) -> None:
+        """An engine whose placement pads a block (alignment) says what a block costs each worker: the
+        count and the null-block check use that cost, and the smallest worker's count wins."""
+        groups = get_kv_cache_groups(layers("l", full(), 2))
+        two = [groups, groups]
+
+        def budgets(memory: list[int], **kw: Any) -> WorkerBudgets:
+            return WorkerBudgets(worker_groups=two, available_bytes=memory, **kw)
+
+        assert plan_num_blocks(budgets([PAGE * 2 * 20, PAGE * 2 * 30]), LIMITS) == 20
+        padded = [PAGE * 2, PAGE * 4]
+        assert plan_num_blocks(budgets([PAGE * 2 * 20] * 2, block_bytes=padded), LIMITS) == 10
+        with pytest.raises(InsufficientKVCacheMemoryError, match="on worker 1"):  # 8 blocks, 7 usable
+            plan_num_blocks(budgets([PAGE * 2 * 16] * 2, block_bytes=padded, reserve_null_block=True), LIMITS)
+        assert (
+            plan_num_blocks(budgets([PAGE * 2 * 18] * 2, block_bytes=padded, reserve_null_block=True), LIMITS)
+            == 9
+        )
+        assert plan_num_blocks(budgets([1, 1], num_blocks_override=9, reserve_null_block=True), LIMITS) == 9
+        empty = WorkerBudgets(worker_groups=[[], []], available_bytes=[0, 0])
+        assert plan_num_blocks(empty, LIMITS) == 1  # no KV cache: the null block
+        with pytest.raises(PlanningError, match="give one of each per worker"):
+            budgets([PAGE])
+        assert auto_fit_from_groups(budgets([PAGE * 2 * 10] * 2, block_bytes=padded), LARGE) == 80
+
     def test_estimate_max_model_len(self) -> None:
         spec = FullAttentionSpec(block_size=16, num_kv_heads=32, head_size=128, dtype=torch.float16)
         groups = get_kv_cache_groups(layers("l", spec, 32))
@@ -283,6 +368,26 @@ class TestMemory:
         assert 0 < auto_fit_max_model_len([hybrid], [PAGE * 20], LARGE) < 1024
         with pytest.raises(InsufficientKVCacheMemoryError, match="Cannot auto-fit max_model_len"):
             auto_fit_max_model_len([specs], [10], LARGE)
+
+    def test_the_null_block_is_held_back_from_the_checks_when_asked(self) -> None:
+        """vLLM 0.34 (``reserve_null_block``): a request of max_model_len tokens must fit the blocks beside
+        the null block. 128 tokens need 8 blocks of 16: 8 blocks of memory pass without the reservation
+        and are refused with it, 9 pass, and the blocks allocated still come from all the memory."""
+        specs = layers("l", full(), 2)
+        assert get_kv_cache_config(specs, PAGE * 2 * 8, LIMITS).num_blocks == 8
+        with pytest.raises(InsufficientKVCacheMemoryError, match="max seq len") as info:
+            get_kv_cache_config(specs, PAGE * 2 * 8, LIMITS, reserve_null_block=True)
+        assert info.value.available_bytes == PAGE * 2 * 7 and info.value.estimated_max_model_len == 112
+        assert get_kv_cache_config(specs, PAGE * 2 * 9, LIMITS, reserve_null_block=True).num_blocks == 9
+        with pytest.raises(
+            InsufficientKVCacheMemoryError, match="max seq len"
+        ):  # the override's 8 blocks too
+            get_kv_cache_config(specs, PAGE * 2 * 100, LIMITS, num_blocks_override=8, reserve_null_block=True)
+        assert auto_fit_max_model_len([specs], [PAGE * 2 * 10], LARGE, reserve_null_block=True) == 144
+        with pytest.raises(
+            InsufficientKVCacheMemoryError, match="Cannot auto-fit"
+        ):  # one block: the null one
+            auto_fit_max_model_len([specs], [PAGE * 2], LARGE, reserve_null_block=True)
 
 
 class TestMultipleWorkers:

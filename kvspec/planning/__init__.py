@@ -95,7 +95,8 @@ def get_kv_cache_groups(
     Layers whose traits declare ``own_group`` (hidden-state caches) get one group each, resized to the
     common page by their ``with_page_size``. With ``pad_pages`` (vLLM 0.34,
     ``ReleaseProfile.planning_pads_pages``) a ``page_paddable`` layer whose block cannot scale to the common
-    page is padded to it (see ``unify_kv_cache_spec_page_size``).
+    page is padded to it (see ``unify_kv_cache_spec_page_size``), and an ``own_group`` layer's block is the
+    largest that fits the page and divides the other groups' blocks (a hit stays whole in its blocks).
     """
     return _core.get_kv_cache_groups(layer_specs, hybrid=hybrid, registry=registry, pad_pages=pad_pages)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Collection, Mapping, Sequence
 
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
@@ -260,11 +261,35 @@ def get_kv_cache_groups(
     )
     if own:
         common_page = groups[0].kv_cache_spec.page_size_bytes if groups else None
+        # vLLM 0.34: an own-group layer's block divides the other groups' blocks, so every hit (a whole
+        # number of their blocks) is a whole number of its blocks too.
+        common_block = (
+            math.gcd(*(g.kv_cache_spec.block_size for g in groups)) if pad_pages and groups else None
+        )
         for name in sorted((n for layers in own.values() for n in layers), key=order.__getitem__):
             spec = specs_by_layer[name]
             page = spec.page_size_bytes if common_page is None else common_page
-            groups.append(KVCacheGroupSpec(layer_names=(name,), kv_cache_spec=resized_to_page(spec, page)))
+            resized = resized_to_page(spec, page)
+            if common_block is not None:
+                resized = _block_dividing(resized, common_block, name)
+            groups.append(KVCacheGroupSpec(layer_names=(name,), kv_cache_spec=resized))
     return groups
+
+
+def _block_dividing(spec: KVCacheSpec, common_block: int, name: str) -> KVCacheSpec:
+    """``spec`` (resized to the common page) with the largest block size that fits its page and divides
+    ``common_block``; the page stays padded to the same size."""
+    block = next(b for b in range(min(spec.block_size, common_block), 0, -1) if common_block % b == 0)
+    if block == spec.block_size:
+        return spec
+    out = spec.copy_with_new_block_size(block)
+    if out.page_size_bytes != spec.page_size_bytes:
+        raise PageSizeUnificationError(
+            f"Layer {name} ({type(spec).__name__}) holds {block} tokens per block to divide the other groups' "
+            f"{common_block}-token blocks, but its page then changes from {spec.page_size_bytes} to "
+            f"{out.page_size_bytes} bytes; its spec must keep a padded page when its block shrinks."
+        )
+    return out
 
 
 # -- memory bounds ------------------------------------------------------------------------------

@@ -113,11 +113,6 @@ KNOWN_GAPS_034: dict[str, str] = {
     _PLAN + "test_eagle_groups_are_the_groups_holding_draft_layers[1-draft_spans_groups]": _PACKED,
     _PLAN + "test_eagle_groups_are_the_groups_holding_draft_layers[2-draft_spans_groups]": _PACKED,
     _PLAN + "test_kv_tp_replicas[mla-and-gqa-swa]": _PACKED,
-    _PLAN + "test_hidden_state_group_preserves_hybrid_prefix_cache_granularity": (
-        "vLLM 0.34 sizes a hidden-state layer's block as the largest divisor of the other groups' block "
-        "sizes that fits the common page (a hit stays a whole number of its blocks); kvspec's "
-        "HiddenStateCacheSpec.with_page_size fits as many tokens as the page holds"
-    ),
     _PLAN + "test_windowed_dspark_draft_keeps_its_dcp_layout": (
         "an MLA spec whose 0.34 page is sized by fields kvspec's MLAAttentionSpec does not have (the sparse "
         "indexer's row layout): spec conversion refuses a page that would change size"

@@ -98,9 +98,10 @@ def test_vllm_0_32_is_0_34_but_for_four_rows() -> None:
     assert VLLM_0_32.default_block_size == 16
 
 
-def test_the_planner_holds_the_null_block_back_from_0_32_on() -> None:
-    assert not VLLM_0_23.planning_reserves_null_block
-    assert VLLM_0_32.planning_reserves_null_block and VLLM_0_34.planning_reserves_null_block
+def test_the_planner_holds_the_null_block_back_and_pads_pages_from_0_32_on() -> None:
+    for row in ("planning_reserves_null_block", "planning_pads_pages"):
+        assert not getattr(VLLM_0_23, row)
+        assert getattr(VLLM_0_32, row) and getattr(VLLM_0_34, row)
 
 
 def test_mamba_all_is_refused_by_the_0_34_profile() -> None:

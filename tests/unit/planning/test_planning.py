@@ -265,6 +265,23 @@ class TestPagePadding:
         with pytest.raises(PageSizeUnificationError, match="does not divide"):
             get_kv_cache_groups({"mla0": latent, "sw0": sw(head_size=96)}, pad_pages=True)
 
+    def test_a_hidden_state_block_divides_the_other_groups_blocks_under_0_34(self) -> None:
+        """vLLM 0.34 (B plan:1222-1240): 544-token groups with a 1,114,112-byte page; a hidden-state layer of
+        6,144 bytes a token fits 181 tokens, but takes 136, the largest divisor of 544 that fits, so a hit
+        (a whole number of 544-token blocks) is a whole number of its blocks; the page stays padded."""
+        full_spec = FullAttentionSpec(block_size=544, num_kv_heads=1, head_size=512, dtype=torch.bfloat16)
+        mamba = MambaSpec(block_size=544, shapes=((557056,),), dtypes=(torch.bfloat16,))
+        hidden = HiddenStateCacheSpec(block_size=544, num_kv_heads=3, head_size=1024, dtype=torch.bfloat16)
+        specs: dict[str, KVCacheSpec] = {"full": full_spec, "mamba": mamba, "hidden": hidden}
+        assert full_spec.page_size_bytes == mamba.page_size_bytes == 1_114_112
+
+        def hidden_spec(pad: bool) -> KVCacheSpec:
+            groups = get_kv_cache_groups(specs, pad_pages=pad)
+            return next(g.kv_cache_spec for g in groups if g.layer_names == ("hidden",))
+
+        assert hidden_spec(False).block_size == 181  # 0.23: as many tokens as the page holds
+        assert hidden_spec(True).block_size == 136 and hidden_spec(True).page_size_bytes == 1_114_112
+
 
 class TestEagleGroups:
     def test_the_groups_holding_draft_layers_are_the_eagle_groups(self) -> None:

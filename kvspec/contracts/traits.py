@@ -82,6 +82,8 @@ class SpecTraits:
       full attention, vLLM's ``prefix_cacheable=False``): the other groups cache and hit as usual, the hit
       search leaves this group out, and an admitted request gets fresh blocks for it.
     - ``sliding_window`` / ``attention_chunk_size``: the window (tokens) that window managers read.
+      ``extra_retained_tokens``: tokens below the window a window manager keeps, unread (an engine with
+      several speculative modules re-prefills them; vLLM 0.34): they are skipped, and freed, that much later.
     - ``context_parallel_sharded``: with decode context parallelism a block's tokens are sharded over the
       ranks, so one block spans ``block_size x DCP`` tokens (attention). False: every rank holds the whole
       block (a Mamba state, a draft model's replicated layers); under vLLM 0.34's rules such a group keeps
@@ -122,6 +124,7 @@ class SpecTraits:
     prefix_cacheable: bool = True
     supports_eagle_with_prefix_caching: bool = True
     sliding_window: int | None = None
+    extra_retained_tokens: int = 0
     attention_chunk_size: int | None = None
     context_parallel_sharded: bool = True
     tokens_per_block: int | None = None
@@ -164,6 +167,10 @@ class SpecTraits:
             value = getattr(self, name)
             if value is not None and not is_count(value, 0):
                 raise TraitsError(f"SpecTraits.{name} must be None or an int >= 0, got {value!r}.")
+        if not is_count(self.extra_retained_tokens, 0):
+            raise TraitsError(
+                f"SpecTraits.extra_retained_tokens must be an int >= 0, got {self.extra_retained_tokens!r}."
+            )
         per_block = self.tokens_per_block
         if per_block is not None and not is_count(per_block, 1):
             raise TraitsError(f"SpecTraits.tokens_per_block must be None or an int >= 1, got {per_block!r}.")

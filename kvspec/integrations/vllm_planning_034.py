@@ -77,9 +77,11 @@ def get_kv_cache_groups(vllm_config: Any, kv_cache_spec: Mapping[str, Any]) -> l
 
 def get_global_kv_cache_groups(vllm_config: Any, kv_cache_specs: Sequence[Mapping[str, Any]]) -> list[Any]:
     """vLLM 0.34's ``get_global_kv_cache_groups``: every worker's layers grouped as one model (a layer on
-    several workers must have one spec); with EAGLE's block drop, the groups holding the draft model's
+    several workers must have one spec; sliding windows keep the tokens several speculative modules
+    re-prefill, ``_with_retained_tokens``); with EAGLE's block drop, the groups holding the draft model's
     layers (``is_draft``) are its EAGLE groups (``kvspec.planning.mark_eagle_groups``), and a model with
     Mamba layers whose draft layers are not tagged gets vLLM's warning."""
+    kv_cache_specs = [_with_retained_tokens(vllm_config, w) for w in kv_cache_specs]
     per_worker = [to_kvspec_layers(w) for w in kv_cache_specs]
     try:
         merged_ours = planning.merge_worker_specs(per_worker)
@@ -101,6 +103,18 @@ def get_global_kv_cache_groups(vllm_config: Any, kv_cache_specs: Sequence[Mappin
                 speculative.method,
             )
     return [group_to_vllm(g, theirs) for g in groups]
+
+
+def _with_retained_tokens(vllm_config: Any, layer_specs: Mapping[str, Any]) -> dict[str, Any]:
+    """The layers with every sliding-window spec keeping ``num_prefill_lookahead_tokens - 1`` tokens below
+    its window (vLLM 0.34 tags them so before grouping: several speculative modules re-prefill them; kvspec's
+    ``SlidingWindowSpec.extra_retained_tokens``)."""
+    extra = max(0, int(getattr(vllm_config, "num_prefill_lookahead_tokens", 0) or 0) - 1)
+    window_cls = importlib.import_module("vllm.v1.kv_cache_interface").SlidingWindowSpec
+    return {
+        name: dataclasses.replace(spec, extra_retained_tokens=extra) if isinstance(spec, window_cls) else spec
+        for name, spec in layer_specs.items()
+    }
 
 
 def get_kv_cache_configs(

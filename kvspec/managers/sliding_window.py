@@ -31,6 +31,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
     def setup(self) -> None:
         self.sliding_window = _window(self.kv_cache_spec, self.traits)
+        # Kept below the window, unread, for an engine that re-prefills them (vLLM 0.34's multi-module MTP).
+        self.extra_retained_tokens = self.traits.extra_retained_tokens
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
@@ -134,7 +136,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return mask
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        skipped = num_computed_tokens - self.sliding_window + 1
+        skipped = num_computed_tokens - self.sliding_window + 1 - self.extra_retained_tokens
         return skipped if skipped > 0 else 0
 
     def free(self, request_id: str) -> None:

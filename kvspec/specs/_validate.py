@@ -13,6 +13,12 @@ def require_positive(spec: object, field: str, value: object) -> None:
         raise SpecValidationError(f"{type(spec).__name__}.{field} must be a positive int, got {value!r}.")
 
 
+def require_non_negative(spec: object, field: str, value: object) -> None:
+    """Raise SpecValidationError unless ``value`` is an int >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecValidationError(f"{type(spec).__name__}.{field} must be an int >= 0, got {value!r}.")
+
+
 def require_optional_positive(spec: object, field: str, value: object) -> None:
     if value is not None:
         require_positive(spec, field, value)

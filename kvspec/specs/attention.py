@@ -24,7 +24,12 @@ from kvspec.errors import (
     WindowSizeMismatchError,
 )
 from kvspec.intmath import cdiv
-from kvspec.specs._validate import require_dtype, require_optional_positive, require_positive
+from kvspec.specs._validate import (
+    require_dtype,
+    require_non_negative,
+    require_optional_positive,
+    require_positive,
+)
 from kvspec.specs.dtypes import KVQuantMode, dtype_size, nvfp4_full
 
 #: Fields that FullAttentionSpec.merge combines instead of requiring equality.
@@ -345,14 +350,21 @@ class RSWASpec(FullAttentionSpec):
 @check_construction
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SlidingWindowSpec(AttentionSpec):
-    """Each token attends to the last ``sliding_window`` tokens (itself included)."""
+    """Each token attends to the last ``sliding_window`` tokens (itself included).
+
+    ``extra_retained_tokens`` (tokens, vLLM 0.34): that many tokens below the window are kept, though not
+    read, because an engine with several speculative modules re-prefills the last ones (vLLM's planner sets
+    it to ``num_prefill_lookahead_tokens - 1``); blocks are freed that much later and a request may hold
+    that much more."""
 
     sliding_window: int
     head_size_v: int | None = None
+    extra_retained_tokens: int = 0
 
     def __post_init__(self) -> None:
         _default_value_head_size(self)
         require_positive(self, "sliding_window", self.sliding_window)
+        require_non_negative(self, "extra_retained_tokens", self.extra_retained_tokens)
         AttentionSpec.__post_init__(self)
 
     def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
@@ -366,9 +378,10 @@ class SlidingWindowSpec(AttentionSpec):
 
     def _declare_traits(self) -> SpecTraits:
         return SpecTraits(
-            admission_lookback_tokens=self.sliding_window - 1,
+            admission_lookback_tokens=self.sliding_window - 1 + self.extra_retained_tokens,
             admission_extra_blocks=1,
             sliding_window=self.sliding_window,
+            extra_retained_tokens=self.extra_retained_tokens,
             event_sliding_window=self.sliding_window,
             hybrid_off_families=self._hybrid_off_families,
             kind=self._kind,

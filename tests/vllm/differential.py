@@ -247,6 +247,18 @@ def _norm_or_raised(value: Any, norm: Callable[[Any], Any]) -> Any:
 # -- drawing a workload --------------------------------------------------------------------------
 
 
+def _retaining(spec: Any) -> Any:
+    """Against 0.34: a window keeping 0-3 tokens below it (``extra_retained_tokens``, several speculative
+    modules), drawn from the spec itself so the workload's own random stream, and so every seed's other
+    draws, stay as they were."""
+    if RELEASE_0_23:
+        return spec
+    extra = random.Random(f"{spec.sliding_window}/{spec.block_size}/{spec.num_kv_heads}").choice(
+        (0, 0, 1, 2, 3)
+    )
+    return dataclasses.replace(spec, extra_retained_tokens=extra)
+
+
 def _spec(family: str, block_size: int, rng: random.Random, max_model_len: int, nspec: int) -> Any:
     import torch
     from vllm.v1 import kv_cache_interface as iface
@@ -256,7 +268,9 @@ def _spec(family: str, block_size: int, rng: random.Random, max_model_len: int, 
     if family == "full":
         return iface.FullAttentionSpec(**attn)
     if family == "sliding_window":
-        return iface.SlidingWindowSpec(**attn, sliding_window=rng.choice((8, 16, 33, 64, 100, 128)))
+        return _retaining(
+            iface.SlidingWindowSpec(**attn, sliding_window=rng.choice((8, 16, 33, 64, 100, 128)))
+        )
     if family == "chunked_local":
         return iface.ChunkedLocalAttentionSpec(
             **attn, attention_chunk_size=block_size * rng.choice((1, 2, 4))
@@ -264,7 +278,7 @@ def _spec(family: str, block_size: int, rng: random.Random, max_model_len: int, 
     if family == "mla":
         return iface.MLAAttentionSpec(**mla)
     if family == "sliding_window_mla":
-        return iface.SlidingWindowMLASpec(**mla, sliding_window=rng.choice((16, 48, 128)))
+        return _retaining(iface.SlidingWindowMLASpec(**mla, sliding_window=rng.choice((16, 48, 128))))
     if family == "sink":
         return iface.SinkFullAttentionSpec(**attn, sink_len=block_size * rng.choice((1, 2)))
     if family == "cross":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -20,6 +22,8 @@ from kvspec import (
     UnsupportedConfigurationError,
 )
 from kvspec.blocks.hashing import BlockHash
+from kvspec.contracts.traits import traits_of
+from kvspec.errors import SpecValidationError
 from tests.helpers import ids
 
 BS = 2
@@ -162,6 +166,39 @@ def test_sliding_window_remove_skipped_blocks() -> None:
     assert nulls() == [0, 1, 2, 3]
     # uncached scratch blocks go to the head, the tail block first
     assert ids(pool.free_block_queue.get_all_free_blocks())[:4] == [4, 3, 2, 1]
+
+
+def test_retained_tokens_below_the_window_are_freed_that_much_later() -> None:
+    """vLLM 0.34's ``extra_retained_tokens``: with 3 tokens kept below a 4-token window, block 0 (tokens
+    0-1) is freed at 8 computed tokens, not 5; a request may hold 3 tokens more (one more block here)."""
+    spec = SlidingWindowSpec(
+        block_size=BS,
+        num_kv_heads=1,
+        head_size=1,
+        dtype=torch.float32,
+        sliding_window=4,
+        extra_retained_tokens=3,
+    )
+    pool = BlockPool(100, hash_block_size=BS)
+    manager = SlidingWindowManager(
+        ManagerContext.for_spec(spec, pool, max_admission_blocks_per_request=10**9)
+    )
+    _allocate(manager, 6)
+    blocks = manager.get_blocks("r")
+    assert [manager.get_num_skipped_tokens(n) for n in (4, 6, 7, 8, 11)] == [0, 0, 1, 2, 5]
+    manager.remove_skipped_blocks("r", 7)
+    assert not any(b.is_null for b in blocks)  # 1 token skipped: block 0 still holds token 1
+    manager.remove_skipped_blocks("r", 8)
+    assert [b.is_null for b in blocks] == [True] + [False] * 5
+    plain = dataclasses.replace(spec, extra_retained_tokens=0)
+    assert (
+        spec.max_admission_blocks_per_request(8, 1000)
+        == plain.max_admission_blocks_per_request(8, 1000) + 1
+        == 8
+    )
+    assert traits_of(spec).extra_retained_tokens == 3 and traits_of(plain).extra_retained_tokens == 0
+    with pytest.raises(SpecValidationError, match="extra_retained_tokens must be an int >= 0"):
+        dataclasses.replace(spec, extra_retained_tokens=-1)
 
 
 def test_get_num_blocks_to_allocate_counts_evictable_hits() -> None:

@@ -75,7 +75,8 @@ def test_mistral_sliding_window() -> None:
 def test_gemma2_alternates() -> None:
     layout = build_model_layout("google/gemma-2-9b")
     specs = list(layout.layer_specs.values())
-    assert [type(s) for s in specs[:4]] == [SlidingWindowSpec, FullAttentionSpec] * 2
+    expected: list[type] = [SlidingWindowSpec, FullAttentionSpec] * 2
+    assert [type(s) for s in specs[:4]] == expected
     assert specs[0].page_size_bytes == B * 2 * 8 * 256 * BF16 == 131_072
     assert token_bytes("gemma-2-9b") == 42 * 2 * 8 * 256 * BF16 == 344_064
 

@@ -167,16 +167,13 @@ class SpecTraits:
             value = getattr(self, name)
             if value is not None and not is_count(value, 0):
                 raise TraitsError(f"SpecTraits.{name} must be None or an int >= 0, got {value!r}.")
-        if not is_count(self.extra_retained_tokens, 0):
-            raise TraitsError(
-                f"SpecTraits.extra_retained_tokens must be an int >= 0, got {self.extra_retained_tokens!r}."
-            )
         per_block = self.tokens_per_block
         if per_block is not None and not is_count(per_block, 1):
             raise TraitsError(f"SpecTraits.tokens_per_block must be None or an int >= 1, got {per_block!r}.")
-        extra = self.admission_extra_blocks
-        if not is_count(extra, 0):
-            raise TraitsError(f"SpecTraits.admission_extra_blocks must be an int >= 0, got {extra!r}.")
+        for name in ("admission_extra_blocks", "extra_retained_tokens"):
+            count = getattr(self, name)
+            if not is_count(count, 0):
+                raise TraitsError(f"SpecTraits.{name} must be an int >= 0, got {count!r}.")
         kind: object = self.kind
         if kind is not None and (not isinstance(kind, str) or not kind):
             raise TraitsError(f"SpecTraits.kind must be a non-empty str or None, got {self.kind!r}.")

@@ -37,6 +37,7 @@ __all__ = [
     "limits_from_vllm_config",
     "project_kv_cache_groups_to_worker",
     "unify_hybrid_kv_cache_specs",
+    "uses_hybrid_manager",
 ]
 
 
@@ -121,7 +122,8 @@ def _role(role: Any) -> str | None:
     return str(getattr(role, "value", role))
 
 
-def _hybrid(vllm_config: Any) -> bool:
+def uses_hybrid_manager(vllm_config: Any) -> bool:
+    """Whether vLLM's hybrid KV cache manager is on (windowed layers keep their own groups)."""
     return not getattr(vllm_config.scheduler_config, "disable_hybrid_kv_cache_manager", False)
 
 
@@ -131,7 +133,7 @@ def get_kv_cache_configs(
     """vLLM's ``get_kv_cache_configs``: one config per worker, decided by ``kvspec.planning``."""
     specs = [to_kvspec_layers(worker) for worker in kv_cache_specs]
     model_config = vllm_config.model_config
-    hybrid = _hybrid(vllm_config)
+    hybrid = uses_hybrid_manager(vllm_config)
     override = vllm_config.cache_config.num_gpu_blocks_override
     if getattr(model_config, "original_max_model_len", None) == -1:
         memory = list(available_memory)
@@ -161,7 +163,7 @@ def get_kv_cache_configs(
 
 def estimate_max_model_len(vllm_config: Any, kv_cache_spec: Mapping[str, Any], available_memory: int) -> int:
     specs = to_kvspec_layers(kv_cache_spec)
-    groups = planning.get_kv_cache_groups(specs, hybrid=_hybrid(vllm_config))
+    groups = planning.get_kv_cache_groups(specs, hybrid=uses_hybrid_manager(vllm_config))
     return planning.estimate_max_model_len(groups, available_memory, limits_from_vllm_config(vllm_config))
 
 

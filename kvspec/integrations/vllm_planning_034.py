@@ -36,6 +36,7 @@ from kvspec.integrations.vllm_planning import (
     group_from_vllm,
     is_kv_cache_spec_uniform,
     limits_from_vllm_config,
+    uses_hybrid_manager,
 )
 from kvspec.planning.config import KVCacheGroupSpec
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
@@ -52,10 +53,6 @@ __all__ = [
 _PLANNING = "vllm.v1.core.kv_cache_planning"
 
 
-def _hybrid(vllm_config: Any) -> bool:
-    return not getattr(vllm_config.scheduler_config, "disable_hybrid_kv_cache_manager", False)
-
-
 def _groups_of(vllm_config: Any, kv_cache_spec: Mapping[str, Any]) -> Sequence[KVCacheGroupSpec]:
     return _grouped(vllm_config, to_kvspec_layers(kv_cache_spec))
 
@@ -64,7 +61,7 @@ def _grouped(vllm_config: Any, layer_specs: Mapping[str, KVCacheSpec]) -> Sequen
     """kvspec's groups under 0.34's rules (pages padded), with vLLM's exception types."""
     try:
         return planning.get_kv_cache_groups(
-            layer_specs, hybrid=_hybrid(vllm_config), pad_pages=VLLM_0_34.planning_pads_pages
+            layer_specs, hybrid=uses_hybrid_manager(vllm_config), pad_pages=VLLM_0_34.planning_pads_pages
         )
     except PageSizeUnificationError as exc:
         raise VllmPageSizeUnificationError(str(exc)) from exc
@@ -151,6 +148,7 @@ def get_kv_cache_configs(
         model_config.max_model_len = planning.auto_fit_from_groups(
             budgets, limits_from_vllm_config(vllm_config)
         )
+    # The limits are read again: auto-fit may just have lowered max_model_len.
     num_blocks = planning.plan_num_blocks(budgets, limits_from_vllm_config(vllm_config))
     configs = [
         builder.get_kv_cache_config_from_groups(vllm_config, groups, num_blocks) for groups in vllm_groups

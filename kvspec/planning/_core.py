@@ -571,10 +571,10 @@ def get_kv_cache_configs(
     ]
 
 
-def _live_workers(budgets: WorkerBudgets) -> list[tuple[list[KVCacheGroupSpec], int, int]]:
-    """(groups with layers, bytes to plan with, bytes per block) of each worker of ``budgets`` that has
-    layers (with an override, the memory its blocks take)."""
-    out: list[tuple[list[KVCacheGroupSpec], int, int]] = []
+def _live_workers(budgets: WorkerBudgets) -> list[tuple[int, list[KVCacheGroupSpec], int, int]]:
+    """(rank, groups with layers, bytes to plan with, bytes per block) of each worker of ``budgets`` that
+    has layers (with an override, the memory its blocks take)."""
+    out: list[tuple[int, list[KVCacheGroupSpec], int, int]] = []
     for rank, (groups, avail) in enumerate(zip(budgets.worker_groups, budgets.available_bytes)):
         live = [g for g in groups if g.layer_names]
         if not live:
@@ -585,7 +585,7 @@ def _live_workers(budgets: WorkerBudgets) -> list[tuple[list[KVCacheGroupSpec], 
                 f"Worker {rank}'s blocks cost {per_block} bytes; a block costs at least a byte."
             )
         override = budgets.num_blocks_override
-        out.append((live, avail if override is None else override * per_block, per_block))
+        out.append((rank, live, avail if override is None else override * per_block, per_block))
     return out
 
 
@@ -595,7 +595,7 @@ def plan_num_blocks(budgets: WorkerBudgets, limits: SchedulerLimits) -> int:
     request of ``limits.max_model_len`` tokens (see ``WorkerBudgets``): InsufficientKVCacheMemoryError
     names the worker that cannot. A model without KV cache gets 1 block (the null block)."""
     counts: list[int] = []
-    for rank, (live, avail, per_block) in enumerate(_live_workers(budgets)):
+    for rank, live, avail, per_block in _live_workers(budgets):
         check_enough_kv_cache_memory(
             live,
             usable_bytes(live, avail, budgets.reserve_null_block, per_block),
@@ -690,7 +690,7 @@ def auto_fit_from_groups(budgets: WorkerBudgets, limits: SchedulerLimits) -> int
             live,
             avail,
         )
-        for live, avail, per_block in _live_workers(budgets)
+        for _, live, avail, per_block in _live_workers(budgets)
     ]
     if not fits:
         return limits.max_model_len

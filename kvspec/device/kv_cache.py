@@ -1,7 +1,8 @@
 """KV cache tensors on a device: one byte buffer per KVCacheTensor, per-layer typed views into it.
 
 Every layer's view is block-major (``[num_blocks, ...]``) so that one block id addresses one page of
-``page_size_bytes`` in every layer that aliases the buffer; that is what lets groups share tensors.
+``page_size_bytes`` in every layer that aliases the buffer; that is what lets groups share tensors. A packed
+buffer (``KVCacheTensor.block_stride``) holds each block's pages side by side, at the layers' offsets.
 """
 
 from __future__ import annotations
@@ -50,14 +51,25 @@ def page_views_of(spec: KVCacheSpec) -> tuple[tuple[PageView, ...], bool]:
     return views, traits.device_view_is_tuple
 
 
-def _views(buffer: torch.Tensor, spec: KVCacheSpec, num_blocks: int) -> LayerCache:
-    """Block-major views ``[num_blocks, *view.shape]`` of ``buffer`` for each declared page view."""
+def _views(
+    buffer: torch.Tensor, spec: KVCacheSpec, num_blocks: int, block_stride: int | None = None, offset: int = 0
+) -> LayerCache:
+    """Block-major views ``[num_blocks, *view.shape]`` of ``buffer`` for each declared page view; pages
+    ``block_stride`` bytes apart from byte ``offset`` (a packed buffer), else back to back."""
     views, as_tuple = page_views_of(spec)
-    pages = buffer[: num_blocks * spec.page_size_bytes].view(num_blocks, spec.page_size_bytes)
-    out = tuple(
-        pages[:, v.offset_bytes : v.offset_bytes + v.num_bytes].view(v.dtype).view(num_blocks, *v.shape)
-        for v in views
-    )
+    page = spec.page_size_bytes
+    stride = page if block_stride is None else block_stride
+    pages = buffer[: num_blocks * stride].view(num_blocks, stride)[:, offset : offset + page]
+    try:
+        out = tuple(
+            pages[:, v.offset_bytes : v.offset_bytes + v.num_bytes].view(v.dtype).view(num_blocks, *v.shape)
+            for v in views
+        )
+    except RuntimeError as exc:  # a typed view of a packed page needs its offset and stride aligned
+        raise DeviceError(
+            f"{type(spec).__name__}: its page at byte {offset} of {stride}-byte blocks cannot be viewed as its "
+            f"declared dtypes ({exc}); align the packed layout's offsets and block stride to the dtypes."
+        ) from exc
     if len(out) == 1 and not as_tuple:
         return out[0]
     return out
@@ -73,15 +85,22 @@ def allocate_kv_caches(config: KVCacheConfig, device: str | torch.device = "cpu"
     caches: dict[str, LayerCache] = {}
     for tensor in config.kv_cache_tensors:
         buffer = torch.zeros(tensor.size, dtype=torch.int8, device=device)
-        for name in tensor.shared_by:
+        for i, name in enumerate(tensor.shared_by):
             spec = specs[name]
-            num_blocks = tensor.size // spec.page_size_bytes
+            stride = spec.page_size_bytes if tensor.block_stride is None else tensor.block_stride
+            offset = tensor.offsets[i] if tensor.offsets else 0
+            if offset + spec.page_size_bytes > stride:
+                raise DeviceError(
+                    f"Layer {name}'s page of {spec.page_size_bytes} bytes at byte {offset} does not fit the "
+                    f"tensor's {stride}-byte blocks."
+                )
+            num_blocks = tensor.size // stride
             if num_blocks < config.num_blocks:
                 raise DeviceError(
                     f"Tensor of {tensor.size} bytes holds {num_blocks} blocks of layer {name}, fewer than the "
                     f"config's {config.num_blocks}."
                 )
-            caches[name] = _views(buffer, spec, config.num_blocks)
+            caches[name] = _views(buffer, spec, config.num_blocks, tensor.block_stride, offset)
     return caches
 
 

@@ -119,6 +119,16 @@ def _convert(spec: Any, target_cls: type, to_vllm: bool) -> Any:
             # fp8_ds_mla's layout into state_content_bytes): the block keeps kvspec's size as padding.
             kwargs["page_size_padded"] = ours
             converted = target_cls(**kwargs)
+    if (
+        not to_vllm
+        and kwargs.get("cache_dtype_str") is not None
+        and getattr(spec, "state_content_bytes", 0) is None
+        and _page_bytes(converted) != _page_bytes(spec)
+    ):
+        # vLLM 0.34 sizes a packed page from state_content_bytes; cache_dtype_str alone (fp8_ds_mla without
+        # it) labels the dtype and sizes nothing there, so it sizes nothing in kvspec's spec either.
+        kwargs["cache_dtype_str"] = None
+        converted = target_cls(**kwargs)
     if not to_vllm and "page_size_padded" in fields and kwargs.get("page_size_padded") is not None:
         unpadded = getattr(converted, "unpadded_page_size_bytes", None)
         if unpadded == kwargs["page_size_padded"]:  # a padding equal to the page is no padding

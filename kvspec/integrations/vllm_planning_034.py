@@ -15,9 +15,11 @@ from the layer's vLLM spec. Nothing here imports vLLM until a function is called
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from kvspec import planning
@@ -58,13 +60,50 @@ def _groups_of(vllm_config: Any, kv_cache_spec: Mapping[str, Any]) -> Sequence[K
 
 
 def _grouped(vllm_config: Any, layer_specs: Mapping[str, KVCacheSpec]) -> Sequence[KVCacheGroupSpec]:
-    """kvspec's groups under 0.34's rules (pages padded), with vLLM's exception types."""
+    """kvspec's groups under 0.34's rules (pages padded, packed in a block-outermost layout, the MLA
+    full-allocation fallback), with vLLM's exception types; the planner's warnings go to vLLM's log too."""
     try:
-        return planning.get_kv_cache_groups(
-            layer_specs, hybrid=uses_hybrid_manager(vllm_config), pad_pages=VLLM_0_34.planning_pads_pages
-        )
+        with _warnings_to(importlib.import_module(_PLANNING).logger):
+            return planning.get_kv_cache_groups(
+                layer_specs,
+                hybrid=uses_hybrid_manager(vllm_config),
+                pad_pages=VLLM_0_34.planning_pads_pages,
+                pack_pages=_packs_pages(vllm_config, layer_specs),
+                full_allocation_fallback=VLLM_0_34.planning_full_allocation_fallback,
+            )
     except PageSizeUnificationError as exc:
         raise VllmPageSizeUnificationError(str(exc)) from exc
+
+
+def _packs_pages(vllm_config: Any, layer_specs: Mapping[str, KVCacheSpec]) -> bool:
+    """Whether the resolved KV cache layout is block-outermost (a block holds a page of every layer of its
+    group side by side, so pages of several sizes pack into one block; vLLM 0.34 B plan:975-977). Asked
+    only where vLLM asks it: of a hybrid-managed model of several page sizes that one group cannot hold
+    (the layout may not be resolved before then, and vLLM raises when it is read too early)."""
+    if not uses_hybrid_manager(vllm_config) or len({s.page_size_bytes for s in layer_specs.values()}) <= 1:
+        return False
+    if planning.is_kv_cache_spec_uniform(layer_specs) or planning.make_uniform_type_specs(layer_specs):
+        return False
+    cache_config = getattr(vllm_config, "cache_config", None)
+    resolve = getattr(cache_config, "get_resolved_kv_cache_layout", None)
+    return bool(resolve is not None and resolve().is_block_outermost)
+
+
+@contextlib.contextmanager
+def _warnings_to(target: logging.Logger) -> Iterator[None]:
+    """kvspec's planning warnings also logged on ``target`` (vLLM's planning logger) while in the block."""
+
+    class _Forward(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            target.warning(record.getMessage())
+
+    source = logging.getLogger("kvspec.planning")
+    handler = _Forward(level=logging.WARNING)
+    source.addHandler(handler)
+    try:
+        yield
+    finally:
+        source.removeHandler(handler)
 
 
 def get_kv_cache_groups(vllm_config: Any, kv_cache_spec: Mapping[str, Any]) -> list[Any]:

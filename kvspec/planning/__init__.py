@@ -11,6 +11,11 @@ Grouping (vLLM 0.23 rules):
    spec, and buckets are split into groups of ``group_size`` layers with a stride (so pipeline stages
    balance); hidden-state layers each get a group of their own.
 
+Under vLLM 0.32+'s rules (keyword arguments of the functions below): pages that cannot scale are padded
+(``pad_pages``); a block-outermost layout packs pages of several sizes side by side in one block
+(``pack_pages``); pages that cannot be unified beside MLA fall back to one full-allocation group
+(``full_allocation_fallback``); the null block is held back from the checks (``reserve_null_block``).
+
 The functions are :mod:`kvspec.planning._core`'s (compiled in the compiled build); the public entry
 points that check their arguments with beartype are defined here, in plain Python, around them.
 """
@@ -32,14 +37,17 @@ from kvspec.planning._core import (
     draft_groups_unidentified,
     estimate_max_model_len,
     format_gib,
+    full_allocation_groups,
     generate_scheduler_kv_cache_config,
     get_max_concurrency,
     group_bytes_per_request,
     is_kv_cache_spec_uniform,
+    is_packed_layout,
     make_uniform_type_specs,
     mark_eagle_groups,
     max_memory_usage_bytes_from_groups,
     merge_worker_specs,
+    packed_kv_cache_groups,
     plan_num_blocks,
     project_groups_to_worker,
     unify_hybrid_kv_cache_specs,
@@ -62,6 +70,7 @@ __all__ = [
     "draft_groups_unidentified",
     "estimate_max_model_len",
     "format_gib",
+    "full_allocation_groups",
     "generate_scheduler_kv_cache_config",
     "get_kv_cache_config",
     "get_kv_cache_config_from_groups",
@@ -70,10 +79,12 @@ __all__ = [
     "get_max_concurrency",
     "group_bytes_per_request",
     "is_kv_cache_spec_uniform",
+    "is_packed_layout",
     "make_uniform_type_specs",
     "mark_eagle_groups",
     "max_memory_usage_bytes_from_groups",
     "merge_worker_specs",
+    "packed_kv_cache_groups",
     "plan_num_blocks",
     "project_groups_to_worker",
     "unify_hybrid_kv_cache_specs",
@@ -89,6 +100,8 @@ def get_kv_cache_groups(
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
     pad_pages: bool = False,
+    pack_pages: bool = False,
+    full_allocation_fallback: bool = False,
 ) -> list[KVCacheGroupSpec]:
     """Split layers into KV cache groups (each group shares one block table).
 
@@ -97,8 +110,23 @@ def get_kv_cache_groups(
     ``ReleaseProfile.planning_pads_pages``) a ``page_paddable`` layer whose block cannot scale to the common
     page is padded to it (see ``unify_kv_cache_spec_page_size``), and an ``own_group`` layer's block is the
     largest that fits the page and divides the other groups' blocks (a hit stays whole in its blocks).
+
+    ``pack_pages`` (a block-outermost layout, where a block holds a page of every layer of its group side by
+    side): layers of several page sizes are packed into groups instead of unified
+    (``packed_kv_cache_groups``); the block then costs the widest group's bytes. With
+    ``full_allocation_fallback`` (vLLM 0.32+, ``ReleaseProfile.planning_full_allocation_fallback``), pages
+    that cannot be unified beside a latent (MLA) layer put every layer in one uniform-type group, the
+    sliding windows allocated as full attention (``full_allocation_groups``), instead of the
+    PageSizeUnificationError.
     """
-    return _core.get_kv_cache_groups(layer_specs, hybrid=hybrid, registry=registry, pad_pages=pad_pages)
+    return _core.get_kv_cache_groups(
+        layer_specs,
+        hybrid=hybrid,
+        registry=registry,
+        pad_pages=pad_pages,
+        pack_pages=pack_pages,
+        full_allocation_fallback=full_allocation_fallback,
+    )
 
 
 @check_door(_core.get_kv_cache_config_from_groups)
@@ -122,6 +150,8 @@ def get_kv_cache_configs(
     registry: AnyRegistry | None = None,
     reserve_null_block: bool = False,
     pad_pages: bool = False,
+    pack_pages: bool = False,
+    full_allocation_fallback: bool = False,
 ) -> list[KVCacheConfig]:
     """One KVCacheConfig per worker (tensor- or pipeline-parallel), all with the same block count.
 
@@ -141,6 +171,8 @@ def get_kv_cache_configs(
         registry=registry,
         reserve_null_block=reserve_null_block,
         pad_pages=pad_pages,
+        pack_pages=pack_pages,
+        full_allocation_fallback=full_allocation_fallback,
     )
 
 
@@ -170,6 +202,8 @@ def get_kv_cache_config(
     registry: AnyRegistry | None = None,
     reserve_null_block: bool = False,
     pad_pages: bool = False,
+    pack_pages: bool = False,
+    full_allocation_fallback: bool = False,
 ) -> KVCacheConfig:
     """The layout for a single worker (see :func:`get_kv_cache_configs`)."""
     return _core.get_kv_cache_config(
@@ -181,6 +215,8 @@ def get_kv_cache_config(
         registry=registry,
         reserve_null_block=reserve_null_block,
         pad_pages=pad_pages,
+        pack_pages=pack_pages,
+        full_allocation_fallback=full_allocation_fallback,
     )
 
 
@@ -194,6 +230,8 @@ def auto_fit_max_model_len(
     registry: AnyRegistry | None = None,
     reserve_null_block: bool = False,
     pad_pages: bool = False,
+    pack_pages: bool = False,
+    full_allocation_fallback: bool = False,
 ) -> int:
     """The largest max_model_len every worker can serve one request of (vLLM's max_model_len=-1); with
     ``reserve_null_block`` (vLLM 0.34) in the blocks left beside the null block."""
@@ -205,4 +243,6 @@ def auto_fit_max_model_len(
         registry=registry,
         reserve_null_block=reserve_null_block,
         pad_pages=pad_pages,
+        pack_pages=pack_pages,
+        full_allocation_fallback=full_allocation_fallback,
     )

@@ -237,6 +237,8 @@ def get_kv_cache_groups(
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
     pad_pages: bool = False,
+    pack_pages: bool = False,
+    full_allocation_fallback: bool = False,
 ) -> list[KVCacheGroupSpec]:
     # Documented on kvspec.planning.get_kv_cache_groups, the checked door.
     registry = default_registry if registry is None else registry
@@ -251,14 +253,30 @@ def get_kv_cache_groups(
     uniform = make_uniform_type_specs(specs_by_layer, registry)
     if uniform is not None:
         return [KVCacheGroupSpec(layer_names=tuple(names), kv_cache_spec=uniform)]
+    if pack_pages:
+        shared = {n: s for n, s in specs_by_layer.items() if not traits_of(s).own_group}
+        packed = packed_kv_cache_groups(shared, registry)
+        if packed is not None:
+            # Blocks are strided by the widest group, so an own-group layer keeps its page as it is.
+            own_groups = [
+                KVCacheGroupSpec(layer_names=(n,), kv_cache_spec=s)
+                for n, s in specs_by_layer.items()
+                if n not in shared
+            ]
+            return packed + own_groups
     # Work per distinct spec, not per layer: a model has a handful of distinct specs over many layers.
     buckets = _bucket_layers(specs_by_layer)
     own = {spec: layers for spec, layers in buckets.items() if traits_of(spec).own_group}
     rest = {spec: layers for spec, layers in buckets.items() if spec not in own}
     order = {name: i for i, name in enumerate(specs_by_layer)}
-    groups = (
-        _split_buckets(_unify_buckets(rest, order, pad_pages), sum(map(len, rest.values()))) if rest else []
-    )
+    try:
+        unified = _unify_buckets(rest, order, pad_pages) if rest else {}
+    except PageSizeUnificationError:
+        fallback = full_allocation_groups(specs_by_layer, registry) if full_allocation_fallback else None
+        if fallback is None:
+            raise
+        return fallback
+    groups = _split_buckets(unified, sum(map(len, rest.values()))) if rest else []
     if own:
         common_page = groups[0].kv_cache_spec.page_size_bytes if groups else None
         # vLLM 0.34: an own-group layer's block divides the other groups' blocks, so every hit (a whole
@@ -274,6 +292,169 @@ def get_kv_cache_groups(
                 resized = _block_dividing(resized, common_block, name)
             groups.append(KVCacheGroupSpec(layer_names=(name,), kv_cache_spec=resized))
     return groups
+
+
+def _least_padding_repeats(counts: Sequence[int], lower_bound: int) -> int:
+    """The repeat count d (from ``lower_bound`` up to the largest count) that pads ``counts`` least when
+    each is rounded up to a multiple of d; a tie goes to the larger d (fewer groups)."""
+    top = max(counts)
+    if lower_bound > top:
+        return lower_bound
+    return min(range(lower_bound, top + 1), key=lambda d: (sum(-c % d for c in counts), -d))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _PackBucket:
+    """Layers of one uniform type, and their names by page size (first-seen order)."""
+
+    spec: UniformTypeKVCacheSpecs
+    by_page: dict[int, list[str]]
+
+    @property
+    def repeats(self) -> int:
+        """Layers of the most common page size: for a balanced bucket, the repeats of its layer pattern."""
+        return max(len(names) for names in self.by_page.values())
+
+    @property
+    def balanced(self) -> bool:
+        """As many layers of each page size (one layer of each per repeat of the pattern)."""
+        return len({len(names) for names in self.by_page.values()}) == 1
+
+    @property
+    def state_page(self) -> int:
+        """The first layer's page: what one more state costs a block (a state bucket's layers share a spec
+        in practice)."""
+        return next(iter(self.spec.kv_cache_specs.values())).page_size_bytes
+
+    def widest_group_bytes(self, num_groups: int) -> int:
+        """The page bytes of the largest of ``num_groups`` groups this bucket splits into."""
+        return sum(cdiv(len(names), num_groups) * page for page, names in self.by_page.items())
+
+
+def packed_kv_cache_groups(
+    layer_specs: Mapping[str, KVCacheSpec], registry: AnyRegistry | None = None
+) -> list[KVCacheGroupSpec] | None:
+    """Groups for a block-outermost layout, where one block id addresses one contiguous block holding a
+    page of every layer of a group side by side, so pages of several sizes share a block (vLLM 0.32+'s
+    packed groups, B plan:958-1085). None when every layer has one page size (nothing to pack).
+
+    Layers are bucketed greedily by uniform type (``Registry.is_uniform_type``), in model order. A bucket
+    with as many layers of each page size is a repeating layer pattern; the patterns of such buckets are
+    cut into groups of the same number of repeats, chosen to pad least and at least the largest mixed
+    bucket's (which stays whole). Buckets of ``fixed_state_per_request`` layers (and sliding windows when no
+    pattern fixes their split) are cut into as many groups as it takes to fit the block the others need.
+    Every group is a ``UniformTypeKVCacheSpecs``; the block costs the widest group's page bytes.
+    """
+    registry = default_registry if registry is None else registry
+    if len({spec.page_size_bytes for spec in layer_specs.values()}) <= 1:
+        return None
+    members: list[dict[str, KVCacheSpec]] = []
+    for name, spec in layer_specs.items():
+        for layers in members:
+            if registry.is_uniform_type([*layers.values(), spec]):
+                layers[name] = spec
+                break
+        else:
+            members.append({name: spec})
+    buckets: list[_PackBucket] = []
+    for layers in members:
+        by_page: dict[int, list[str]] = {}
+        for name, spec in layers.items():
+            by_page.setdefault(spec.page_size_bytes, []).append(name)
+        first = next(iter(layers.values()))
+        uniform = UniformTypeKVCacheSpecs(block_size=first.block_size, kv_cache_specs=layers)
+        buckets.append(_PackBucket(spec=uniform, by_page=by_page))
+    min_repeats = max((b.repeats for b in buckets if b.balanced and len(b.by_page) > 1), default=0)
+    repeats: int | None = (
+        _least_padding_repeats([b.repeats for b in buckets if b.balanced], min_repeats)
+        if min_repeats
+        else None
+    )
+
+    def num_groups(bucket: _PackBucket) -> int:
+        return cdiv(bucket.repeats, repeats) if bucket.balanced and repeats is not None else 1
+
+    def holds_states(bucket: _PackBucket) -> bool:
+        traits = traits_of(bucket.spec.representative_spec())
+        return traits.fixed_state_per_request or (repeats is None and traits.sliding_window is not None)
+
+    # The block must hold the widest group however the state buckets split (down to one state a group).
+    anchor = max(
+        b.widest_group_bytes(len(b.spec.kv_cache_specs) if holds_states(b) else num_groups(b))
+        for b in buckets
+    )
+    groups: list[KVCacheGroupSpec] = []
+    for bucket in buckets:
+        count = num_groups(bucket)
+        if holds_states(bucket):
+            # As many states a group as the block already fits, rather than widen the block.
+            per_block = max(anchor // bucket.state_page, 1)
+            count = max(count, cdiv(len(bucket.spec.kv_cache_specs), per_block))
+        if count == 1:
+            groups.append(
+                KVCacheGroupSpec(layer_names=tuple(bucket.spec.kv_cache_specs), kv_cache_spec=bucket.spec)
+            )
+            continue
+        pattern = list(zip(*bucket.by_page.values()))
+        for i in range(count):
+            names = [name for repeat in pattern[i::count] for name in repeat]
+            spec = UniformTypeKVCacheSpecs(
+                block_size=bucket.spec.block_size,
+                kv_cache_specs={n: bucket.spec.kv_cache_specs[n] for n in names},
+            )
+            groups.append(KVCacheGroupSpec(layer_names=tuple(names), kv_cache_spec=spec))
+    return groups
+
+
+def full_allocation_groups(
+    layer_specs: Mapping[str, KVCacheSpec], registry: AnyRegistry | None = None
+) -> list[KVCacheGroupSpec] | None:
+    """vLLM 0.32+'s fallback when page sizes cannot be unified beside a latent (MLA) layer: the windowed
+    layers are allocated as full attention (every block kept; their attention compute is the engine's and
+    unchanged) so every layer shares one uniform-type group and block table (B plan:859-894). A sliding
+    window's own group would pay every layer's page for each block id anyway, so nothing is lost.
+
+    None (the caller raises its unification error) unless the model has a latent full-attention layer and a
+    sliding-window layer, no own-group layer and no chunked-local layer, and the promoted layers form one
+    uniform type. A promoted layer takes the full-attention layers' block size when they share one and
+    keeps its window (``sliding_window``, where its full-attention form has the field).
+    """
+    registry = default_registry if registry is None else registry
+    traits = {name: traits_of(spec) for name, spec in layer_specs.items()}
+    if any(t.own_group or t.attention_chunk_size is not None for t in traits.values()):
+        return None
+    has_latent = any(t.full_attention_family == "latent" for t in traits.values())
+    if not (has_latent and any(t.sliding_window is not None for t in traits.values())):
+        return None
+    full = {n: s for n, s in layer_specs.items() if traits[n].full_attention_family is not None}
+    templates: dict[str, KVCacheSpec] = {}
+    for name, spec in full.items():
+        templates.setdefault(str(traits[name].full_attention_family), spec)
+    full_blocks = {s.block_size for s in full.values()}
+    promoted: dict[str, KVCacheSpec] = {}
+    for name, spec in layer_specs.items():
+        t = traits[name]
+        if t.sliding_window is None or not t.hybrid_off_families:
+            promoted[name] = spec
+            continue
+        template = next(
+            (templates[f] for f in t.hybrid_off_families if f in templates), next(iter(full.values()))
+        )
+        out = full_attention_form(spec, template)
+        block = next(iter(full_blocks)) if len(full_blocks) == 1 else spec.block_size
+        if out.block_size != block:
+            out = out.copy_with_new_block_size(block)
+        if getattr(out, "sliding_window", 0) is None:  # a full-attention form that can remember a window
+            out = dataclasses.replace(out, sliding_window=t.sliding_window)  # type: ignore[type-var]
+        promoted[name] = out
+    uniform = make_uniform_type_specs(promoted, registry)
+    if uniform is None:
+        return None
+    logger.warning(
+        "KV cache page sizes cannot be unified; the sliding-window layers are allocated as full attention "
+        "(every block kept, one block table for all layers). Sliding-window attention compute is unchanged."
+    )
+    return [KVCacheGroupSpec(layer_names=tuple(promoted), kv_cache_spec=uniform)]
 
 
 def _block_dividing(spec: KVCacheSpec, common_block: int, name: str) -> KVCacheSpec:
@@ -313,12 +494,38 @@ def group_bytes_per_request(group: KVCacheGroupSpec, limits: SchedulerLimits) ->
     return len(group.layer_names) * spec.max_memory_usage_bytes(limits)
 
 
+def is_packed_layout(groups: Sequence[KVCacheGroupSpec]) -> bool:
+    """Whether ``groups`` came from packing (``packed_kv_cache_groups``): several groups, some of them
+    uniform-type. Their pages then lie side by side in one block strided by the widest group, instead of
+    every group sharing one page size across per-layer tensors."""
+    return len(groups) > 1 and any(isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs) for g in groups)
+
+
+def _group_block_bytes(group: KVCacheGroupSpec) -> int:
+    """The bytes one block id takes in ``group``'s layers: a page of each."""
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return spec.page_size_bytes
+    return len(group.layer_names) * spec.page_size_bytes
+
+
+def _group_blocks_per_request(group: KVCacheGroupSpec, limits: SchedulerLimits) -> int:
+    """Blocks one request of ``limits.max_model_len`` tokens takes in ``group`` (a uniform-type group: its
+    hungriest layer's, since all its layers share the block ids)."""
+    spec = group.kv_cache_spec
+    layers = spec.kv_cache_specs.values() if isinstance(spec, UniformTypeKVCacheSpecs) else (spec,)
+    return max(cdiv(s.max_memory_usage_bytes(limits), s.page_size_bytes) for s in layers)
+
+
 def max_memory_usage_bytes_from_groups(groups: Sequence[KVCacheGroupSpec], limits: SchedulerLimits) -> int:
-    """Bytes one request of ``limits.max_model_len`` tokens needs, padding layers of short groups counted."""
+    """Bytes one request of ``limits.max_model_len`` tokens needs, padding layers of short groups counted
+    (packed groups: the blocks every group takes, each costing the widest group's bytes)."""
     if not groups:
         return 0
     if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
         return group_bytes_per_request(groups[0], limits)
+    if is_packed_layout(groups):
+        return bytes_per_block(groups) * sum(_group_blocks_per_request(g, limits) for g in groups)
     group_size = max(len(g.layer_names) for g in groups)
     page = _uniform_page_size(groups)
     blocks = sum(cdiv(g.kv_cache_spec.max_memory_usage_bytes(limits), page) for g in groups)
@@ -326,11 +533,13 @@ def max_memory_usage_bytes_from_groups(groups: Sequence[KVCacheGroupSpec], limit
 
 
 def bytes_per_block(groups: Sequence[KVCacheGroupSpec]) -> int:
-    """Bytes one block id costs across all tensors of the layout."""
+    """Bytes one block id costs across all tensors of the layout (packed groups: the widest group's)."""
     if not groups:
         return 0
     if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
         return groups[0].kv_cache_spec.page_size_bytes
+    if is_packed_layout(groups):
+        return max(_group_block_bytes(g) for g in groups)
     return _uniform_page_size(groups) * max(len(g.layer_names) for g in groups)
 
 
@@ -446,6 +655,8 @@ def get_kv_cache_config_from_groups(
             for name, spec in uniform.kv_cache_specs.items()
         )
         return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=tuple(groups))
+    if is_packed_layout(groups):
+        return _packed_config(groups, available_memory, num_blocks_override)
     group_size = max(len(g.layer_names) for g in groups)
     page = _uniform_page_size(groups)
     num_blocks = max(available_memory // page // group_size, 0)
@@ -459,6 +670,29 @@ def get_kv_cache_config_from_groups(
         for i in range(group_size)
     )
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=tuple(groups))
+
+
+def _packed_config(
+    groups: Sequence[KVCacheGroupSpec], available_memory: int, num_blocks_override: int | None
+) -> KVCacheConfig:
+    """One buffer of ``num_blocks`` blocks of the widest group's bytes; every group's layers lie side by side
+    in each block from byte 0 (groups alias: a block id belongs to one group at a time)."""
+    stride = bytes_per_block(groups)
+    num_blocks = max(available_memory // stride, 0) if num_blocks_override is None else num_blocks_override
+    names: list[str] = []
+    offsets: list[int] = []
+    for group in groups:
+        spec = group.kv_cache_spec
+        offset = 0
+        for name in group.layer_names:
+            names.append(name)
+            offsets.append(offset)
+            layer = spec.kv_cache_specs[name] if isinstance(spec, UniformTypeKVCacheSpecs) else spec
+            offset += layer.page_size_bytes
+    tensor = KVCacheTensor(
+        size=stride * num_blocks, shared_by=tuple(names), block_stride=stride, offsets=tuple(offsets)
+    )
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=(tensor,), kv_cache_groups=tuple(groups))
 
 
 def project_groups_to_worker(
@@ -541,6 +775,8 @@ def get_kv_cache_configs(
     registry: AnyRegistry | None = None,
     reserve_null_block: bool = False,
     pad_pages: bool = False,
+    pack_pages: bool = False,
+    full_allocation_fallback: bool = False,
 ) -> list[KVCacheConfig]:
     # Documented on kvspec.planning.get_kv_cache_configs, the checked door.
     if len(per_worker_specs) != len(per_worker_available_bytes):
@@ -551,7 +787,14 @@ def get_kv_cache_configs(
     merged = merge_worker_specs(per_worker_specs)
     registry.check(merged)
     check_layer_values(merged)
-    global_groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry, pad_pages=pad_pages)
+    global_groups = get_kv_cache_groups(
+        merged,
+        hybrid=hybrid,
+        registry=registry,
+        pad_pages=pad_pages,
+        pack_pages=pack_pages,
+        full_allocation_fallback=full_allocation_fallback,
+    )
     worker_groups = [project_groups_to_worker(global_groups, specs) for specs in per_worker_specs]
     for rank, groups in enumerate(worker_groups):
         missing = set(per_worker_specs[rank]) - {n for g in groups for n in g.layer_names}
@@ -618,6 +861,8 @@ def get_kv_cache_config(
     registry: AnyRegistry | None = None,
     reserve_null_block: bool = False,
     pad_pages: bool = False,
+    pack_pages: bool = False,
+    full_allocation_fallback: bool = False,
 ) -> KVCacheConfig:
     # Documented on kvspec.planning.get_kv_cache_config, the checked door.
     return get_kv_cache_configs(
@@ -629,6 +874,8 @@ def get_kv_cache_config(
         registry=registry,
         reserve_null_block=reserve_null_block,
         pad_pages=pad_pages,
+        pack_pages=pack_pages,
+        full_allocation_fallback=full_allocation_fallback,
     )[0]
 
 
@@ -650,6 +897,8 @@ def get_max_concurrency(config: KVCacheConfig, limits: SchedulerLimits) -> float
     groups = config.kv_cache_groups
     if not groups:
         return float("inf")
+    if is_packed_layout(groups):
+        return config.num_blocks / sum(_group_blocks_per_request(g, limits) for g in groups)
     layers = max(len(g.layer_names) for g in groups)
     per_request = layers * sum(g.kv_cache_spec.max_memory_usage_bytes(limits) for g in groups)
     per_block = groups[0].kv_cache_spec.page_size_bytes * layers
@@ -665,11 +914,20 @@ def auto_fit_max_model_len(
     registry: AnyRegistry | None = None,
     reserve_null_block: bool = False,
     pad_pages: bool = False,
+    pack_pages: bool = False,
+    full_allocation_fallback: bool = False,
 ) -> int:
     # Documented on kvspec.planning.auto_fit_max_model_len, the checked door.
     registry = default_registry if registry is None else registry
     merged = merge_worker_specs(per_worker_specs)
-    groups = get_kv_cache_groups(merged, hybrid=hybrid, registry=registry, pad_pages=pad_pages)
+    groups = get_kv_cache_groups(
+        merged,
+        hybrid=hybrid,
+        registry=registry,
+        pad_pages=pad_pages,
+        pack_pages=pack_pages,
+        full_allocation_fallback=full_allocation_fallback,
+    )
     budgets = WorkerBudgets(
         worker_groups=[project_groups_to_worker(groups, specs) for specs in per_worker_specs],
         available_bytes=per_worker_available_bytes,

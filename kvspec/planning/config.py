@@ -16,11 +16,24 @@ class KVCacheTensor:
     """One device buffer of ``size`` bytes; every layer in ``shared_by`` aliases it.
 
     Layers of different groups may share a buffer: their block ids come from one pool, so they never
-    write the same block.
+    write the same block. Without ``block_stride`` each layer's pages lie back to back from byte 0 (block
+    ``b`` at ``b * page``). A packed buffer (``block_stride`` set) holds blocks of ``block_stride`` bytes, and
+    layer ``shared_by[i]``'s page of block ``b`` starts at ``b * block_stride + offsets[i]``.
     """
 
     size: int
     shared_by: tuple[str, ...]
+    block_stride: int | None = None
+    offsets: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.block_stride is None and self.offsets:
+            raise PlanningError("KVCacheTensor.offsets place pages within a block; set block_stride too.")
+        if self.block_stride is not None and len(self.offsets) != len(self.shared_by):
+            raise PlanningError(
+                f"A packed KVCacheTensor needs one offset per layer: {len(self.shared_by)} layers, "
+                f"{len(self.offsets)} offsets."
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any, Generic
 from kvspec.contracts.checking import check_api, check_plugin_constructor
 from kvspec.contracts.manager import KVCacheManager, MgrT
 from kvspec.contracts.spec import KVCacheSpec, SpecT
+from kvspec.contracts.traits import traits_of
 from kvspec.errors import (
     CapabilityError,
     ConflictingRegistrationError,
@@ -408,9 +409,11 @@ class Registry(Generic[SpecT, MgrT]):
     def is_uniform_type(self, specs: Sequence[KVCacheSpec]) -> bool:
         """Whether ``specs`` can share one group as a uniform type (possibly with different page sizes).
 
-        True when every spec has the same registered uniform base, the same block size, and the first
-        spec's type-specific rule holds. Fixed on purpose: vLLM checks only that the others are instances
-        of the *first* spec's base, which makes the answer depend on argument order.
+        True when every spec has the same registered uniform base, the same block size, the same
+        context-parallel sharding (``SpecTraits.context_parallel_sharded``: one block table cannot span a
+        block of ``block_size`` tokens in some layers and ``block_size x DCP`` in others; vLLM 0.34), and
+        the first spec's type-specific rule holds. Fixed on purpose: vLLM checks only that the others are
+        instances of the *first* spec's base, which makes the answer depend on argument order.
         """
         if not specs:
             return True
@@ -419,6 +422,8 @@ class Registry(Generic[SpecT, MgrT]):
         if len(bases) != 1:
             return False
         if len({spec.block_size for spec in specs}) != 1:
+            return False
+        if len({traits_of(spec).context_parallel_sharded for spec in specs}) > 1:
             return False
         return specs[0].is_uniform_with_collection(specs)
 

@@ -520,7 +520,12 @@ class CircularBufferSpec(AttentionSpec):
         return self.page_size_bytes  # one block per request, whatever its length
 
     def _declare_traits(self) -> SpecTraits:
-        return SpecTraits(prefix_cacheable=False, kind="circular_buffer", device_views=self.page_views())
+        return SpecTraits(
+            prefix_cacheable=False,
+            fixed_state_per_request=True,
+            kind="circular_buffer",
+            device_views=self.page_views(),
+        )
 
 
 def _admission_cap(spec: AttentionSpec, max_num_batched_tokens: int, max_model_len: int) -> int:

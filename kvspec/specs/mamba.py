@@ -104,7 +104,7 @@ class MambaSpec:
     def _declare_traits(self) -> SpecTraits:
         """Hits at its own block boundaries only; state is read before it is written (zeroed buffers); every
         context-parallel rank holds the whole state (replicated); the page may be padded (it does not grow
-        with the block)."""
+        with the block); a request holds a fixed number of its blocks."""
         views: list[PageView] = []
         offset = 0
         for i, (shape, dtype) in enumerate(zip(self.shapes, self.dtypes, strict=True)):
@@ -118,6 +118,7 @@ class MambaSpec:
             device_views=tuple(views),
             device_view_is_tuple=True,
             page_paddable=True,
+            fixed_state_per_request=True,
         )
 
     def copy_with_new_block_size(self, block_size: int) -> Self:

@@ -89,3 +89,21 @@ def test_a_spec_the_installed_vllm_lacks_is_refused_with_its_version() -> None:
     else:
         with pytest.raises(SpecConversionError, match=f"vLLM {vllm.__version__} defines no RSWASpec"):
             to_vllm(spec)
+
+
+def test_fp8_ds_mla_without_state_content_bytes_sizes_no_0_34_page() -> None:
+    """vLLM 0.34 sizes a packed fp8 MLA page from ``state_content_bytes``; ``cache_dtype_str`` alone sizes
+    nothing there, so kvspec's spec (whose fp8_ds_mla is 656 bytes a token) drops it to keep the page."""
+    if "state_content_bytes" not in {f for f in vllm_specs.MLAAttentionSpec.__dataclass_fields__}:
+        pytest.skip("vLLM 0.23 sizes fp8_ds_mla from cache_dtype_str, as kvspec does")
+    fields = dict(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.float32)
+    labelled = vllm_specs.MLAAttentionSpec(**fields, cache_dtype_str="fp8_ds_mla")
+    ours = to_kvspec(labelled)
+    assert isinstance(ours, kvspec.MLAAttentionSpec) and ours.cache_dtype_str is None
+    assert ours.page_size_bytes == labelled.page_size_bytes == 64 * 576 * 4
+    packed = vllm_specs.MLAAttentionSpec(
+        **{**fields, "dtype": torch.uint8}, cache_dtype_str="fp8_ds_mla", state_content_bytes=656
+    )
+    ours = to_kvspec(packed)
+    assert isinstance(ours, kvspec.MLAAttentionSpec) and ours.cache_dtype_str == "fp8_ds_mla"
+    assert ours.page_size_bytes == packed.page_size_bytes == 64 * 656

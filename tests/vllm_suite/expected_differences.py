@@ -99,24 +99,7 @@ _MAMBA = (
     "copies; kvspec's align frees and hits match 0.34 where the Mamba block is the hash block"
 )
 _CHECKPOINT = "Mamba shared-prefix checkpoints (enable_mamba_shared_prefix_checkpoint, off by default)"
-_PACKED = (
-    "vLLM 0.34's packed groups (_get_packed_kv_cache_groups: MLA pages of several sizes side by side in one "
-    "block-outermost block) and its full-allocation fallback for MLA beside an incompatible sliding window: "
-    "kvspec's planner pads or scales pages to one size and refuses an MLA page that divides neither way"
-)
 KNOWN_GAPS_034: dict[str, str] = {
-    _PLAN + "test_sparse_mla_preserves_physical_row_addressing[None-True]": _PACKED,  # with a draft layer
-    _PLAN + "test_sparse_mla_preserves_physical_row_addressing[512-True]": _PACKED,
-    _PLAN + "test_packed_groups_glm5_like_hybrid": _PACKED,
-    _PLAN + "test_mixed_page_size_groups_use_spec_compatibility": _PACKED,
-    _PLAN + "test_mla_with_incompatible_swa_uses_one_full_allocation_group": _PACKED,
-    _PLAN + "test_eagle_groups_are_the_groups_holding_draft_layers[1-draft_spans_groups]": _PACKED,
-    _PLAN + "test_eagle_groups_are_the_groups_holding_draft_layers[2-draft_spans_groups]": _PACKED,
-    _PLAN + "test_kv_tp_replicas[mla-and-gqa-swa]": _PACKED,
-    _PLAN + "test_windowed_dspark_draft_keeps_its_dcp_layout": (
-        "an MLA spec whose 0.34 page is sized by fields kvspec's MLAAttentionSpec does not have (the sparse "
-        "indexer's row layout): spec conversion refuses a page that would change size"
-    ),
     "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py::*": _PARTIAL,
     "tests/v1/core/test_deferred_block_free.py::test_cow_retentions_deferred_until_copy_step_processed": _PARTIAL,
     "tests/v1/core/prefix_cache/test_mamba_eagle_resume_checkpoint.py::*": _CHECKPOINT,

@@ -98,8 +98,8 @@ def test_vllm_0_32_is_0_34_but_for_four_rows() -> None:
     assert VLLM_0_32.default_block_size == 16
 
 
-def test_the_planner_holds_the_null_block_back_and_pads_pages_from_0_32_on() -> None:
-    for row in ("planning_reserves_null_block", "planning_pads_pages"):
+def test_the_planner_holds_the_null_block_back_pads_pages_and_falls_back_from_0_32_on() -> None:
+    for row in ("planning_reserves_null_block", "planning_pads_pages", "planning_full_allocation_fallback"):
         assert not getattr(VLLM_0_23, row)
         assert getattr(VLLM_0_32, row) and getattr(VLLM_0_34, row)
 

@@ -691,14 +691,21 @@ class BlockPool:
                 )
 
     def cache_partial_block(
-        self, request: RequestView, block: KVCacheBlock, num_tokens: int, kv_cache_group_id: int
+        self,
+        request: RequestView,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        replace_existing: bool = False,
     ) -> bytes | None:
         """Make ``block`` reachable at the prefix of ``num_tokens`` tokens (a multiple of the hash block,
         ending inside the block): vLLM 0.34's partial prompt-tail entry, keyed by the request's fine hash
         at that boundary. A block without a hash takes the entry as its hash (so it is freed as a hashed
         block and evicted with a BlockRemoved event); an entry covering fewer tokens is replaced; a block
         already cached further (it has become full) keeps its hash and gets the entry as a secondary key.
-        A new entry emits a BlockStored event for its last hash block. Returns the key (None: null block)."""
+        With ``replace_existing`` (the block's content was replaced: a Mamba prefill checkpoint written
+        into it) every key it has is dropped first. A new entry emits a BlockStored event for its last hash
+        block. Returns the key (None: null block)."""
         if block.is_null:
             return None
         hash_block = self.hash_block_size
@@ -711,6 +718,8 @@ class BlockPool:
         fine = request.block_hashes[num_hashes - 1]
         key = fine + group_suffix(kv_cache_group_id)
         cache = self.cached_block_hash_to_block
+        if replace_existing:
+            self._drop_cached([block])
         already = block.block_hash == key or cache.contains(key, block.block_id)
         covered = block.block_hash_num_tokens
         if not already and covered is not None and covered < num_tokens:

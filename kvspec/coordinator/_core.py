@@ -361,6 +361,9 @@ class CoordinatorCore:
         self._two_phase_external: Final = len(self._decoder_groups) > 1 and self._base_decoders
         # Managers that can free blocks early; full attention's remove_skipped_blocks is a no-op.
         self._skipping_managers = [m for m in self.managers if _may_skip_blocks(type(m))]
+        self._prefill_end_managers = [
+            m for m in self.managers if isinstance(m, SingleTypeKVCacheManager) and m.wants_prefill_end
+        ]
 
     # -- helpers for engines ------------------------------------------------------------------
 
@@ -516,6 +519,11 @@ class CoordinatorCore:
         need = main + lookahead
         if need > max_len:
             need = max_len
+        if self._prefill_end_managers:
+            # Where the scheduler's prefill ends: `num_tokens - 1` covers a request resuming its output.
+            prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+            for noting in self._prefill_end_managers:
+                noting.note_prefill_end(request_id, prefill_end)
         if full_sequence_must_fit:
             whole = min(request.num_tokens, max_len)
             free = self.block_pool.free_block_queue.num_free_blocks
@@ -631,11 +639,16 @@ class CoordinatorCore:
         num_tokens_main_model: int,
         num_encoder_tokens: int,
         apply_admission_cap: bool = False,
+        prefill_end: int | None = None,
     ) -> int:
         """Blocks the request needs (all groups) to hold ``num_tokens`` tokens, given the hit blocks
         ``computed`` it is about to attach and ``total_computed`` tokens already computed; encoder-sized
         groups count ``num_encoder_tokens``. With ``apply_admission_cap``, groups that recycle blocks
-        (windows) count at most their admission cap."""
+        (windows) count at most their admission cap. ``prefill_end`` (tokens): where the request's prefill
+        ends, for managers that reserve by it (``wants_prefill_end``); None: as last noted."""
+        if prefill_end is not None:
+            for noting in self._prefill_end_managers:
+                noting.note_prefill_end(request_id, prefill_end)
         return _count_new_blocks(
             self,
             request_id,

@@ -250,8 +250,8 @@ class _CoordinatorFacade:
         prefill_end: int = 0,
     ) -> int:
         """vLLM's estimate (0.23's arguments; 0.34 adds ``num_local_computed_tokens``, which only matters
-        for sub-block partial hits kvspec does not make, and ``prefill_end``, read by 0.34's reworked Mamba
-        "align" reservation, which kvspec does not reproduce yet)."""
+        for sub-block partial hits kvspec does not make, and ``prefill_end``, where Mamba "align" reserves
+        a prefill checkpoint)."""
         return self._coordinator.get_num_blocks_to_allocate(
             request_id,
             num_tokens,
@@ -260,6 +260,7 @@ class _CoordinatorFacade:
             num_tokens_main_model,
             num_encoder_tokens,
             apply_admission_cap,
+            prefill_end=prefill_end,
         )
 
     @property

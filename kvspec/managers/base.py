@@ -130,6 +130,16 @@ class SingleTypeKVCacheManager:
         """Extension hook, called at the end of construction: validate the spec, add state, reserve
         blocks. Subclasses override this instead of repeating the constructor's signature."""
 
+    #: Whether the coordinator tells this manager where a request's prefill ends (``note_prefill_end``)
+    #: before it counts and allocates the request's blocks: a manager whose reservation depends on it
+    #: (vLLM 0.34's Mamba prefill checkpoints) sets it in ``setup``; the others are not called.
+    wants_prefill_end: bool = False
+
+    def note_prefill_end(self, request_id: str, prefill_end: int) -> None:
+        """Called before ``get_num_blocks_to_allocate`` / ``allocate_new_blocks`` when ``wants_prefill_end``:
+        the request's prefill ends at token ``prefill_end`` (its prompt, or its tokens but the last when it
+        resumes replaying output). Default: nothing."""
+
     # -- allocation ---------------------------------------------------------------------------
 
     def get_num_blocks_to_allocate(

@@ -46,6 +46,17 @@ class MambaManager(SingleTypeKVCacheManager):
         self._marks_prompt_boundary = (
             mode == "align" and self.context.profile.mamba_boundary_recache_defers_hits
         )
+        # vLLM 0.34's prefill checkpoints ("align", num_prefill_checkpoint_blocks > 0): the prompt's final chunk
+        # may run past the last boundary a later request can hit; the backend then exports the state at that
+        # boundary into a block reserved here (the one before the chunk's last), which is cached there.
+        self.has_prefill_checkpoint_blocks = (
+            mode == "align" and getattr(spec, "num_prefill_checkpoint_blocks", 0) > 0
+        )
+        self.wants_prefill_end = self.has_prefill_checkpoint_blocks
+        self._checkpoint_alignment: int | None = getattr(spec, "prefill_checkpoint_alignment", None)
+        #: Per request: (checkpoint position in tokens, index of its reserved block), for this step.
+        self._checkpoints: dict[str, tuple[int, int]] = {}
+        self._prefill_ends: dict[str, int] = {}
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
@@ -142,11 +153,71 @@ class MambaManager(SingleTypeKVCacheManager):
             )
         required = cdiv(num_tokens_main_model, self.block_size) + self.num_speculative_blocks
         have = len(self._req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
+        checkpoint = 0
+        if self.has_prefill_checkpoint_blocks:
+            checkpoint = self._checkpoint_position(request_id, total_computed_tokens, num_tokens_main_model)
+            if not apply_admission_cap:  # the admission estimate plans; this step's estimate decides
+                if checkpoint:
+                    self._checkpoints[request_id] = (
+                        checkpoint,
+                        cdiv(num_tokens_main_model, self.block_size) - 2,
+                    )
+                else:
+                    self._checkpoints.pop(request_id, None)
         num_new = 0
         if required > have:
-            num_new = 1 if request_id in self._allocated_block_reqs else 1 + self.num_speculative_blocks
+            # At most the running state (and the speculative blocks, the first time) and a checkpoint.
+            cap = 1 + (checkpoint > 0)
+            if request_id not in self._allocated_block_reqs:
+                cap += self.num_speculative_blocks
+            num_new = min(required - have, cap)
         evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
         return num_new + evictable
+
+    def note_prefill_end(self, request_id: str, prefill_end: int) -> None:
+        self._prefill_ends[request_id] = prefill_end
+
+    def _checkpoint_position(self, request_id: str, query_start: int, query_end: int) -> int:
+        """The token position whose state this chunk [query_start, query_end) exports into a reserved block
+        (0: none; vLLM 0.34 B stm:1664-1696, B iface:1203-1251). Only a chunk reaching the prefill's end
+        under sparse retention 0 (every chunk otherwise), starting on a hash boundary, and at least a hash
+        block below the last boundary a later request can hit, which lies strictly inside the chunk, in a
+        block after the one the chunk starts from, and a whole number of alignments from its start."""
+        hash_block = self.block_pool.hash_block_size
+        block_size = self.block_size
+        position = _checkpoint_boundary(
+            query_end,
+            self.scheduler_block_size,
+            self.context.model_uses_eagle,
+            self.block_pool.hash_lookahead_tokens,
+        )
+        prefill_end = self._prefill_ends.get(request_id, 0)
+        if self.context.prefix_cache_retention_interval != 0:
+            prefill_end = 0  # dense or interval retention: every chunk publishes a state
+        alignment = self._checkpoint_alignment
+        index = cdiv(query_end, block_size) - 2
+        if (
+            alignment is None
+            or query_end < prefill_end
+            or query_start % hash_block
+            or index <= (query_start - 1) // block_size
+            or query_start + hash_block > position
+            or not query_start < position < query_end
+            or (position - query_start) % alignment
+            or index < 0
+        ):
+            return 0
+        blocks = self._req_to_blocks.get(request_id, ())
+        if (
+            index >= len(blocks)
+            or blocks[index].is_null
+            or (
+                request_id in self._allocated_block_reqs
+                and index >= len(blocks) - self.num_speculative_blocks
+            )
+        ):
+            return position
+        return 0
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
@@ -161,7 +232,9 @@ class MambaManager(SingleTypeKVCacheManager):
         blocks = self._req_to_blocks.setdefault(request_id, [])
         required = cdiv(num_tokens_main_model, self.block_size) + num_spec_blocks
         prev_len = len(blocks)
-        if required <= prev_len:
+        # The block before the chunk's last stays real (not null): the backend exports the checkpoint there.
+        checkpoint = int(request_id in self._checkpoints)
+        if required <= prev_len and not checkpoint:
             return []
         allocated_before = request_id in self._allocated_block_reqs
         if allocated_before:
@@ -171,7 +244,7 @@ class MambaManager(SingleTypeKVCacheManager):
             # A prefix hit: its last block holds the state the request starts from.
             self.last_state_block_idx[request_id] = prev_len - 1
         null = self._null_block
-        num_skipped = required - num_spec_blocks - 1
+        num_skipped = required - num_spec_blocks - 1 - checkpoint
         if prev_len < num_skipped:
             blocks.extend([null] * (num_skipped - prev_len))
         if allocated_before:
@@ -181,7 +254,7 @@ class MambaManager(SingleTypeKVCacheManager):
                     break
                 blocks.append(blocks[idx])
                 blocks[idx] = null
-        blocks.extend(self.block_pool.get_new_blocks(required - len(blocks)))
+        blocks.extend(self.block_pool.get_new_blocks(max(required - len(blocks), 0)))
         self._allocated_block_reqs.add(request_id)
         # Everything appended, null placeholders included, so a runner that appends the returned ids to
         # the block-table row keeps the row aligned to token positions.
@@ -196,6 +269,47 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.cached_blocks_this_step.add(block.block_hash)
         if self._marks_prompt_boundary:
             self._mark_prompt_boundary_state(request, num_tokens, blocks)
+        checkpoint = self._checkpoints.get(request.request_id) if self._checkpoints else None
+        if checkpoint is not None:
+            key = self._cache_checkpoint(request, *checkpoint)
+            if key is not None:
+                self.cached_blocks_this_step.add(key)
+
+    def _cache_checkpoint(self, request: RequestView, position: int, index: int) -> bytes | None:
+        """Key the block reserved at ``index`` by the state it holds, the one at ``position`` tokens
+        (replacing any key an earlier step or this one gave it), when a later request can reach it: the
+        prompt's own checkpoint, a retained segment's end, or the shared-prefix junction. Otherwise the
+        state in it is transient, and any key it has is dropped (B stm:2040-2090). Returns a new key."""
+        blocks = self._req_to_blocks[request.request_id]
+        block = blocks[index]
+        prompt_checkpoint = _checkpoint_boundary(
+            request.num_prompt_tokens,
+            self.scheduler_block_size,
+            self.context.model_uses_eagle,
+            self.block_pool.hash_lookahead_tokens,
+        )
+        retained = False
+        if position % self.block_size == 0:
+            retained = self._retains_segment_end(position // self.block_size - 1)
+        if position != prompt_checkpoint and not retained and position != shared_prefix_boundary(request):
+            self.block_pool.evict_blocks([block.block_id])
+            return None
+        if block.block_hash_num_tokens == position:
+            return None
+        return self.block_pool.cache_partial_block(
+            request, block, position, self.kv_cache_group_id, replace_existing=True
+        )
+
+    def _retains_segment_end(self, block_index: int) -> bool:
+        """Whether sparse retention keeps the state block ``block_index`` as a segment's end (dense: yes;
+        interval 0: no segments)."""
+        interval = self.context.prefix_cache_retention_interval
+        if interval is None or not self.context.profile.mamba_sparse_retention:
+            return True
+        if interval == 0:
+            return False
+        per_segment = interval // self.block_size
+        return per_segment <= 1 or (block_index + 1) % per_segment == 0
 
     @property
     def caches_on_every_call(self) -> bool:
@@ -250,9 +364,24 @@ class MambaManager(SingleTypeKVCacheManager):
         return super().pop_blocks_for_free(request_id)
 
     def _forget(self, request_id: str) -> None:
+        self._checkpoints.pop(request_id, None)
+        self._prefill_ends.pop(request_id, None)
         self.last_state_block_idx.pop(request_id, None)
         self._allocated_block_reqs.discard(request_id)
         self._num_retired_blocks.pop(request_id, None)
 
     def new_step_starts(self) -> None:
         self.cached_blocks_this_step.clear()
+
+
+def _checkpoint_boundary(
+    num_tokens: int, hash_block_size: int, drop_eagle_block: bool, hash_lookahead: int
+) -> int:
+    """The last boundary (tokens, a multiple of ``hash_block_size``) a later request can hit in a prefix of
+    ``num_tokens`` tokens: one token is left to recompute for the logits, or the lookahead tokens the
+    boundary's hash reads; EAGLE's block drop takes one more hash block off (vLLM 0.34 B iface:1203-1220)."""
+    limit = num_tokens if drop_eagle_block else num_tokens - max(1, hash_lookahead)
+    boundary = limit // hash_block_size * hash_block_size
+    if drop_eagle_block:
+        boundary -= hash_block_size
+    return max(boundary, 0)

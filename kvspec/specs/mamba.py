@@ -30,6 +30,11 @@ class MambaSpec:
     A "block" holds one state snapshot. Memory per request depends on the scheduler's Mamba cache mode
     (read from ``SchedulerLimits``, as vLLM reads it from its config): "none" keeps 1 state, "align" 2,
     "all" one per ``block_size`` tokens; each mode adds ``num_speculative_blocks``.
+
+    ``num_prefill_checkpoint_blocks`` / ``prefill_checkpoint_alignment`` (vLLM 0.34; Mamba2 and GDN layers
+    declare 1 block): the backend exports, inside a prompt's final chunk, the state at the last boundary a
+    later request can hit (the chunk need not end there), at a position ``prefill_checkpoint_alignment``
+    tokens apart from the chunk start; "align" reserves that many more blocks per request for it.
     """
 
     block_size: int
@@ -39,6 +44,8 @@ class MambaSpec:
     mamba_type: str = "mamba2"
     mamba_cache_mode: MambaCacheMode = "none"
     num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
     _page_size: int = field(default=0, init=False, repr=False, compare=False)
     _traits: SpecTraits | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -67,6 +74,12 @@ class MambaSpec:
             raise SpecValidationError(
                 f"MambaSpec.num_speculative_blocks must be >= 0, got {self.num_speculative_blocks!r}."
             )
+        if not is_count(self.num_prefill_checkpoint_blocks, 0):
+            raise SpecValidationError(
+                "MambaSpec.num_prefill_checkpoint_blocks must be an int >= 0, got "
+                f"{self.num_prefill_checkpoint_blocks!r}."
+            )
+        require_optional_positive(self, "prefill_checkpoint_alignment", self.prefill_checkpoint_alignment)
         require_optional_positive(self, "page_size_padded", self.page_size_padded)
         if self.page_size_padded is not None and self.page_size_padded < self.unpadded_page_size_bytes:
             raise SpecValidationError(
@@ -92,7 +105,7 @@ class MambaSpec:
         if limits.mamba_cache_mode == "all":
             blocks = cdiv(limits.max_model_len, self.block_size)
         elif limits.mamba_cache_mode == "align":
-            blocks = 2
+            blocks = 2 + self.num_prefill_checkpoint_blocks
         else:
             blocks = 1
         return (blocks + self.num_speculative_blocks) * self.page_size_bytes
@@ -132,6 +145,9 @@ class MambaSpec:
     def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
         """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
         return all(
-            isinstance(s, MambaSpec) and s.num_speculative_blocks == self.num_speculative_blocks
+            isinstance(s, MambaSpec)
+            and s.num_speculative_blocks == self.num_speculative_blocks
+            and s.num_prefill_checkpoint_blocks == self.num_prefill_checkpoint_blocks
+            and s.prefill_checkpoint_alignment == self.prefill_checkpoint_alignment
             for s in as_spec_list(specs)
         )

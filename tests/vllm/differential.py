@@ -382,7 +382,7 @@ def draw_workload(seed: int) -> Workload:
         for f, s in zip(families, specs, strict=True)
     )
     num_blocks = need + 1 + rng.randint(0, need * 3)
-    return Workload(
+    workload = Workload(
         seed=seed,
         families=families,
         group_specs=specs,
@@ -409,6 +409,25 @@ def draw_workload(seed: int) -> Workload:
         # Drawn last, so the draws before it (and every workload of earlier runs) stay as they were.
         retention_interval=_retention(rng, families, scheduler_block_size),
     )
+    return _with_prefill_checkpoints(workload, rng)
+
+
+def _with_prefill_checkpoints(workload: Workload, rng: random.Random) -> Workload:
+    """Against 0.34, Mamba "align" layers that export a prefill checkpoint (Mamba2 and GDN layers declare
+    one block; the alignment 1, or the prefix-cache grid), drawn after everything else so every seed's
+    other draws stay as they were."""
+    if RELEASE_0_23 or "mamba_align" not in workload.families or rng.random() < 0.5:
+        return workload
+    alignment = rng.choice((1, 1, workload.hash_block_size, 8))
+    specs = tuple(
+        dataclasses.replace(spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=alignment)
+        if family == "mamba_align"
+        else spec
+        for family, spec in zip(workload.families, workload.group_specs, strict=True)
+    )
+    # One more state block per request: the need the pool was sized for grows by one per Mamba group.
+    extra = sum(family == "mamba_align" for family in workload.families)
+    return dataclasses.replace(workload, group_specs=specs, num_blocks=workload.num_blocks + extra)
 
 
 def _retention(rng: random.Random, families: tuple[str, ...], scheduler_block_size: int) -> int | None:
@@ -589,6 +608,10 @@ def _features(w: Workload) -> tuple[str, ...]:
             ("EAGLE", w.use_eagle),
             ("lookahead", w.num_lookahead_tokens > 0),
             ("speculative Mamba blocks", any(getattr(s, "num_speculative_blocks", 0) for s in w.group_specs)),
+            (
+                "Mamba prefill checkpoints",
+                any(getattr(s, "num_prefill_checkpoint_blocks", 0) for s in w.group_specs),
+            ),
             ("full-prompt admission gate", w.reserve_full_prompt),
             ("KV events", w.kv_events),
             ("aborts", w.abort_rate > 0),

@@ -42,7 +42,6 @@ _PC = "tests/v1/core/test_prefix_caching.py::"
 _SCHED = "tests/v1/core/test_scheduler.py::"
 _UTILS = "tests/v1/core/test_kv_cache_utils.py::"
 _SPLIT = "tests/v1/core/test_mamba_align_chunk_split.py::"
-_STM = "tests/v1/core/test_single_type_kv_cache_manager.py::"
 _PLAN = "tests/v1/core/test_kv_cache_planning.py::"
 
 EXPECTED_DIFFERENCES_034: dict[str, str] = {
@@ -116,15 +115,15 @@ KNOWN_GAPS_034: dict[str, str] = {
             (2, 1089, 1024),
             (3, 1089, 1024),
         )
-        if not (e == 0 and hit == 1024)  # without EAGLE a lookahead that rewinds to 1024 passes
+        # A lookahead that rewinds the checkpoint to 1024, a whole Mamba block, passes (the prefill checkpoint
+        # kvspec reserves there since 2026-12-04, with or without EAGLE); 1088 is a partial tail.
+        if hit != 1024
     },
     **{
         _PC + f"test_mamba_partial_hit_requires_matching_lookahead_tokens[{p}]": _MAMBA
         for p in ("0-0", "1-0", "1-1", "2-0", "2-1", "2-2")
     },
     _PC + "test_eagle_hybrid_mamba_hits_partial_prompt_boundary": _MAMBA,
-    _STM + "test_mamba_checkpoint_admission_matches_allocation": _MAMBA,
-    _STM + "test_mamba_checkpoint_hash_maps_only_to_checkpoint_block": _MAMBA,
     _PC + "test_mamba_boundary_handoffs_do_not_pin_obsolete_blocks": _MAMBA,
 }
 

@@ -10,12 +10,14 @@ allocation takes them).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from kvspec import KVCacheCoordinator, MambaSpec, Request
+from kvspec import KVCacheCoordinator, MambaSpec, Request, SchedulerLimits
 from kvspec.contracts.release import VLLM_0_23, VLLM_0_32, VLLM_0_34, ReleaseProfile
-from tests.helpers import free_ids, full_spec, make_coordinator, make_request
+from tests.helpers import free_ids, full_spec, make_config, make_coordinator, make_request
 
 
 def _step(
@@ -140,3 +142,99 @@ def test_a_hit_on_a_recached_prompt_boundary_state_waits_under_0_32(profile: Rel
     blocks, hit = coord.get_computed_blocks(sibling)
     admitted = coord.allocate_slots(sibling, 4, hit, blocks)
     assert (admitted is None) is (profile is VLLM_0_32)
+
+
+#: A Mamba2 / GDN layer under vLLM 0.34: its backend exports the state at the last boundary a resend can
+#: hit from inside the prompt's final chunk (one checkpoint block, any token position).
+CHECKPOINTED = MambaSpec(
+    block_size=16,
+    shapes=((16, 4),),
+    dtypes=(torch.float32,),
+    mamba_cache_mode="align",
+    num_prefill_checkpoint_blocks=1,
+    prefill_checkpoint_alignment=1,
+)
+
+
+def _checkpoint_coordinator(
+    spec: MambaSpec, *, use_eagle: bool = False, retention: int | None = 0
+) -> KVCacheCoordinator:
+    return KVCacheCoordinator(
+        make_config([full_spec(), spec], 60),
+        SchedulerLimits(max_model_len=1024),
+        use_eagle=use_eagle,
+        profile=VLLM_0_34,
+        prefix_cache_retention_interval=retention,
+    )
+
+
+@pytest.mark.parametrize("checkpoints", [0, 1])
+def test_a_prompts_final_chunk_exports_its_checkpoint_into_a_reserved_block(checkpoints: int) -> None:
+    """One 100-token chunk runs past 96, the last boundary a resend can hit: with a checkpoint block the
+    block before the chunk's last (index 5) is a real block holding the state at 96, cached there, so a
+    resend hits 96 tokens; without, that position is null and the Mamba group has no state to resume."""
+    coord = _checkpoint_coordinator(
+        dataclasses.replace(CHECKPOINTED, num_prefill_checkpoint_blocks=checkpoints)
+    )
+    a = make_request(coord, "a", list(range(1, 101)))
+    _step(coord, a, 100)
+    mamba = _table(coord, "a")[1]
+    assert len(mamba) == 7
+    assert mamba[:5] == [0] * 5 and (mamba[5] != 0) is bool(checkpoints) and mamba[6] != 0
+    coord.check_invariants()
+    b = make_request(coord, "b", list(range(1, 101)))
+    coord.new_step_starts()
+    blocks, hit = coord.get_computed_blocks(b)
+    assert hit == (96 if checkpoints else 0)
+    if checkpoints:
+        assert blocks.get_block_ids()[1][-1] == mamba[5]
+        # The reservation is counted before it is taken: one block more than the running state.
+        assert coord.block_pool.get_num_free_blocks() == 59 - 7 - 2
+
+
+def test_a_chunk_that_cannot_export_the_checkpoint_reserves_nothing() -> None:
+    """80 -> 100 can export the state at 96 (one hash block after its start) with any alignment, but not
+    with a 32-token one (96 is 16 tokens past the chunk's start): then position 5 stays null."""
+    for alignment, reserved in ((1, True), (32, False)):
+        coord = _checkpoint_coordinator(
+            dataclasses.replace(CHECKPOINTED, prefill_checkpoint_alignment=alignment)
+        )
+        a = make_request(coord, "a", list(range(1, 101)))
+        _step(coord, a, 80)
+        free = coord.block_pool.get_num_free_blocks()
+        _step(coord, a, 20)
+        mamba = _table(coord, "a")[1]
+        assert (mamba[5] != 0) is reserved
+        assert (
+            free - coord.block_pool.get_num_free_blocks() == 3 + reserved
+        )  # 2 attention blocks, the state (+ the checkpoint)
+
+
+def test_with_eagle_the_checkpoint_block_is_rekeyed_one_hash_block_lower() -> None:
+    """EAGLE drops a hash block off every hit, so the exported state is the one at 80 (not 96), written into
+    the reserved block 5; dense retention had keyed that block at 96 this step, and that key, which would
+    promise a state the block does not hold, is replaced by the 80-token one."""
+    coord = _checkpoint_coordinator(CHECKPOINTED, use_eagle=True, retention=None)
+    a = make_request(coord, "a", list(range(1, 101)))
+    _step(coord, a, 100)
+    block = coord.managers[1].get_blocks("a")[5]
+    assert not block.is_null and block.block_hash_num_tokens == 80
+    assert coord.block_pool.get_cached_block(a.block_hashes[5], [1]) is None
+    assert coord.block_pool.get_cached_block(a.block_hashes[4], [1]) == [block]
+    coord.check_invariants()
+
+
+def test_the_checkpoint_block_is_counted_before_it_is_taken() -> None:
+    """Seven attention blocks, the running state and the checkpoint need 9 blocks: with 8 free the chunk is
+    refused (nothing taken), with 9 it runs."""
+    for num_blocks, fits in ((9, False), (10, True)):
+        coord = KVCacheCoordinator(
+            make_config([full_spec(), CHECKPOINTED], num_blocks),
+            SchedulerLimits(max_model_len=1024),
+            profile=VLLM_0_34,
+            prefix_cache_retention_interval=0,
+        )
+        a = make_request(coord, "a", list(range(1, 101)))
+        assert (coord.allocate_slots(a, 100) is not None) is fits
+        assert coord.block_pool.get_num_free_blocks() == (0 if fits else num_blocks - 1)
+        coord.check_invariants()

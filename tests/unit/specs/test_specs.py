@@ -182,6 +182,17 @@ class TestPageSizes:
         assert spec.max_memory_usage_bytes(every) == (63 + 2) * 34_816
         padded = dataclasses.replace(spec, page_size_padded=40_000)
         assert padded.page_size_bytes == 40_000
+        # A prefill checkpoint block (vLLM 0.34's Mamba2 / GDN layers) is one more "align" state per request.
+        checkpointed = dataclasses.replace(
+            spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1
+        )
+        assert checkpointed.max_memory_usage_bytes(align) == 5 * 34_816
+        assert checkpointed.max_memory_usage_bytes(none) == 3 * 34_816
+        assert not spec.is_uniform_with_collection([spec, checkpointed])
+        with pytest.raises(SpecValidationError, match="num_prefill_checkpoint_blocks"):
+            dataclasses.replace(spec, num_prefill_checkpoint_blocks=-1)
+        with pytest.raises(SpecValidationError, match="prefill_checkpoint_alignment"):
+            dataclasses.replace(spec, prefill_checkpoint_alignment=0)
 
     def test_cross_and_encoder_only(self) -> None:
         cross = CrossAttentionSpec(block_size=16, num_kv_heads=8, head_size=64, dtype=BF16)

@@ -129,6 +129,10 @@ def _bench(session: nox.Session, version: str) -> None:
 
     _install_vllm(session, version)
     session.install("beartype>=0.19")
+    if version != "0.23.0":
+        # W4 plans with vLLM 0.34's planner on the suite's CPU platform (tests/vllm_suite/stock_conftest.py,
+        # a pytest conftest too).
+        session.install("pytest")
     extra: list[str] = []
     if os.environ.get("KVSPEC_BENCH_PURE_ONLY", "") not in ("1", "true", "yes"):
         session.install("mypy>=1.11", "setuptools>=68")  # mypyc and the build hook

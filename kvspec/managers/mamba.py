@@ -204,7 +204,6 @@ class MambaManager(SingleTypeKVCacheManager):
             or query_start + hash_block > position
             or not query_start < position < query_end
             or (position - query_start) % alignment
-            or index < 0
         ):
             return 0
         blocks = self._req_to_blocks.get(request_id, ())

@@ -513,8 +513,9 @@ def _group_blocks_per_request(group: KVCacheGroupSpec, limits: SchedulerLimits) 
     """Blocks one request of ``limits.max_model_len`` tokens takes in ``group`` (a uniform-type group: its
     hungriest layer's, since all its layers share the block ids)."""
     spec = group.kv_cache_spec
-    layers = spec.kv_cache_specs.values() if isinstance(spec, UniformTypeKVCacheSpecs) else (spec,)
-    return max(cdiv(s.max_memory_usage_bytes(limits), s.page_size_bytes) for s in layers)
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return spec.max_memory_usage_pages(limits)
+    return cdiv(spec.max_memory_usage_bytes(limits), spec.page_size_bytes)
 
 
 def max_memory_usage_bytes_from_groups(groups: Sequence[KVCacheGroupSpec], limits: SchedulerLimits) -> int:

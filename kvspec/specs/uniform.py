@@ -48,11 +48,15 @@ class UniformTypeKVCacheSpecs:
         return sum(spec.page_size_bytes for spec in self.kv_cache_specs.values())
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
-        blocks = max(
+        return self.max_memory_usage_pages(limits) * self.page_size_bytes
+
+    def max_memory_usage_pages(self, limits: SchedulerLimits) -> int:
+        """Blocks one request of ``limits.max_model_len`` tokens takes: the hungriest layer's (the layers
+        share the block ids)."""
+        return max(
             cdiv(spec.max_memory_usage_bytes(limits), spec.page_size_bytes)
             for spec in self.kv_cache_specs.values()
         )
-        return blocks * self.page_size_bytes
 
     def get_page_sizes(self) -> list[int]:
         """The distinct page sizes of the layers, in first-seen order."""

@@ -209,6 +209,12 @@ class TestPageSizes:
         assert uni.get_page_sizes() == [65_536, 32_768]
         assert hash(uni) == hash(UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": a, "b": b}))
         assert uni.copy_with_new_block_size(32).kv_cache_specs["a"].block_size == 32
+        # The layers share block ids, so a request takes the hungriest layer's blocks: full attention's 256
+        # over 4,096 tokens, not the 81 of a 1,024-token window with 256-token steps.
+        mixed = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"w": sw(), "a": a})
+        steps = SchedulerLimits(max_model_len=4096, max_num_batched_tokens=256)
+        assert sw().max_memory_usage_bytes(steps) == 81 * sw().page_size_bytes
+        assert mixed.max_memory_usage_pages(steps) == 256
         with pytest.raises(SpecValidationError, match="layer 'b' has block_size=32"):
             UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": a, "b": full(block_size=32)})
 

@@ -52,6 +52,9 @@ if TYPE_CHECKING:
         RequestView as RequestView,
     )
     from kvspec.contracts.manager import (
+        BoundaryState as BoundaryState,
+    )
+    from kvspec.contracts.manager import (
         HitQuery as HitQuery,
     )
     from kvspec.contracts.manager import (
@@ -279,6 +282,7 @@ _API: dict[str, tuple[str, ...]] = {
     "kvspec.blocks.request": ("Request",),
     "kvspec.blocks.request_view": ("RequestView",),
     "kvspec.contracts.manager": (
+        "BoundaryState",
         "HitQuery",
         "HitResult",
         "KVCacheManager",

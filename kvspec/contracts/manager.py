@@ -88,6 +88,22 @@ class ManagerContext:
         )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BoundaryState:
+    """A block holding a request's state exactly at ``num_tokens`` tokens, committed by a caching call: what a
+    KV connector offloads under the prefix hash that ends there (vLLM 0.34's boundary-state offloads).
+
+    ``block_id`` is exact: a state group's block table is not append-only (interior positions are null,
+    speculative slots move), so a connector must never find the block by its position. The offer holds only
+    until the request's blocks are freed; a connector that reads it later pins the block first.
+    """
+
+    request_id: str
+    kv_cache_group_id: int
+    block_id: int
+    num_tokens: int
+
+
 class HitQuery(NamedTuple):
     """One prefix-cache hit search over ``kv_cache_group_ids`` (groups with equal specs, searched together).
 

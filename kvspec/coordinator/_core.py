@@ -16,6 +16,7 @@ are released first, which is what the request would do next step anyway).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import operator
@@ -30,7 +31,7 @@ from kvspec.blocks.eviction import EvictionContext, EvictionPolicyFactory, Group
 from kvspec.blocks.hashing import BlockHasher, get_hash_constructor
 from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
 from kvspec.blocks.request_view import RequestView
-from kvspec.contracts.manager import KVCacheManager, ManagerContext
+from kvspec.contracts.manager import BoundaryState, KVCacheManager, ManagerContext
 from kvspec.contracts.release import DEFAULT_PROFILE, ReleaseProfile
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.contracts.traits import SpecTraits, block_tokens_of, traits_of
@@ -219,7 +220,7 @@ class CoordinatorCore:
                         f"{self.hash_block_size}."
                     )
         _check_retention_interval(prefix_cache_retention_interval, self.scheduler_block_size, self.traits)
-        self.prefix_cache_retention_interval: Final = prefix_cache_retention_interval
+        self.prefix_cache_retention_interval = prefix_cache_retention_interval
         policy_factory = resolve_eviction_policy(eviction_policy)
         self.block_pool = BlockPool(
             kv_cache_config.num_blocks,
@@ -709,8 +710,31 @@ class CoordinatorCore:
             ids.extend(manager.take_new_block_ids())
         return ids
 
+    def take_boundary_states(self) -> list[BoundaryState]:
+        """Drain every group's state blocks committed at exact token boundaries since the last call, in
+        group order (``BoundaryState``: what a KV connector offloads; Mamba "align" groups offer them)."""
+        states: list[BoundaryState] = []
+        for manager in self.managers:
+            if isinstance(manager, SingleTypeKVCacheManager):
+                states.extend(manager.take_boundary_states())
+        return states
+
     def evict_blocks(self, block_ids: Sequence[int]) -> None:
         self.block_pool.evict_blocks(block_ids)
+
+    def set_prefix_cache_retention_interval(self, interval: int | None) -> None:
+        """Change sparse retention (tokens, a multiple of the scheduler block; None: dense) from the next
+        caching call on; blocks already cached stay cached. Checked as the constructor checks it
+        (``UnsupportedConfigurationError``); nothing changes when it is refused. Managers built on
+        ``SingleTypeKVCacheManager`` read it from their context; a from-scratch manager keeps the context it
+        was constructed with."""
+        _check_retention_interval(interval, self.scheduler_block_size, self.traits)
+        self.prefix_cache_retention_interval = interval
+        for manager in self.managers:
+            if isinstance(manager, SingleTypeKVCacheManager):
+                manager.context = dataclasses.replace(
+                    manager.context, prefix_cache_retention_interval=interval
+                )
 
     def reset_prefix_cache(self) -> bool:
         """Forget all cached blocks; False (nothing changed) while requests still hold blocks.

@@ -291,8 +291,19 @@ class _CoordinatorFacade:
         """The sparse retention interval in effect (tokens; None: dense)."""
         return self._coordinator.prefix_cache_retention_interval
 
+    @retention_interval.setter
+    def retention_interval(self, interval: int | None) -> None:
+        # vLLM 0.34's coordinator keeps it as a plain attribute its tests set after construction.
+        self._coordinator.set_prefix_cache_retention_interval(interval)
+
     #: kvspec makes no sub-block (partial) prefix hits.
     enable_partial_hash_hits = False
+
+    @property
+    def _cache_hit_alignment_tokens(self) -> int:
+        """Tokens every prefix hit is a multiple of (vLLM 0.34's name): the scheduler block, as kvspec's hits
+        end on scheduler blocks."""
+        return self._coordinator.scheduler_block_size
 
     @property
     def group_block_sizes(self) -> tuple[int, ...]:
@@ -799,8 +810,9 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
     up), ``get_computed_blocks_for_connector``, ``pop_blocks_for_free`` (deferred frees),
     ``get_block_ids_for_computed_tokens``, ``estimate_cached_tokens``, ``truncate_computed_blocks``,
     ``record_blocks_for_zeroing`` and the connector hand-offs ``take_kv_cache_block_copies``,
-    ``take_boundary_state_offloads``, ``finalize_partial_tail_offloads`` (empty: kvspec makes no partial
-    sub-block hits, so there is no copy-on-write block and no boundary state to hand off).
+    ``take_boundary_state_offloads`` (Mamba "align" state blocks keyed at block boundaries, with their exact
+    ids) and ``finalize_partial_tail_offloads`` (empty: kvspec makes no partial sub-block hits, so there is
+    no copy-on-write block and no partial tail to hand off).
 
     ``num_hash_lookahead_tokens`` (EAGLE lookahead block hashes, 0.34's default with a draft model: vLLM's
     engine hashes each block with the tokens after it) makes the pool publish a block only once its hash
@@ -1087,7 +1099,12 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
         return [], []
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        return {}
+        offloads: dict[str, list[tuple[int, int, int]]] = {}
+        for state in self.kvspec_coordinator.take_boundary_states():
+            offloads.setdefault(state.request_id, []).append(
+                (state.kv_cache_group_id, state.block_id, state.num_tokens)
+            )
+        return offloads
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
         return []

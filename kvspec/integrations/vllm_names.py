@@ -41,6 +41,8 @@ class VllmManagerView:
             return getattr(self._manager.context, name)
         if name == "kv_cache_spec" and self._vllm_spec is not None:
             return self._vllm_spec
+        if name == "cache_hit_alignment_tokens":  # vLLM 0.34: kvspec's hits end on scheduler blocks
+            return self._manager.scheduler_block_size
         return getattr(self._manager, VLLM_STATE_NAMES.get(name, name))
 
     def __setattr__(self, name: str, value: Any) -> None:

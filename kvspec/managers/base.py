@@ -38,7 +38,7 @@ from mypy_extensions import mypyc_attr
 
 from kvspec.blocks.pool import BlockPool, KVCacheBlock
 from kvspec.blocks.request_view import RequestView
-from kvspec.contracts.manager import HitQuery, HitResult, ManagerContext
+from kvspec.contracts.manager import BoundaryState, HitQuery, HitResult, ManagerContext
 from kvspec.contracts.spec import KVCacheSpec
 from kvspec.contracts.traits import SpecTraits
 from kvspec.errors import SchedulingError
@@ -272,6 +272,12 @@ class SingleTypeKVCacheManager:
             block_mask=self.cache_mask(request, num_full),
         )
         self._num_cached_block[request_id] = num_full
+
+    def take_boundary_states(self) -> list[BoundaryState]:
+        """Drain the state blocks this manager committed at exact token boundaries since the last call, for
+        a KV connector to offload (``kvspec.contracts.manager.BoundaryState``). None for managers whose
+        blocks a connector finds by position (every attention manager); Mamba "align" offers its states."""
+        return []
 
     @property
     def caches_on_every_call(self) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from kvspec.blocks.pool import KVCacheBlock
 from kvspec.blocks.request_view import RequestView
-from kvspec.contracts.manager import HitQuery, HitResult
+from kvspec.contracts.manager import BoundaryState, HitQuery, HitResult
 from kvspec.contracts.spec import MAMBA_CACHE_MODES, MambaCacheMode
 from kvspec.errors import UnsupportedConfigurationError
 from kvspec.intmath import cdiv
@@ -57,6 +57,8 @@ class MambaManager(SingleTypeKVCacheManager):
         #: Per request: (checkpoint position in tokens, index of its reserved block), for this step.
         self._checkpoints: dict[str, tuple[int, int]] = {}
         self._prefill_ends: dict[str, int] = {}
+        # "align": every state block a caching call keys, offered to a connector until taken or freed.
+        self._boundary_states: list[BoundaryState] = []
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
@@ -260,19 +262,36 @@ class MambaManager(SingleTypeKVCacheManager):
         return blocks[prev_len:]
 
     def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
-        num_before = self._num_cached_block.get(request.request_id, 0)
+        request_id = request.request_id
+        num_before = self._num_cached_block.get(request_id, 0)
         super().cache_blocks(request, num_tokens)
-        blocks = self._req_to_blocks.get(request.request_id, ())
-        for block in blocks[num_before : self._num_cached_block.get(request.request_id, 0)]:
-            if block.block_hash is not None:
-                self.cached_blocks_this_step.add(block.block_hash)
+        blocks = self._req_to_blocks.get(request_id, ())
         if self._marks_prompt_boundary:
             self._mark_prompt_boundary_state(request, num_tokens, blocks)
-        checkpoint = self._checkpoints.get(request.request_id) if self._checkpoints else None
+        checkpoint = self._checkpoints.get(request_id) if self._checkpoints else None
         if checkpoint is not None:
             key = self._cache_checkpoint(request, *checkpoint)
             if key is not None:
                 self.cached_blocks_this_step.add(key)
+        # After the checkpoint, which may have dropped a key the full-block pass gave its block this call.
+        align = self.mamba_cache_mode == "align"
+        for block in blocks[num_before : self._num_cached_block.get(request_id, 0)]:
+            if block.block_hash is not None:
+                self.cached_blocks_this_step.add(block.block_hash)
+                if align:
+                    self._boundary_states.append(
+                        BoundaryState(
+                            request_id=request_id,
+                            kv_cache_group_id=self.kv_cache_group_id,
+                            block_id=block.block_id,
+                            num_tokens=block.block_hash_num_tokens or 0,
+                        )
+                    )
+
+    def take_boundary_states(self) -> list[BoundaryState]:
+        states = self._boundary_states
+        self._boundary_states = []
+        return states
 
     def _cache_checkpoint(self, request: RequestView, position: int, index: int) -> bytes | None:
         """Key the block reserved at ``index`` by the state it holds, the one at ``position`` tokens
@@ -363,6 +382,8 @@ class MambaManager(SingleTypeKVCacheManager):
         return super().pop_blocks_for_free(request_id)
 
     def _forget(self, request_id: str) -> None:
+        if self._boundary_states:  # the blocks go back to the pool: an offer not yet taken would be stale
+            self._boundary_states = [s for s in self._boundary_states if s.request_id != request_id]
         self._checkpoints.pop(request_id, None)
         self._prefill_ends.pop(request_id, None)
         self.last_state_block_idx.pop(request_id, None)

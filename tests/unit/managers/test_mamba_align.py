@@ -238,3 +238,58 @@ def test_the_checkpoint_block_is_counted_before_it_is_taken() -> None:
         assert (coord.allocate_slots(a, 100) is not None) is fits
         assert coord.block_pool.get_num_free_blocks() == (0 if fits else num_blocks - 1)
         coord.check_invariants()
+
+
+def _offers(coord: KVCacheCoordinator) -> list[tuple[str, int, int, int]]:
+    return [
+        (s.request_id, s.kv_cache_group_id, s.block_id, s.num_tokens) for s in coord.take_boundary_states()
+    ]
+
+
+def test_each_keyed_state_block_is_offered_once_with_its_exact_id() -> None:
+    """Dense retention: the 32-token chunk keys the state at 32 in block 1 (block 0 is a null position); the
+    next 16 key the state at 48 in the block that was speculative (block 2); decoding past no boundary
+    offers nothing; the full-attention group offers nothing (a connector finds its blocks by position)."""
+    coord = _checkpoint_coordinator(MAMBA, retention=None)
+    a = make_request(coord, "a", list(range(1, 49)))
+    _step(coord, a, 32)
+    mamba = _table(coord, "a")[1]
+    assert mamba[0] == 0
+    assert _offers(coord) == [("a", 1, mamba[1], 32)]
+    assert _offers(coord) == []  # drained
+    _step(coord, a, 16)
+    assert _offers(coord) == [("a", 1, mamba[2], 48)]
+    _step(coord, a, 1)
+    assert _offers(coord) == []
+    coord.check_invariants()
+
+
+@pytest.mark.parametrize(("retention", "first_chunk_offers"), [(None, True), (0, False)])
+def test_sparse_retention_offers_only_the_states_it_keeps(
+    retention: int | None, first_chunk_offers: bool
+) -> None:
+    """Interval 0 keys only the state at the prompt's replay boundary (32 of 40 tokens): the state at 16
+    is transient there, neither keyed nor offered; dense retention offers both."""
+    coord = _checkpoint_coordinator(MAMBA, retention=retention)
+    a = make_request(coord, "a", list(range(1, 41)))
+    _step(coord, a, 16)
+    first = _table(coord, "a")[1][0]
+    assert _offers(coord) == ([("a", 1, first, 16)] if first_chunk_offers else [])
+    assert (coord.block_pool.get_cached_block(a.block_hashes[0], [1]) is not None) is first_chunk_offers
+    _step(coord, a, 16)
+    assert _offers(coord) == [("a", 1, _table(coord, "a")[1][1], 32)]
+    _step(coord, a, 8)
+    assert _offers(coord) == []
+
+
+def test_an_offer_not_taken_before_its_request_is_freed_is_dropped() -> None:
+    """The blocks go back to the pool with the request; another request's offers stay."""
+    coord = _checkpoint_coordinator(MAMBA, retention=None)
+    a = make_request(coord, "a", list(range(1, 41)))
+    b = make_request(coord, "b", list(range(100, 140)))
+    _step(coord, a, 32)
+    _step(coord, b, 32)
+    b_state = _table(coord, "b")[1][1]
+    coord.free(a)
+    assert _offers(coord) == [("b", 1, b_state, 32)]
+    coord.check_invariants()

@@ -73,6 +73,21 @@ def test_bad_intervals_are_refused(specs: list[object], interval: int, message: 
         coordinator(specs, interval)
 
 
+def test_retention_set_after_construction_applies_to_the_next_caching() -> None:
+    """Same as the interval-0 case above once set on a dense coordinator; a refused value changes nothing."""
+    coord = coordinator([sw_spec(16, 16)], None)
+    before = coord.prefix_cache_retention_interval
+    with pytest.raises(UnsupportedConfigurationError, match="multiple of scheduler_block_size"):
+        coord.set_prefix_cache_retention_interval(8)
+    assert coord.prefix_cache_retention_interval == before
+    coord.set_prefix_cache_retention_interval(0)
+    assert coord.prefix_cache_retention_interval == 0
+    assert cached_blocks(coord, list(range(16 * 16))) == {14}
+    dense = coordinator([sw_spec(16, 16)], 0)
+    dense.set_prefix_cache_retention_interval(None)
+    assert cached_blocks(dense, list(range(16 * 16))) == set(range(16))
+
+
 def test_interval_zero_is_accepted_where_retention_has_nothing_to_thin() -> None:
     """vLLM 0.34 plans 0 into every configuration: a full-attention model caches densely with it."""
     coord = coordinator([full_spec(16)], 0)

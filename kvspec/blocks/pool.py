@@ -748,6 +748,29 @@ class BlockPool:
             )
         return key
 
+    def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
+        """Re-key every prefix-cache entry of ``src_block`` (its hash and any secondary keys, with the tokens
+        it covers) to ``dst_block``, which holds a copy of its content: the request owning ``src_block`` keeps
+        writing into it, so the cache keeps the copy instead (vLLM 0.34's ``move_block_hashes``). The entries
+        stay live: no event. ``dst_block`` must be a real block without a hash."""
+        if dst_block.is_null or src_block.is_null or dst_block.block_hash is not None:
+            raise BlockPoolError(
+                f"move_block_hashes needs two real blocks and a target without a hash; got block "
+                f"{src_block.block_id} -> block {dst_block.block_id} (hash {dst_block.block_hash!r})."
+            )
+        key = src_block.block_hash
+        if key is None:
+            return
+        num_tokens = src_block.block_hash_num_tokens
+        cache = self.cached_block_hash_to_block
+        secondary = cache.secondary_keys(src_block.block_id)
+        cache.evict([src_block])
+        dst_block.block_hash = key
+        dst_block.block_hash_num_tokens = num_tokens
+        cache.insert(key, dst_block)
+        for extra in secondary:
+            cache.add_secondary(extra, dst_block)
+
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks; free ones leave the free queue."""
         remove = self.free_block_queue.remove

@@ -54,6 +54,11 @@ class ManagerContext:
     #: ``zero_new_blocks`` trait. An engine whose zeroing policy is its own sets it (vLLM 0.34: every
     #: attention group when the model needs zeroing, none otherwise).
     zero_new_blocks: bool | None = None
+    #: Sub-block prefix hits are on (vLLM 0.34's partial hash hits; see ``KVCacheCoordinator``'s
+    #: ``allow_partial_hash_hits``): hits may end on any hash-block boundary, a hit ending inside one of this
+    #: group's blocks is copied on write, and hits align to ``hash_block_size`` tokens instead of the
+    #: scheduler block.
+    partial_hash_hits: bool = False
 
     @property
     def block_size(self) -> int:
@@ -113,6 +118,11 @@ class HitQuery(NamedTuple):
     ``block_hashes`` are at the spec's block size; ``max_length`` (tokens) bounds the hit;
     ``alignment_tokens``: a hit must end on a multiple of it (the scheduler block in hybrids);
     ``use_eagle``: the last matched block is dropped (EAGLE recomputes it).
+    ``fine_block_hashes``: with sub-block hits on (``ManagerContext.partial_hash_hits``) and a manager whose
+    class sets ``supports_sub_block_hits``, the request's hashes at the pool's hash block
+    (``alignment_tokens`` tokens each, smaller than the block): the hit may then end inside its last block
+    at any multiple of ``alignment_tokens`` (reported in ``HitResult.num_tokens``), and EAGLE drops one hash
+    block instead of a block. None otherwise.
     """
 
     block_hashes: Sequence[bytes]
@@ -125,6 +135,19 @@ class HitQuery(NamedTuple):
     alignment_tokens: int
     dcp_world_size: int = 1
     pcp_world_size: int = 1
+    fine_block_hashes: Sequence[bytes] | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockCopy:
+    """A block copy the engine runs before the next forward pass: the content of block ``src_block_id``
+    into block ``dst_block_id`` (vLLM 0.34's ``KVCacheBlockCopy``). A sub-block prefix hit shares a block
+    the request must write into: the request gets a private copy (copy on write), or, for a running
+    request that keeps writing its own block, the cache entry moves to the copy."""
+
+    kv_cache_group_id: int
+    src_block_id: int
+    dst_block_id: int
 
 
 class HitResult(NamedTuple):

@@ -57,8 +57,16 @@ class KVCacheCoordinator(CoordinatorCore):
         zero_new_blocks: Sequence[bool] | None = None,
         eviction_policy: str | EvictionPolicyFactory | None = None,
         eviction_clock: Callable[[], float] | None = None,
+        allow_partial_hash_hits: bool = False,
     ) -> None:
-        """``num_reprefillable_tokens``: the last computed tokens a multi-module MTP drafter may prefill
+        """``allow_partial_hash_hits``: turn on sub-block prefix hits where they apply (vLLM 0.34's partial
+        hash hits: a Mamba "align" group whose block is larger than the hash block, every other cached group
+        able to search by hash block or hashed by its own block): hits then end on any hash-block boundary,
+        and a hit ending inside a block is copied on write. The engine must then run the block copies
+        ``take_block_copies`` hands out before the next forward pass and release their blocks with
+        ``release_copied_blocks``. Off by default (vLLM's Scheduler runs the copies: its adapter turns it on);
+        ``partial_hash_hits`` says whether it applies.
+        ``num_reprefillable_tokens``: the last computed tokens a multi-module MTP drafter may prefill
         again (vLLM 0.34's num_prefill_lookahead - 1); they are not published until final.
         ``hash_lookahead_tokens``: tokens after each block that the engine's block hash also covers
         (vLLM 0.34's EAGLE lookahead block hashes); blocks are published only once hashed. ``profile``: the vLLM release whose behaviour to reproduce (``kvspec.contracts.release``; None:
@@ -88,4 +96,5 @@ class KVCacheCoordinator(CoordinatorCore):
             zero_new_blocks=zero_new_blocks,
             eviction_policy=eviction_policy,
             eviction_clock=eviction_clock,
+            allow_partial_hash_hits=allow_partial_hash_hits,
         )

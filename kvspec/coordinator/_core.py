@@ -31,7 +31,7 @@ from kvspec.blocks.eviction import EvictionContext, EvictionPolicyFactory, Group
 from kvspec.blocks.hashing import BlockHasher, get_hash_constructor
 from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
 from kvspec.blocks.request_view import RequestView
-from kvspec.contracts.manager import BoundaryState, KVCacheManager, ManagerContext
+from kvspec.contracts.manager import BlockCopy, BoundaryState, KVCacheManager, ManagerContext
 from kvspec.contracts.release import DEFAULT_PROFILE, ReleaseProfile
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.contracts.traits import SpecTraits, block_tokens_of, traits_of
@@ -177,6 +177,7 @@ class CoordinatorCore:
         zero_new_blocks: Sequence[bool] | None = None,
         eviction_policy: str | EvictionPolicyFactory | None = None,
         eviction_clock: Callable[[], float] | None = None,
+        allow_partial_hash_hits: bool = False,
     ) -> None:
         # Documented on kvspec.coordinator.KVCacheCoordinator.__init__, the checked public door.
         registry = default_registry if registry is None else registry
@@ -266,6 +267,17 @@ class CoordinatorCore:
                 f">= num_speculative_tokens (={num_reprefillable_tokens + 1}); use a larger block or fewer tokens."
             )
         self.num_reprefillable_tokens: Final = num_reprefillable_tokens
+        #: Sub-block prefix hits apply (``allow_partial_hash_hits`` and a model they apply to).
+        self.partial_hash_hits: Final = allow_partial_hash_hits and _partial_hash_hits_apply(
+            self, manager_classes, limits.decode_context_parallel_size
+        )
+        #: Hits end on a multiple of this (tokens): the hash block with sub-block hits, else the scheduler
+        #: block (vLLM 0.34's cache_hit_alignment_tokens).
+        self.cache_hit_alignment_tokens: Final = (
+            self.hash_block_size if self.partial_hash_hits else self.scheduler_block_size
+        )
+        # Blocks taken from a copy's endpoints and not yet released by the engine (block id -> references).
+        self._copy_held: dict[int, int] = {}
         if zero_new_blocks is not None and len(zero_new_blocks) != len(groups):
             raise UnsupportedConfigurationError(
                 f"zero_new_blocks has {len(zero_new_blocks)} entries for {len(groups)} KV cache groups; give "
@@ -292,6 +304,7 @@ class CoordinatorCore:
                     max_num_batched_tokens=limits.batched_tokens,
                     profile=self.profile,
                     zero_new_blocks=None if zero_new_blocks is None else zero_new_blocks[gid],
+                    partial_hash_hits=self.partial_hash_hits,
                 )
             )
             for gid, (spec, traits, manager_cls) in enumerate(
@@ -325,7 +338,8 @@ class CoordinatorCore:
         }
         # A manager whose cache_blocks acts without a new full block (vLLM 0.32's Mamba "align") turns off
         # the skipping of calls that complete no scheduler block.
-        self._cache_every_call: Final = any(
+        # Sub-block hits publish up to the computed tokens, unaligned: every call may key something.
+        self._cache_every_call: Final = self.partial_hash_hits or any(
             isinstance(m, SingleTypeKVCacheManager) and m.caches_on_every_call
             for _, m in self._caching_groups
         )
@@ -339,6 +353,7 @@ class CoordinatorCore:
             scheduler_block_size=self.scheduler_block_size,
             eagle_margin_within_hashes=self.profile.eagle_margin_within_hashes,
             eagle_margin_for_state_groups=self.profile.eagle_margin_for_state_groups,
+            partial_hash_hits=self.partial_hash_hits,
         )
         # Events describe the whole group (a uniform-type group's kind is its layers', not its
         # representative's), as vLLM annotates them.
@@ -528,7 +543,7 @@ class CoordinatorCore:
         if full_sequence_must_fit:
             whole = min(request.num_tokens, max_len)
             free = self.block_pool.free_block_queue.num_free_blocks
-            needed = _count_new_blocks(self, request_id, whole, whole, computed, total, encoder, True)
+            needed = _count_new_blocks(self, request_id, whole, whole, computed, total, encoder, True, local)
             if needed + watermark > free:
                 return None
         if self._skipping_managers:
@@ -537,7 +552,9 @@ class CoordinatorCore:
             for manager in self._skipping_managers:
                 manager.remove_skipped_blocks(request_id, processed, prompt)
         if attach or encoder:
-            num_blocks = _count_new_blocks(self, request_id, need, main, computed, total, encoder, False)
+            num_blocks = _count_new_blocks(
+                self, request_id, need, main, computed, total, encoder, False, local
+            )
         else:
             # A running request's step: _count_new_blocks inline (no hits, no encoder tokens), since a call
             # with eight arguments costs the pure build a tenth of the step.
@@ -641,12 +658,15 @@ class CoordinatorCore:
         num_encoder_tokens: int,
         apply_admission_cap: bool = False,
         prefill_end: int | None = None,
+        num_local_computed_tokens: int | None = None,
     ) -> int:
         """Blocks the request needs (all groups) to hold ``num_tokens`` tokens, given the hit blocks
         ``computed`` it is about to attach and ``total_computed`` tokens already computed; encoder-sized
         groups count ``num_encoder_tokens``. With ``apply_admission_cap``, groups that recycle blocks
         (windows) count at most their admission cap. ``prefill_end`` (tokens): where the request's prefill
-        ends, for managers that reserve by it (``wants_prefill_end``); None: as last noted."""
+        ends, for managers that reserve by it (``wants_prefill_end``); None: as last noted.
+        ``num_local_computed_tokens``: the prefix hit's tokens (None: ``total_computed``); with sub-block hits,
+        a hit ending inside a group's block counts one more block there, for its copy."""
         if prefill_end is not None:
             for noting in self._prefill_end_managers:
                 noting.note_prefill_end(request_id, prefill_end)
@@ -659,6 +679,7 @@ class CoordinatorCore:
             total_computed,
             num_encoder_tokens,
             apply_admission_cap,
+            total_computed if num_local_computed_tokens is None else num_local_computed_tokens,
         )
 
     def cache_blocks(self, request: RequestView, num_computed_tokens: int) -> None:
@@ -762,14 +783,72 @@ class CoordinatorCore:
         (an event naming no group of this coordinator is warned about on ``log``, kvspec's by default)."""
         return annotate_events(self.block_pool.take_events(), self._event_metadata, log)
 
+    def take_block_copies(self) -> tuple[list[BlockCopy], list[KVCacheBlock]]:
+        """The block copies queued since the last call (sub-block hits' copy on write), for the engine to
+        run before the next forward pass, and their endpoints (one reference each, for the copy): release
+        them with ``release_copied_blocks`` once the copies have run. Empty without sub-block hits."""
+        copies: list[BlockCopy] = []
+        held: list[KVCacheBlock] = []
+        for gid, manager in enumerate(self.managers):
+            if not isinstance(manager, SingleTypeKVCacheManager):
+                continue
+            for source, target in manager.take_block_copies():
+                copies.append(
+                    BlockCopy(
+                        kv_cache_group_id=gid, src_block_id=source.block_id, dst_block_id=target.block_id
+                    )
+                )
+                held.append(source)
+                held.append(target)
+        for block in held:
+            self._copy_held[block.block_id] = self._copy_held.get(block.block_id, 0) + 1
+        return copies, held
+
+    def release_copied_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Drop the copy's reference on each block ``take_block_copies`` handed out (the copies have run);
+        a block no one else holds returns to the free queue. A block not held for a copy is a
+        SchedulingError, before anything changes."""
+        counts: dict[int, int] = {}
+        for block in blocks:
+            counts[block.block_id] = counts.get(block.block_id, 0) + 1
+        for block_id, n in counts.items():
+            if self._copy_held.get(block_id, 0) < n:
+                raise SchedulingError(
+                    f"release_copied_blocks: block {block_id} is not held for a block copy {n} time(s); "
+                    "pass the blocks take_block_copies returned, once."
+                )
+        for block_id, n in counts.items():
+            left = self._copy_held[block_id] - n
+            if left:
+                self._copy_held[block_id] = left
+            else:
+                del self._copy_held[block_id]
+        self.block_pool.free_blocks(blocks)
+
+    def finalize_partial_tails(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int = 0
+    ) -> list[BoundaryState]:
+        """When a request finishes, before it is freed: the states it keyed inside its own blocks that a
+        KV connector may still offload from there (pin them first; see ``BoundaryState``)."""
+        states: list[BoundaryState] = []
+        for manager in self.managers:
+            if isinstance(manager, SingleTypeKVCacheManager):
+                state = manager.finalize_partial_tail(request_id, num_computed_tokens, num_in_flight_tokens)
+                if state is not None:
+                    states.append(state)
+        return states
+
     def check_invariants(self) -> None:
-        """Raise if any block's ref count differs from the number of holders (requests + reservations),
-        or if the pool's queue and cache map disagree. For tests and debugging; O(blocks)."""
+        """Raise if any block's ref count differs from the number of holders (requests + reservations +
+        block copies not yet released), or if the pool's queue and cache map disagree. For tests and
+        debugging; O(blocks)."""
         self.block_pool.check_invariants()
         holders = [0] * self.block_pool.num_gpu_blocks
         for manager in self.managers:
             for block in manager.iter_held_blocks():
                 holders[block.block_id] += 1
+        for block_id, n in self._copy_held.items():
+            holders[block_id] += n
         for block in self.block_pool.blocks:
             if not block.is_null and block.ref_cnt != holders[block.block_id]:
                 raise InvariantError(
@@ -786,15 +865,20 @@ def _count_new_blocks(
     total_computed: int,
     num_encoder_tokens: int,
     apply_admission_cap: bool,
+    num_local_computed: int = 0,
 ) -> int:
     """Free-queue blocks allocate_slots would take: decoder groups up to ``num_tokens`` (with the hit blocks
     ``computed`` attached), encoder-sized groups up to ``num_encoder_tokens`` with no hit (nothing when it
     is 0: the encoder input was allocated at admission)."""
     total = 0
+    partial = coord.partial_hash_hits and num_local_computed > 0
+    sizes = coord.group_block_sizes
     for gid, manager in coord._decoder_groups:
         total += manager.get_num_blocks_to_allocate(
             request_id, num_tokens, computed[gid], total_computed, num_tokens_main_model, apply_admission_cap
         )
+        if partial and computed[gid] and num_local_computed % sizes[gid]:
+            total += 1  # the hit ends inside this group's block: its private copy (copy on write)
     if num_encoder_tokens:
         for _, manager in coord._encoder_groups:
             total += manager.get_num_blocks_to_allocate(
@@ -820,7 +904,12 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
         num_computed_tokens = (
             num_computed_tokens - reprefillable if num_computed_tokens > reprefillable else 0
         )
-    aligned = num_computed_tokens // scheduler_block * scheduler_block
+    # Sub-block hits publish every computed token: a hit may end on any hash-block boundary.
+    aligned = (
+        num_computed_tokens
+        if coord.partial_hash_hits
+        else num_computed_tokens // scheduler_block * scheduler_block
+    )
     if not coord._eagle_group_ids:
         # Nothing new to publish until another scheduler block is complete (the common decode step).
         if coord._cached_tokens.get(request.request_id, -1) >= aligned and not coord._cache_every_call:
@@ -832,7 +921,9 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
             groups[0][1].cache_blocks(request, num_computed_tokens)
         return
     finalized = num_computed_tokens - reprefillable if num_computed_tokens > reprefillable else 0
-    finalized_aligned = finalized // scheduler_block * scheduler_block
+    finalized_aligned = (
+        finalized if coord.partial_hash_hits else finalized // scheduler_block * scheduler_block
+    )
     tails = coord._tail_groups
     for gid, manager in groups:
         n = aligned
@@ -845,6 +936,36 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
         manager.cache_blocks(request, n)
         if tails and gid in tails:
             tails[gid](request, n)
+
+
+def _partial_hash_hits_apply(
+    coord: CoordinatorCore, manager_classes: Sequence[type[KVCacheManager]], dcp_world_size: int
+) -> bool:
+    """Whether sub-block hits apply to this model (vLLM 0.34's ``partial_hash_hits_enabled``): a cached
+    group of state snapshots ("align" Mamba) whose manager can hit inside its block and whose block is larger
+    than the hash block (or as large, under DCP), and every other cached group's manager able to search by
+    hash block or its block the hash block. Needs the partial prompt-tail entries of 0.34's pool."""
+    profile = coord.profile
+    if not (
+        coord.enable_caching and profile.partial_prompt_tail_entries and profile.coarse_hash_is_last_fine
+    ):
+        return False
+    hash_block = coord.hash_block_size
+    rows = list(zip(coord.specs, coord.traits, manager_classes, coord.group_block_sizes, strict=True))
+
+    def fine(cls: type[KVCacheManager]) -> bool:
+        return bool(getattr(cls, "supports_sub_block_hits", False))
+
+    if not any(
+        t.prefix_cacheable
+        and t.hits_at_own_block_boundaries
+        and fine(cls)
+        and getattr(spec, "mamba_cache_mode", "align") == "align"
+        and (size > hash_block if dcp_world_size == 1 else size >= hash_block)
+        for spec, t, cls, size in rows
+    ):
+        return False
+    return all(not t.prefix_cacheable or fine(cls) or size == hash_block for _, t, cls, size in rows)
 
 
 def _free_request_id(coord: CoordinatorCore, request_id: str) -> None:

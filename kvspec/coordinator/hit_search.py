@@ -96,14 +96,26 @@ class PrefixHitSearch:
         scheduler_block_size: int,
         eagle_margin_within_hashes: bool = False,
         eagle_margin_for_state_groups: bool = True,
+        partial_hash_hits: bool = False,
     ) -> None:
         self.spec_groups = spec_groups
-        # How far past the candidate an EAGLE group's search may look (tokens): one block, except for a
-        # group of state snapshots under 0.34 (ReleaseProfile.eagle_margin_for_state_groups).
-        self._eagle_margin = tuple(
-            0 if g.traits.hits_at_own_block_boundaries and not eagle_margin_for_state_groups else g.block_size
+        # Sub-block hits: a group whose manager supports them searches the hash-block hashes too, and
+        # every hit aligns to the hash block.
+        self._fine = tuple(
+            partial_hash_hits and bool(getattr(g.manager_cls, "supports_sub_block_hits", False))
             for g in spec_groups
         )
+        # How far past the candidate an EAGLE group's search may look (tokens): one block (one hash block
+        # for a sub-block search), except for a group of state snapshots under 0.34
+        # (ReleaseProfile.eagle_margin_for_state_groups).
+        self._eagle_margin = tuple(
+            0
+            if g.traits.hits_at_own_block_boundaries and not eagle_margin_for_state_groups
+            else (hash_block_size if fine and g.block_size > hash_block_size else g.block_size)
+            for g, fine in zip(spec_groups, self._fine, strict=True)
+        )
+        self._partial = partial_hash_hits
+        self._alignment = hash_block_size if partial_hash_hits else scheduler_block_size
         # ReleaseProfile.eagle_margin_within_hashes: how far an EAGLE group's search may reach past the
         # candidate length (the request's hashed tokens, 0.34; the search's maximum, 0.23).
         self.eagle_margin_within_hashes = eagle_margin_within_hashes
@@ -114,7 +126,9 @@ class PrefixHitSearch:
         if len(spec_groups) == 1:
             group = spec_groups[0]
             # Single-group search, precomputed: the alignment of a hit.
-            self._single_alignment = scheduler_block_size if num_groups > 1 else group.block_size
+            self._single_alignment = (
+                self._alignment if num_groups > 1 or partial_hash_hits else group.block_size
+            )
 
     def _hash_view(self, hashes: Sequence[bytes], block_size: int) -> Sequence[bytes]:
         if block_size == self.hash_block_size:
@@ -155,17 +169,22 @@ class PrefixHitSearch:
         per_group: list[list[KVCacheBlock]] = [[] for _ in range(self.num_groups)]
         lengths = [0] * self.num_groups
         hashed = len(block_hashes) * self.hash_block_size
-        for group, margin in zip(self.spec_groups, self._eagle_margin, strict=True):
+        for idx, (group, margin) in enumerate(zip(self.spec_groups, self._eagle_margin, strict=True)):
             limit = min(max_length + margin, hashed) if group.use_eagle else max_length
-            alignment = self.scheduler_block_size if self.num_groups > 1 else group.block_size
-            found, length = self._search_alone(group, block_hashes, limit, alignment)
+            alignment = self._alignment if self.num_groups > 1 or self._partial else group.block_size
+            found, length = self._search_alone(group, block_hashes, limit, alignment, self._fine[idx])
             for gid, blocks in zip(group.group_ids, found):
                 per_group[gid] = blocks
                 lengths[gid] = length
         return tuple(per_group), tuple(lengths)
 
     def _search_alone(
-        self, group: SpecGroup, block_hashes: Sequence[bytes], max_length: int, alignment: int
+        self,
+        group: SpecGroup,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        alignment: int,
+        fine: bool = False,
     ) -> tuple[GroupBlocks, int]:
         """One spec group's hit of at most ``max_length`` tokens ending on a multiple of ``alignment``: its
         blocks (one list per group id of the spec group) and tokens."""
@@ -181,6 +200,7 @@ class PrefixHitSearch:
                 alignment_tokens=alignment,
                 dcp_world_size=group.dcp_world_size,
                 pcp_world_size=group.pcp_world_size,
+                fine_block_hashes=block_hashes if fine else None,
             )
         )
         found = hit.blocks
@@ -188,7 +208,9 @@ class PrefixHitSearch:
 
     def _single(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[GroupBlocks, int]:
         group = self.spec_groups[0]
-        blocks_found, length = self._search_alone(group, block_hashes, max_length, self._single_alignment)
+        blocks_found, length = self._search_alone(
+            group, block_hashes, max_length, self._single_alignment, self._fine[0]
+        )
         if self.num_groups == 1:
             return blocks_found, length
         per_group: list[list[KVCacheBlock]] = [[] for _ in range(self.num_groups)]
@@ -216,7 +238,8 @@ class PrefixHitSearch:
         # Each group's hit in tokens as its manager reported it (HitResult.num_tokens, else its blocks).
         lengths = [0] * len(groups)
         verified: set[int] = set()
-        pool, alignment = self.block_pool, self.scheduler_block_size
+        pool, alignment = self.block_pool, self._alignment
+        fines = self._fine
         # One full-attention group and one other: the other's hit bounds the first; one pass decides.
         simple = len(groups) == 2 and groups[0].left_closed
         while True:
@@ -224,7 +247,10 @@ class PrefixHitSearch:
             for idx, group in enumerate(groups):
                 bs = group.block_size
                 if group.left_closed and results[idx] is not None:
-                    current = min(current // bs * bs, lengths[idx])
+                    # Any shorter prefix of a left-closed hit is a hit (a sub-block one too).
+                    current = min(
+                        current // alignment * alignment if fines[idx] else current // bs * bs, lengths[idx]
+                    )
                     continue
                 drop = group.use_eagle and idx not in verified
                 # Positional construction (in HitQuery's field order): this runs per request admission.
@@ -239,6 +265,7 @@ class PrefixHitSearch:
                     alignment,
                     group.dcp_world_size,
                     group.pcp_world_size,
+                    block_hashes if fines[idx] else None,
                 )
                 answer = group.manager_cls.find_longest_cache_hit(query)
                 found = answer.blocks

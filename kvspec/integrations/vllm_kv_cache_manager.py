@@ -296,14 +296,16 @@ class _CoordinatorFacade:
         # vLLM 0.34's coordinator keeps it as a plain attribute its tests set after construction.
         self._coordinator.set_prefix_cache_retention_interval(interval)
 
-    #: kvspec makes no sub-block (partial) prefix hits.
-    enable_partial_hash_hits = False
+    @property
+    def enable_partial_hash_hits(self) -> bool:
+        """Whether sub-block prefix hits apply (vLLM 0.34's name; kvspec's ``partial_hash_hits``)."""
+        return self._coordinator.partial_hash_hits
 
     @property
     def _cache_hit_alignment_tokens(self) -> int:
-        """Tokens every prefix hit is a multiple of (vLLM 0.34's name): the scheduler block, as kvspec's hits
-        end on scheduler blocks."""
-        return self._coordinator.scheduler_block_size
+        """Tokens every prefix hit is a multiple of (vLLM 0.34's name): the hash block with sub-block hits,
+        else the scheduler block."""
+        return self._coordinator.cache_hit_alignment_tokens
 
     @property
     def group_block_sizes(self) -> tuple[int, ...]:
@@ -351,6 +353,31 @@ class _BlockPoolFacade:
             block_size,
             kv_cache_group_id,
             block_mask,
+        )
+
+    def cache_partial_block(
+        self,
+        request: Any,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int | None = None,
+        replace_existing_hashes: bool = False,
+    ) -> bytes | None:
+        """vLLM 0.34's ``cache_partial_block`` on kvspec's pool (``block_size``: the owning group's block,
+        a multiple of the hash block)."""
+        hash_block = self._pool.hash_block_size
+        if block_size is not None and block_size % hash_block:
+            raise BlockPoolError(
+                f"A partial entry's group block size ({block_size} tokens) must be a multiple of the hash "
+                f"block ({hash_block} tokens)."
+            )
+        return self._pool.cache_partial_block(
+            as_kvspec_request(request, hash_block),
+            block,
+            num_tokens,
+            kv_cache_group_id,
+            replace_existing_hashes,
         )
 
     def __getattr__(self, name: str) -> Any:
@@ -549,6 +576,7 @@ class VllmKVCacheManager:
         num_reprefillable_tokens: int = 0,
         zero_new_blocks: tuple[bool, ...] | None = None,
         eviction_policy: str | EvictionPolicyFactory | None = None,
+        allow_partial_hash_hits: bool = False,
     ) -> None:
         vllm_manager_module = importlib.import_module("vllm.v1.core.kv_cache_manager")
         self._vllm_blocks_cls: Any = vllm_manager_module.KVCacheBlocks
@@ -586,6 +614,7 @@ class VllmKVCacheManager:
             zero_new_blocks=zero_new_blocks,
             # Beyond vLLM: its requests' priorities reach the policy (None: vLLM's own LRU order).
             eviction_policy=eviction_policy,
+            allow_partial_hash_hits=allow_partial_hash_hits,
         )
         # vLLM's collector (or kvspec's: same calls) is told of allocations, hits and evictions by kvspec's pool.
         self.kvspec_coordinator.block_pool.metrics_collector = metrics_collector
@@ -866,6 +895,8 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
             num_reprefillable_tokens=max(0, num_prefill_lookahead - 1),
             zero_new_blocks=_zeroed_groups_034(kv_cache_config),
             eviction_policy=eviction_policy,
+            # vLLM 0.34's Scheduler runs the block copies of sub-block hits (take_kv_cache_block_copies).
+            allow_partial_hash_hits=True,
         )
         self.enable_kv_cache_events = enable_kv_cache_events
         self._live_stats: Any = self._vllm_stats_cls() if log_stats else None
@@ -1096,7 +1127,18 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
             manager.record_new_block_ids(request_id, start_token // block_tokens)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
-        return [], []
+        """The copies of sub-block hits' copy on write, as vLLM's ``KVCacheBlockCopy``, and their endpoints:
+        vLLM's Scheduler frees those itself (``block_pool.free_blocks``) once the copy step has run."""
+        copy_cls = importlib.import_module("vllm.v1.core.kv_cache_utils").KVCacheBlockCopy
+        copies: list[Any] = []
+        held: list[KVCacheBlock] = []
+        for manager in self.kvspec_coordinator.managers:
+            if isinstance(manager, SingleTypeKVCacheManager):
+                for source, target in manager.take_block_copies():
+                    copies.append(copy_cls(src_block_id=source.block_id, dst_block_id=target.block_id))
+                    held.append(source)
+                    held.append(target)
+        return copies, held
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         offloads: dict[str, list[tuple[int, int, int]]] = {}
@@ -1107,7 +1149,10 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
         return offloads
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        return []
+        states = self.kvspec_coordinator.finalize_partial_tails(
+            request.request_id, request.num_computed_tokens, request.num_in_flight_tokens
+        )
+        return [(s.kv_cache_group_id, s.block_id, s.num_tokens) for s in states]
 
 
 class Vllm032KVCacheManager(Vllm034KVCacheManager):

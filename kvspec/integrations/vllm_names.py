@@ -3,6 +3,7 @@ lists it (vLLM's code and tests read ``req_to_blocks``, ``num_cached_block``, ..
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 __all__ = ["VLLM_STATE_NAMES", "VllmManagerView"]
@@ -15,7 +16,11 @@ VLLM_STATE_NAMES: dict[str, str] = {
     "num_cached_block": "_num_cached_block",
     "new_block_ids": "_new_block_ids",
     "records_new_block_ids": "tracks_new_block_ids",  # vLLM 0.34's name
+    "_pending_cow_copies": "_pending_copies",  # vLLM 0.34's sub-block hits' queued block copies
 }
+
+#: Settings vLLM keeps as plain manager attributes its tests set, kvspec on the manager's context.
+_SETTABLE_CONTEXT_NAMES = frozenset({"use_eagle"})
 
 
 _CONTEXT_NAMES = frozenset({"dcp_world_size", "pcp_world_size", "max_model_len"})
@@ -41,9 +46,11 @@ class VllmManagerView:
             return getattr(self._manager.context, name)
         if name == "kv_cache_spec" and self._vllm_spec is not None:
             return self._vllm_spec
-        if name == "cache_hit_alignment_tokens":  # vLLM 0.34: kvspec's hits end on scheduler blocks
-            return self._manager.scheduler_block_size
         return getattr(self._manager, VLLM_STATE_NAMES.get(name, name))
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SETTABLE_CONTEXT_NAMES:
+            manager = self._manager
+            manager.context = dataclasses.replace(manager.context, **{name: value})
+            return
         setattr(self._manager, VLLM_STATE_NAMES.get(name, name), value)

@@ -33,6 +33,7 @@ The hooks a plugin manager overrides (everything else is bookkeeping it inherits
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import ClassVar
 
 from mypy_extensions import mypyc_attr
 
@@ -48,6 +49,11 @@ from kvspec.intmath import cdiv
 @mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass it in plain Python (compiled build)
 class SingleTypeKVCacheManager:
     """Base class with the behaviour most managers share; subclasses define the hit search."""
+
+    #: Whether ``find_longest_cache_hit`` can end a hit inside a block when ``HitQuery.fine_block_hashes`` is
+    #: given (sub-block hits). A coordinator turns sub-block hits on only when every prefix-cacheable
+    #: group's manager can, or that group's block is the hash block.
+    supports_sub_block_hits: ClassVar[bool] = False
 
     def __init__(self, context: ManagerContext) -> None:
         block_pool = context.block_pool
@@ -68,6 +74,12 @@ class SingleTypeKVCacheManager:
         self._num_cached_block: dict[str, int] = {}
         self._new_block_ids: list[int] = []
         self._null_block = block_pool.null_block
+        # Sub-block hits (ManagerContext.partial_hash_hits): per request, the position and shared block of a
+        # hit that ends inside it, copied on the next allocation; the copies (source, target) not yet taken
+        # by the engine, whose blocks hold one extra reference each until then.
+        self._partial_hits = context.partial_hash_hits
+        self._partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}
+        self._pending_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
         self.setup()
 
     # -- settings, read from the context ------------------------------------------------------
@@ -101,6 +113,15 @@ class SingleTypeKVCacheManager:
     def scheduler_block_size(self) -> int:
         """Tokens per scheduler block (the LCM of the groups' block sizes in a hybrid)."""
         return self.context.scheduler_block_size
+
+    @property
+    def cache_hit_alignment_tokens(self) -> int:
+        """Tokens every prefix hit ends on a multiple of: the hash block with sub-block hits
+        (``ManagerContext.partial_hash_hits``), else the scheduler block."""
+        context = self.context
+        return (
+            context.block_pool.hash_block_size if context.partial_hash_hits else context.scheduler_block_size
+        )
 
     @property
     def use_eagle(self) -> bool:
@@ -217,6 +238,13 @@ class SingleTypeKVCacheManager:
         req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(blocks)
         self._num_cached_block[request_id] = len(req_blocks)
+        if self._partial_hits and blocks and num_local_computed_tokens % self._block_size:
+            # The hit ends inside its last block, which other requests share: the request writes the rest
+            # of that block into a private copy (taken at the next allocate_new_blocks; the coordinator
+            # counted the block). Caching resumes at that position, so the copy is published once full.
+            index = num_local_computed_tokens // self._block_size
+            self._partial_hit_reqs[request_id] = (index, req_blocks[index])
+            self._num_cached_block[request_id] = index
 
     def allocate_external_computed_blocks(
         self,
@@ -245,14 +273,43 @@ class SingleTypeKVCacheManager:
         req_blocks = self._req_to_blocks.get(request_id)
         if req_blocks is None:
             req_blocks = self._req_to_blocks[request_id] = []
+        copied: list[KVCacheBlock] = []
+        if self._partial_hit_reqs and request_id in self._partial_hit_reqs:
+            index, source = self._partial_hit_reqs.pop(request_id)
+            target = self._pool.get_new_blocks(1)[0]
+            self.copy_on_write(request_id, index, source, target)
+            self._new_block_ids.append(target.block_id)  # zeroed, then copied into (as vLLM reports it)
+            copied.append(target)
         num_new = -(num_tokens // -self._block_size) - len(req_blocks)
         if num_new <= 0:
-            return []
+            return copied
         new_blocks = self._pool.get_new_blocks(num_new)
         req_blocks.extend(new_blocks)
         if self._track_new_block_ids:
             self._new_block_ids.extend([b.block_id for b in new_blocks])
-        return new_blocks
+        return copied + new_blocks if copied else new_blocks
+
+    def copy_on_write(self, request_id: str, index: int, source: KVCacheBlock, target: KVCacheBlock) -> None:
+        """Give the request ``target`` (a new block) in place of the shared ``source`` at ``index`` and queue
+        the copy source -> target (``take_block_copies``). Both stay referenced until the engine has run
+        the copy: ``source`` keeps the reference the request took at its hit, ``target`` takes one more
+        than the request's."""
+        req_blocks = self._req_to_blocks[request_id]
+        if req_blocks[index] is not source or source.is_null:
+            raise SchedulingError(
+                f"copy on write for request {request_id!r}: block {index} is not the shared block "
+                f"{source.block_id} its hit ended in."
+            )
+        req_blocks[index] = target
+        self._pending_copies.append((source, target))
+        target.ref_cnt += 1
+
+    def take_block_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        """Drain the (source, target) block copies queued since the last call (copy on write of sub-block
+        hits). Each endpoint holds one reference for the copy, which the caller releases once the copy has
+        run (``block_pool.free_blocks``)."""
+        copies, self._pending_copies = self._pending_copies, []
+        return copies
 
     # -- caching and freeing ------------------------------------------------------------------
 
@@ -272,6 +329,14 @@ class SingleTypeKVCacheManager:
             block_mask=self.cache_mask(request, num_full),
         )
         self._num_cached_block[request_id] = num_full
+
+    def finalize_partial_tail(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+    ) -> BoundaryState | None:
+        """When a request finishes: a state the request keyed inside one of its blocks that a connector may
+        still offload from that block (vLLM 0.34's ``finalize_partial_tail_offload``). None for every
+        manager but Mamba "align" with sub-block hits."""
+        return None
 
     def take_boundary_states(self) -> list[BoundaryState]:
         """Drain the state blocks this manager committed at exact token boundaries since the last call, for
@@ -334,12 +399,16 @@ class SingleTypeKVCacheManager:
     def free(self, request_id: str) -> None:
         blocks = self._req_to_blocks.pop(request_id, None)
         self._num_cached_block.pop(request_id, None)
+        if self._partial_hit_reqs:
+            self._partial_hit_reqs.pop(request_id, None)
         if blocks:
             self._pool.free_blocks(reversed(blocks))
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         blocks = self._req_to_blocks.pop(request_id, None)
         self._num_cached_block.pop(request_id, None)
+        if self._partial_hit_reqs:
+            self._partial_hit_reqs.pop(request_id, None)
         if not blocks:
             return []
         first = 0
@@ -418,6 +487,9 @@ class SingleTypeKVCacheManager:
             for block in blocks:
                 if not block.is_null:
                     yield block
+        for source, target in self._pending_copies:  # each endpoint's reference for the queued copy
+            yield source
+            yield target
 
     def record_new_block_ids(self, request_id: str, first_block: int) -> None:
         """Report the request's blocks from index ``first_block`` on in ``take_new_block_ids`` again (an

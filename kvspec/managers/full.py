@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from mypy_extensions import mypyc_attr
 
@@ -15,6 +15,8 @@ from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
 @mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass it in plain Python (compiled build)
 class FullAttentionManager(SingleTypeKVCacheManager):
     """Every block is needed until the request ends; hits are a left-to-right prefix of the chain."""
+
+    supports_sub_block_hits = True
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
@@ -40,6 +42,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                     break
                 for blocks, block in zip(computed, hits):
                     blocks.append(block)
+        fine = query.fine_block_hashes
+        alignment = query.alignment_tokens
+        if fine is not None and alignment < block_size and block_size % alignment == 0:
+            return _extend_into_block(computed, query, fine, block_size, alignment)
         if query.use_eagle and computed[0]:
             for blocks in computed:
                 blocks.pop()
@@ -78,3 +84,35 @@ class SinkFullAttentionManager(FullAttentionManager):
     def iter_held_blocks(self) -> Iterator[KVCacheBlock]:
         yield from self.sink_blocks
         yield from super().iter_held_blocks()
+
+
+def _extend_into_block(
+    computed: tuple[list[KVCacheBlock], ...],
+    query: HitQuery,
+    fine: Sequence[bytes],
+    block_size: int,
+    alignment: int,
+) -> HitResult:
+    """Sub-block hits: past the run of whole blocks in ``computed``, the longest partial entry inside the
+    next block (its hash-block boundaries probed from the highest down) extends the hit into that block.
+    EAGLE then gives back one hash block (the block's KV is append-only, so it still covers the shorter
+    hit). The hit may end inside its last block (tokens in ``num_tokens``)."""
+    lookup = query.block_pool.get_cached_block
+    ids = query.kv_cache_group_ids
+    scale = block_size // alignment
+    first = len(computed[0]) * scale
+    hit = len(computed[0]) * block_size
+    last = min(first + scale - 1, query.max_length // alignment, len(fine))
+    for fine_index in range(last - 1, first - 1, -1):
+        tail = lookup(fine[fine_index], ids)
+        if tail is not None:
+            for blocks, block in zip(computed, tail):
+                blocks.append(block)
+            hit = (fine_index + 1) * alignment
+            break
+    if query.use_eagle and hit > 0:
+        hit -= alignment
+    num_blocks = -(hit // -block_size)
+    for blocks in computed:
+        del blocks[num_blocks:]
+    return HitResult(computed, hit)

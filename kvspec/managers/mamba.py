@@ -15,13 +15,21 @@ from kvspec.blocks.pool import KVCacheBlock
 from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.manager import BoundaryState, HitQuery, HitResult
 from kvspec.contracts.spec import MAMBA_CACHE_MODES, MambaCacheMode
-from kvspec.errors import UnsupportedConfigurationError
+from kvspec.errors import SchedulingError, UnsupportedConfigurationError
 from kvspec.intmath import cdiv
 from kvspec.managers.base import SingleTypeKVCacheManager, shared_prefix_boundary
 
 
 class MambaManager(SingleTypeKVCacheManager):
-    """A request's hit is a single state block at a block boundary; everything before it is null."""
+    """A request's hit is a single state block at a block boundary; everything before it is null.
+
+    With sub-block hits (``ManagerContext.partial_hash_hits``, "align" with a block larger than the hash
+    block) a hit may also end on a state cached inside a block: the prompt's last hash boundary, which the
+    scheduler ends a chunk on. The request that computed that state keeps writing its block, so the cache
+    entry moves to a copy at its next allocation; a request that hits it writes into a copy of its own.
+    """
+
+    supports_sub_block_hits = True
 
     def setup(self) -> None:
         spec = self.kv_cache_spec
@@ -59,6 +67,9 @@ class MambaManager(SingleTypeKVCacheManager):
         self._prefill_ends: dict[str, int] = {}
         # "align": every state block a caching call keys, offered to a connector until taken or freed.
         self._boundary_states: list[BoundaryState] = []
+        # Sub-block hits: per request that keyed its own prompt-boundary state inside a block, that block
+        # and the boundary (tokens), for a connector once the request finishes or the entry moves to a copy.
+        self._producer_tails: dict[str, tuple[KVCacheBlock, int]] = {}
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
@@ -74,6 +85,18 @@ class MambaManager(SingleTypeKVCacheManager):
         max_num_blocks = min(max_length // block_size, len(block_hashes))
         null = block_pool.null_block
         computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in kv_cache_group_ids)
+        fine = query.fine_block_hashes
+        if fine is not None and alignment_tokens < block_size and block_size % alignment_tokens == 0:
+            # Sub-block hits: the latest state cached at any hash boundary, inside a block or at its end.
+            scale = block_size // alignment_tokens
+            for fine_index in range(min(max_length // alignment_tokens, len(fine)) - 1, -1, -1):
+                hits = block_pool.get_cached_block(fine[fine_index], kv_cache_group_ids)
+                if hits is not None:
+                    for blocks, block in zip(computed, hits):
+                        blocks.extend([null] * (fine_index // scale))
+                        blocks.append(block)
+                    return HitResult(computed, (fine_index + 1) * alignment_tokens)
+            return HitResult(computed, 0)
         for i in range(max_num_blocks - 1, -1, -1):
             if ((i + 1) * block_size) % alignment_tokens:
                 continue
@@ -167,12 +190,15 @@ class MambaManager(SingleTypeKVCacheManager):
                 else:
                     self._checkpoints.pop(request_id, None)
         num_new = 0
-        if required > have:
-            # At most the running state (and the speculative blocks, the first time) and a checkpoint.
-            cap = 1 + (checkpoint > 0)
+        # A running request whose prompt-boundary state moves to a copy needs that copy's block too (a new
+        # request's sub-block hit is counted by the coordinator, as for every group).
+        moving = request_id in self._partial_hit_reqs and request_id in self._allocated_block_reqs
+        if required > have or moving:
+            # At most the running state (and the speculative blocks, the first time), a checkpoint and a copy.
+            cap = 1 + (checkpoint > 0) + moving
             if request_id not in self._allocated_block_reqs:
                 cap += self.num_speculative_blocks
-            num_new = min(required - have, cap)
+            num_new = min(max(required - have, 0) + moving, cap)
         evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
         return num_new + evictable
 
@@ -189,7 +215,7 @@ class MambaManager(SingleTypeKVCacheManager):
         block_size = self.block_size
         position = _checkpoint_boundary(
             query_end,
-            self.scheduler_block_size,
+            self.cache_hit_alignment_tokens,
             self.context.model_uses_eagle,
             self.block_pool.hash_lookahead_tokens,
         )
@@ -235,7 +261,12 @@ class MambaManager(SingleTypeKVCacheManager):
         prev_len = len(blocks)
         # The block before the chunk's last stays real (not null): the backend exports the checkpoint there.
         checkpoint = int(request_id in self._checkpoints)
-        if required <= prev_len and not checkpoint:
+        partial = self._partial_hit_reqs.pop(request_id, None) if self._partial_hit_reqs else None
+        if required <= prev_len and not checkpoint and partial is None:
+            # Running from here on (an external load may have allocated every block it needs): a later
+            # copy of its own state moves the cache entry rather than its block (vLLM 0.34).
+            if self._partial_hits:
+                self._allocated_block_reqs.add(request_id)
             return []
         allocated_before = request_id in self._allocated_block_reqs
         if allocated_before:
@@ -255,11 +286,48 @@ class MambaManager(SingleTypeKVCacheManager):
                     break
                 blocks.append(blocks[idx])
                 blocks[idx] = null
+        copy_target = self.block_pool.get_new_blocks(1)[0] if partial is not None else None
         blocks.extend(self.block_pool.get_new_blocks(max(required - len(blocks), 0)))
         self._allocated_block_reqs.add(request_id)
         # Everything appended, null placeholders included, so a runner that appends the returned ids to
         # the block-table row keeps the row aligned to token positions.
-        return blocks[prev_len:]
+        returned = blocks[prev_len:]
+        if partial is not None and copy_target is not None:
+            index, source = partial
+            if allocated_before:
+                self._move_tail_entry(request_id, index, source, copy_target)
+            else:
+                self.copy_on_write(request_id, index, source, copy_target)
+                returned.insert(0, copy_target)
+        return returned
+
+    def _move_tail_entry(
+        self, request_id: str, index: int, source: KVCacheBlock, target: KVCacheBlock
+    ) -> None:
+        """The running request keyed its own prompt-boundary state inside block ``index`` and goes on
+        writing that block (a runner's block table is append-only): the cache entry moves to ``target``,
+        filled by a queued copy before the next forward pass. Both hold a reference for the copy; a hit on
+        the moved entry waits a step (the copy has not run), and the copy is offered to a connector."""
+        if self._req_to_blocks[request_id][index] is not source:
+            raise SchedulingError(
+                f"Mamba prompt-boundary state of request {request_id!r}: block {index} is no longer the "
+                f"block {source.block_id} it was keyed in."
+            )
+        self.block_pool.move_block_hashes(source, target)
+        self._pending_copies.append((source, target))
+        source.ref_cnt += 1
+        tail = self._producer_tails.pop(request_id, None)
+        if tail is not None:
+            self._boundary_states.append(
+                BoundaryState(
+                    request_id=request_id,
+                    kv_cache_group_id=self.kv_cache_group_id,
+                    block_id=target.block_id,
+                    num_tokens=tail[1],
+                )
+            )
+        if target.block_hash is not None:
+            self.cached_blocks_this_step.add(target.block_hash)
 
     def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         request_id = request.request_id
@@ -271,6 +339,10 @@ class MambaManager(SingleTypeKVCacheManager):
         checkpoint = self._checkpoints.get(request_id) if self._checkpoints else None
         if checkpoint is not None:
             key = self._cache_checkpoint(request, *checkpoint)
+            if key is not None:
+                self.cached_blocks_this_step.add(key)
+        elif self._partial_hits and self.mamba_cache_mode == "align":
+            key = self._cache_prompt_boundary_state(request, num_tokens)
             if key is not None:
                 self.cached_blocks_this_step.add(key)
         # After the checkpoint, which may have dropped a key the full-block pass gave its block this call.
@@ -288,6 +360,51 @@ class MambaManager(SingleTypeKVCacheManager):
                         )
                     )
 
+    def _cache_prompt_boundary_state(self, request: RequestView, num_tokens: int) -> bytes | None:
+        """Sub-block hits: caching exactly up to the prompt's last hash boundary a resend can hit keys the
+        state there, even inside a block (B stm:2092-2142). Inside a block, the request's next allocation
+        moves the entry to a copy (the request goes on writing the block). Returns a new key."""
+        hash_block = self.block_pool.hash_block_size
+        if num_tokens <= 0 or num_tokens % hash_block:
+            return None
+        boundary = _checkpoint_boundary(
+            request.num_prompt_tokens,
+            hash_block,
+            self.context.model_uses_eagle,
+            self.block_pool.hash_lookahead_tokens,
+        )
+        if num_tokens != boundary:
+            return None
+        index = cdiv(num_tokens, self.block_size) - 1
+        request_id = request.request_id
+        blocks = self._req_to_blocks.get(request_id, ())
+        if index >= len(blocks) or blocks[index].is_null:
+            return None
+        source = blocks[index]
+        if source.block_hash_num_tokens == num_tokens:
+            return None  # keyed here already: re-keying would defer every request that hits it
+        key = self.block_pool.cache_partial_block(request, source, num_tokens, self.kv_cache_group_id)
+        if key is not None and num_tokens % self.block_size:
+            self._partial_hit_reqs[request_id] = (index, source)
+            self._num_cached_block[request_id] = index
+            self._producer_tails[request_id] = (source, num_tokens)
+        return key
+
+    def finalize_partial_tail(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+    ) -> BoundaryState | None:
+        """A finishing request's own prompt-boundary state inside a block, for a connector, when no later
+        token was computed into that block (``num_computed_tokens`` is the boundary, nothing in flight)."""
+        tail = self._producer_tails.pop(request_id, None)
+        if tail is None or num_in_flight_tokens or num_computed_tokens != tail[1]:
+            return None
+        return BoundaryState(
+            request_id=request_id,
+            kv_cache_group_id=self.kv_cache_group_id,
+            block_id=tail[0].block_id,
+            num_tokens=tail[1],
+        )
+
     def take_boundary_states(self) -> list[BoundaryState]:
         states = self._boundary_states
         self._boundary_states = []
@@ -302,7 +419,7 @@ class MambaManager(SingleTypeKVCacheManager):
         block = blocks[index]
         prompt_checkpoint = _checkpoint_boundary(
             request.num_prompt_tokens,
-            self.scheduler_block_size,
+            self.cache_hit_alignment_tokens,
             self.context.model_uses_eagle,
             self.block_pool.hash_lookahead_tokens,
         )
@@ -366,7 +483,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 return None  # every block ends a segment
             for i in range(per_segment - 1, num_blocks, per_segment):
                 mask[i] = True
-        scheduler_block = self.scheduler_block_size
+        scheduler_block = self.cache_hit_alignment_tokens
         for boundary in self.retention_boundaries(request.num_prompt_tokens, shared_prefix_boundary(request)):
             index = boundary // scheduler_block * scheduler_block // block_size - 1
             if 0 <= index < num_blocks:
@@ -386,6 +503,7 @@ class MambaManager(SingleTypeKVCacheManager):
             self._boundary_states = [s for s in self._boundary_states if s.request_id != request_id]
         self._checkpoints.pop(request_id, None)
         self._prefill_ends.pop(request_id, None)
+        self._producer_tails.pop(request_id, None)
         self.last_state_block_idx.pop(request_id, None)
         self._allocated_block_reqs.discard(request_id)
         self._num_retired_blocks.pop(request_id, None)

@@ -366,13 +366,14 @@ class _BlockPoolFacade:
     ) -> bytes | None:
         """vLLM 0.34's ``cache_partial_block`` on kvspec's pool (``block_size``: the owning group's block,
         a multiple of the hash block)."""
-        hash_block = self._pool.hash_block_size
+        pool: BlockPool = self._pool
+        hash_block = pool.hash_block_size
         if block_size is not None and block_size % hash_block:
             raise BlockPoolError(
                 f"A partial entry's group block size ({block_size} tokens) must be a multiple of the hash "
                 f"block ({hash_block} tokens)."
             )
-        return self._pool.cache_partial_block(
+        return pool.cache_partial_block(
             as_kvspec_request(request, hash_block),
             block,
             num_tokens,

@@ -59,6 +59,10 @@ class ManagerContext:
     #: group's blocks is copied on write, and hits align to ``hash_block_size`` tokens instead of the
     #: scheduler block.
     partial_hash_hits: bool = False
+    #: With sub-block hits and EAGLE: a state group also keys its state at the request's shared-prefix
+    #: junction inside the prompt (vLLM 0.34's opt-in ``enable_mamba_shared_prefix_checkpoint``), where the
+    #: engine ends a chunk, so that a sibling request resumes there rather than a block lower.
+    shared_prefix_checkpoints: bool = False
 
     @property
     def block_size(self) -> int:

@@ -58,6 +58,7 @@ class KVCacheCoordinator(CoordinatorCore):
         eviction_policy: str | EvictionPolicyFactory | None = None,
         eviction_clock: Callable[[], float] | None = None,
         allow_partial_hash_hits: bool = False,
+        shared_prefix_checkpoints: bool = False,
     ) -> None:
         """``allow_partial_hash_hits``: turn on sub-block prefix hits where they apply (vLLM 0.34's partial
         hash hits: a Mamba "align" group whose block is larger than the hash block, every other cached group
@@ -65,7 +66,10 @@ class KVCacheCoordinator(CoordinatorCore):
         and a hit ending inside a block is copied on write. The engine must then run the block copies
         ``take_block_copies`` hands out before the next forward pass and release their blocks with
         ``release_copied_blocks``. Off by default (vLLM's Scheduler runs the copies: its adapter turns it on);
-        ``partial_hash_hits`` says whether it applies.
+        ``partial_hash_hits`` says whether it applies. ``shared_prefix_checkpoints``: with sub-block hits, EAGLE
+        and no re-prefillable tokens, state groups also key their state at a request's shared-prefix junction
+        (``Request.shared_prefix_boundary``), where the engine ends a chunk (vLLM 0.34's
+        ``enable_mamba_shared_prefix_checkpoint``); ``shared_prefix_checkpoints_apply`` says whether it does.
         ``num_reprefillable_tokens``: the last computed tokens a multi-module MTP drafter may prefill
         again (vLLM 0.34's num_prefill_lookahead - 1); they are not published until final.
         ``hash_lookahead_tokens``: tokens after each block that the engine's block hash also covers
@@ -97,4 +101,5 @@ class KVCacheCoordinator(CoordinatorCore):
             eviction_policy=eviction_policy,
             eviction_clock=eviction_clock,
             allow_partial_hash_hits=allow_partial_hash_hits,
+            shared_prefix_checkpoints=shared_prefix_checkpoints,
         )

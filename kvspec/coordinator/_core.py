@@ -178,6 +178,7 @@ class CoordinatorCore:
         eviction_policy: str | EvictionPolicyFactory | None = None,
         eviction_clock: Callable[[], float] | None = None,
         allow_partial_hash_hits: bool = False,
+        shared_prefix_checkpoints: bool = False,
     ) -> None:
         # Documented on kvspec.coordinator.KVCacheCoordinator.__init__, the checked public door.
         registry = default_registry if registry is None else registry
@@ -271,6 +272,14 @@ class CoordinatorCore:
         self.partial_hash_hits: Final = allow_partial_hash_hits and _partial_hash_hits_apply(
             self, manager_classes, limits.decode_context_parallel_size
         )
+        #: State groups key their state at the shared-prefix junction too (``shared_prefix_checkpoints``
+        #: where it applies: sub-block hits, EAGLE, nothing re-prefilled).
+        self.shared_prefix_checkpoints_apply: Final = (
+            shared_prefix_checkpoints
+            and self.partial_hash_hits
+            and bool(self._eagle_group_ids)
+            and num_reprefillable_tokens == 0
+        )
         #: Hits end on a multiple of this (tokens): the hash block with sub-block hits, else the scheduler
         #: block (vLLM 0.34's cache_hit_alignment_tokens).
         self.cache_hit_alignment_tokens: Final = (
@@ -305,6 +314,7 @@ class CoordinatorCore:
                     profile=self.profile,
                     zero_new_blocks=None if zero_new_blocks is None else zero_new_blocks[gid],
                     partial_hash_hits=self.partial_hash_hits,
+                    shared_prefix_checkpoints=self.shared_prefix_checkpoints_apply,
                 )
             )
             for gid, (spec, traits, manager_cls) in enumerate(
@@ -891,8 +901,10 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
     """Publish the request's full blocks up to ``num_computed_tokens`` (aligned for hybrids)."""
     if not coord.enable_caching:
         return
-    if coord._publish_only_hashed:
+    if coord._publish_only_hashed and not coord.partial_hash_hits:
         # A block's hash may come later (lookahead hashes wait for the tokens after it): publish what is hashed.
+        # (With sub-block hits each manager bounds its full blocks by the hashes instead: a state keyed inside
+        # a block must see the tokens really computed.)
         hashed = len(request.block_hashes) * coord.hash_block_size
         if hashed < num_computed_tokens:
             num_computed_tokens = hashed

@@ -578,6 +578,7 @@ class VllmKVCacheManager:
         zero_new_blocks: tuple[bool, ...] | None = None,
         eviction_policy: str | EvictionPolicyFactory | None = None,
         allow_partial_hash_hits: bool = False,
+        shared_prefix_checkpoints: bool = False,
     ) -> None:
         vllm_manager_module = importlib.import_module("vllm.v1.core.kv_cache_manager")
         self._vllm_blocks_cls: Any = vllm_manager_module.KVCacheBlocks
@@ -616,6 +617,7 @@ class VllmKVCacheManager:
             # Beyond vLLM: its requests' priorities reach the policy (None: vLLM's own LRU order).
             eviction_policy=eviction_policy,
             allow_partial_hash_hits=allow_partial_hash_hits,
+            shared_prefix_checkpoints=shared_prefix_checkpoints,
         )
         # vLLM's collector (or kvspec's: same calls) is told of allocations, hits and evictions by kvspec's pool.
         self.kvspec_coordinator.block_pool.metrics_collector = metrics_collector
@@ -898,12 +900,14 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
             eviction_policy=eviction_policy,
             # vLLM 0.34's Scheduler runs the block copies of sub-block hits (take_kv_cache_block_copies).
             allow_partial_hash_hits=True,
+            shared_prefix_checkpoints=enable_mamba_shared_prefix_checkpoint,
         )
         self.enable_kv_cache_events = enable_kv_cache_events
         self._live_stats: Any = self._vllm_stats_cls() if log_stats else None
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
-        # kvspec keeps no Mamba checkpoint at a shared-prefix junction (vLLM's opt-in); the Scheduler reads it.
-        self.mamba_shared_prefix_checkpoint = False
+        # Whether Mamba keys its state at a shared-prefix junction (vLLM's opt-in, where it applies); the
+        # Scheduler reads it to end chunks there.
+        self.mamba_shared_prefix_checkpoint = self.kvspec_coordinator.shared_prefix_checkpoints_apply
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self._kvspec_specs = self.kvspec_coordinator.specs
         self._kvspec_traits = self.kvspec_coordinator.traits

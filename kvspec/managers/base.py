@@ -317,6 +317,12 @@ class SingleTypeKVCacheManager:
         request_id = request.request_id
         num_cached = self._num_cached_block.get(request_id, 0)
         num_full = num_tokens // self._block_size
+        if self._partial_hits:
+            # Only hashed blocks are published (lookahead hashes lag the tokens); the coordinator leaves
+            # num_tokens unclamped under sub-block hits.
+            num_hashed = len(request.block_hashes) * self._pool.hash_block_size // self._block_size
+            if num_hashed < num_full:
+                num_full = num_hashed
         if num_cached >= num_full:
             return
         self._pool.cache_full_blocks(

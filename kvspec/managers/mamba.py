@@ -373,7 +373,13 @@ class MambaManager(SingleTypeKVCacheManager):
             self.context.model_uses_eagle,
             self.block_pool.hash_lookahead_tokens,
         )
-        if num_tokens != boundary:
+        if num_tokens != boundary and not (
+            # The junction a sibling resumes at, inside the prompt chunk being computed (during decode the
+            # running state block changes in place: its key would promise a state it holds only later).
+            self.context.shared_prefix_checkpoints
+            and num_tokens == shared_prefix_boundary(request)
+            and request.num_computed_tokens < num_tokens <= request.num_prompt_tokens
+        ):
             return None
         index = cdiv(num_tokens, self.block_size) - 1
         request_id = request.request_id

@@ -52,6 +52,9 @@ if TYPE_CHECKING:
         RequestView as RequestView,
     )
     from kvspec.contracts.manager import (
+        BlockCopy as BlockCopy,
+    )
+    from kvspec.contracts.manager import (
         BoundaryState as BoundaryState,
     )
     from kvspec.contracts.manager import (
@@ -282,6 +285,7 @@ _API: dict[str, tuple[str, ...]] = {
     "kvspec.blocks.request": ("Request",),
     "kvspec.blocks.request_view": ("RequestView",),
     "kvspec.contracts.manager": (
+        "BlockCopy",
         "BoundaryState",
         "HitQuery",
         "HitResult",

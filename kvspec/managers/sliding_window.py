@@ -94,7 +94,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         ``ceil((window-1)/B)`` blocks of each scheduler block are worth caching (one more with EAGLE);
         the rest are freed as scratch and reused first.
         """
-        per_segment = self.scheduler_block_size // self.block_size
+        # Hits end on multiples of cache_hit_alignment_tokens: the scheduler block, or the hash block with
+        # sub-block hits.
+        per_segment = self.cache_hit_alignment_tokens // self.block_size
         need = cdiv(self.sliding_window - 1, self.block_size) + (1 if self.use_eagle else 0)
         if per_segment <= 1 or need >= per_segment:
             return None
@@ -128,7 +130,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             for i in range(shift, num_blocks):
                 if (i - shift) % per_segment >= per_segment - need:
                     mask[i] = True
-        scheduler_block = self.scheduler_block_size
+        scheduler_block = self.cache_hit_alignment_tokens
         for boundary in self.retention_boundaries(num_prompt_tokens, shared_prefix_boundary):
             end = boundary // scheduler_block * scheduler_block // self.block_size + shift
             for i in range(max(0, end - need), min(num_blocks, end)):

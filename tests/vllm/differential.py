@@ -33,6 +33,7 @@ import os
 import random
 import sys
 import time
+import types
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -194,6 +195,9 @@ class Workload:
     #: The planned prefix-cache retention vLLM 0.34 reads off the KVCacheConfig (None: dense; 0: the
     #: replay and junction boundaries only; n: one per n tokens too). Not used against 0.23.
     retention_interval: int | None = None
+    #: Against 0.34: Mamba "align" blocks this many times the attention block (drawn last). Larger than the
+    #: hash block, they turn on vLLM's sub-block (partial hash) hits, and the Scheduler's real chunk split.
+    mamba_block_factor: int = 1
 
     @property
     def mamba_align(self) -> bool:
@@ -310,7 +314,9 @@ def _layout(rng: random.Random) -> tuple[str, ...]:
     return tuple(families)
 
 
-def draw_workload(seed: int) -> Workload:
+def draw_workload(seed: int, larger_mamba_blocks: bool = True) -> Workload:
+    """The workload of ``seed``. ``larger_mamba_blocks`` False: as drawn before 2026-12-05, Mamba blocks at
+    the attention block (the seeds the regression tests named before then)."""
     rng = random.Random(seed)
     families = _layout(rng)
     has_mamba = any(f.startswith("mamba") for f in families)
@@ -409,7 +415,34 @@ def draw_workload(seed: int) -> Workload:
         # Drawn last, so the draws before it (and every workload of earlier runs) stay as they were.
         retention_interval=_retention(rng, families, scheduler_block_size),
     )
-    return _with_prefill_checkpoints(workload, rng)
+    workload = _with_prefill_checkpoints(workload, rng)
+    return _with_larger_mamba_blocks(workload, rng) if larger_mamba_blocks else workload
+
+
+def _with_larger_mamba_blocks(workload: Workload, rng: random.Random) -> Workload:
+    """Against 0.34, Mamba "align" blocks 2 or 4 times the attention block (the hash block stays the
+    attention block): vLLM then makes sub-block hits with copy on write and keys the Mamba state inside its
+    block at the prompt's last hash boundary. Drawn last, so every seed's other draws stay as they were."""
+    if RELEASE_0_23 or not workload.mamba_align or workload.dcp != 1:
+        return workload
+    factor = rng.choice((1, 1, 2, 4))
+    if factor == 1:
+        return workload
+    specs = tuple(
+        dataclasses.replace(spec, block_size=spec.block_size * factor) if family == "mamba_align" else spec
+        for family, spec in zip(workload.families, workload.group_specs, strict=True)
+    )
+    scheduler_block_size = math.lcm(*(s.block_size for s in specs))
+    interval = workload.retention_interval
+    if interval:  # a multiple of the scheduler block, as vLLM's planner requires
+        interval = -(-interval // scheduler_block_size) * scheduler_block_size
+    return dataclasses.replace(
+        workload,
+        group_specs=specs,
+        scheduler_block_size=scheduler_block_size,
+        retention_interval=interval,
+        mamba_block_factor=factor,
+    )
 
 
 def _with_prefill_checkpoints(workload: Workload, rng: random.Random) -> Workload:
@@ -502,6 +535,37 @@ def _managers(w: Workload) -> tuple[Any, Any]:
 
 def _ids(blocks: Any) -> Any:
     return None if blocks is None else tuple(tuple(g) for g in blocks.get_block_ids())
+
+
+def _scheduler_split(w: Workload, stock: Any) -> Callable[[Any, int, int], int] | None:
+    """With Mamba blocks larger than the hash block: vLLM 0.34's own chunk split
+    (``Scheduler._mamba_block_aligned_split``) on a stand-in holding the Scheduler's settings, as vLLM's
+    tests call it; it stops at the prompt's last hash boundary when sub-block hits are on. None otherwise."""
+    if w.mamba_block_factor == 1:
+        return None
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    mamba = [s for f, s in zip(w.families, w.group_specs, strict=True) if f == "mamba_align"]
+    partial = w.enable_caching and bool(stock.coordinator.enable_partial_hash_hits)
+    stub = types.SimpleNamespace(
+        cache_config=types.SimpleNamespace(block_size=w.scheduler_block_size),
+        scheduler_config=types.SimpleNamespace(long_prefill_token_threshold=0),
+        block_size=w.scheduler_block_size,
+        hash_block_size=w.hash_block_size,
+        max_num_scheduled_tokens=w.token_budget,
+        use_eagle=w.use_eagle,
+        use_eagle_block_drop=w.use_eagle,
+        num_hash_lookahead_tokens=0,
+        mamba_partial_cache_hit=partial and w.hash_block_size < w.scheduler_block_size,
+        mamba_shared_prefix_checkpoint=False,
+        mamba_has_prefill_checkpoint_blocks=all(s.num_prefill_checkpoint_blocks > 0 for s in mamba),
+        mamba_prefill_checkpoint_alignment=mamba[0].prefill_checkpoint_alignment,
+    )
+
+    def split(request: Any, num_new: int, num_new_local: int) -> int:
+        return int(Scheduler._mamba_block_aligned_split(stub, request, num_new, num_new_local))
+
+    return split
 
 
 def _aligned_chunk(w: Workload, request: Any, num_new: int, computed: int) -> int:
@@ -621,6 +685,7 @@ def _features(w: Workload) -> tuple[str, ...]:
             ("multimodal", any(r.images for r in w.requests)),
             ("KV sharing", True),
             ("sparse retention", not RELEASE_0_23 and w.retention_interval is not None),
+            ("Mamba blocks larger than the hash block", w.mamba_block_factor > 1),
         )
         if present
     )
@@ -669,6 +734,7 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
     pending = sorted(plans, key=lambda r: (plans[r].arrival_step, int(r[1:])))
     try:
         both = _Lockstep(w, outcome, verbose)
+        split = _scheduler_split(w, both.stock)
         _compare_kv_sharing(w, both, random.Random(w.seed))
         while pending or waiting or running:
             both.step += 1
@@ -696,7 +762,9 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
                 request = requests[rid]
                 num_new = min(request.num_tokens - request.num_computed_tokens, budget)
                 num_new = min(num_new, w.max_model_len - 1 - request.num_computed_tokens)
-                if w.mamba_align:
+                if split is not None:
+                    num_new = split(request, num_new, 0)
+                elif w.mamba_align:
                     num_new = _aligned_chunk(w, request, num_new, request.num_computed_tokens)
                 if num_new <= 0:
                     index += 1
@@ -745,7 +813,9 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
                             request.shared_prefix_boundary = hits[0][2]
                     hit = hits[0][1]
                     num_new = min(request.num_tokens - request.num_computed_tokens - hit, budget)
-                    if w.mamba_align:
+                    if split is not None:
+                        num_new = split(request, num_new, hit)
+                    elif w.mamba_align:
                         num_new = _aligned_chunk(w, request, num_new, request.num_computed_tokens + hit)
                     if num_new <= 0:
                         break
@@ -802,6 +872,21 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
             # groups against 0.34: its SinkFullAttentionManager takes none of the keywords its coordinator
             # passes (the harness drops them to build it), needs_kv_cache_zeroing included, so it never
             # zeroes; kvspec applies 0.34's rule to a sink group as to any attention group.
+            # 0.34's copy-on-write copies of sub-block hits and Mamba boundary-state offers, drained each step;
+            # the copies' held blocks are released once the step (the copy) has run, below.
+            copies: tuple[list[Any], list[Any]] = ([], [])
+            if not RELEASE_0_23:
+                drained = both.stock.take_kv_cache_block_copies(), both.ours.take_kv_cache_block_copies()
+                both.same(
+                    "block copies",
+                    *([(c.src_block_id, c.dst_block_id) for c in d[0]] for d in drained),
+                )
+                copies = drained[0][1], drained[1][1]
+                both.same(
+                    "boundary-state offloads",
+                    both.stock.take_boundary_state_offloads(),
+                    both.ours.take_boundary_state_offloads(),
+                )
             zero_ids = both.stock.take_new_block_ids(), both.ours.take_new_block_ids()
             if RELEASE_0_23 or "sink" not in w.families:
                 both.same("new block ids to zero", *zero_ids)
@@ -821,6 +906,9 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
                         running.remove(rid)
                         finished.add(rid)
                         both.call(f"free({rid}) [finished]", "free", request)
+            for manager, held in zip((both.stock, both.ours), copies, strict=True):
+                if held:
+                    manager.block_pool.free_blocks(held)
         stock_stats, our_stats = both.stock.make_prefix_cache_stats(), both.ours.make_prefix_cache_stats()
         both.same("prefix cache stats", vars(stock_stats), vars(our_stats))
     except Divergence as exc:

@@ -40,7 +40,7 @@ def test_no_divergence_and_every_family_and_setting_covered(subset: list[differe
         "cache salts",
     } <= settings
     if not differential.RELEASE_0_23:
-        assert "sparse retention" in settings
+        assert {"sparse retention", "Mamba blocks larger than the hash block"} <= settings
     assert sum(o.preemptions for o in subset) > 0 and sum(o.hit_tokens for o in subset) > 0
     assert sum(o.calls for o in subset) > 100_000  # every call was compared, not a handful
 
@@ -66,7 +66,7 @@ REGRESSIONS = {
 @pytest.mark.parametrize("seed", sorted(REGRESSIONS))
 def test_regression_workloads(seed: int) -> None:
     differential.quiet_logs()
-    outcome = differential.run_workload(differential.draw_workload(seed))
+    outcome = differential.run_workload(differential.draw_workload(seed, larger_mamba_blocks=False))
     assert outcome.divergence is None, REGRESSIONS[seed]
     assert outcome.steps > 3
 
@@ -85,8 +85,27 @@ REGRESSIONS_0_34 = {
 @pytest.mark.parametrize("seed", sorted(REGRESSIONS_0_34))
 def test_regression_workloads_0_34(seed: int) -> None:
     differential.quiet_logs()
-    outcome = differential.run_workload(differential.draw_workload(seed))
+    # Named before 2026-12-05's larger Mamba blocks: drawn as they were then.
+    outcome = differential.run_workload(differential.draw_workload(seed, larger_mamba_blocks=False))
     assert outcome.divergence is None, REGRESSIONS_0_34[seed]
+    assert outcome.expected is None and outcome.steps > 3
+
+
+# Workloads with Mamba blocks larger than the hash block (vLLM's sub-block hits on) that diverged before the
+# fix each one names.
+REGRESSIONS_SUB_BLOCK = {
+    320: "a sliding window's sparse retention keeps the tails at hash-block boundaries under sub-block hits",
+}
+
+
+@pytest.mark.skipif(differential.RELEASE_0_23, reason="vLLM 0.34's behaviour")
+@pytest.mark.parametrize("seed", sorted(REGRESSIONS_SUB_BLOCK))
+def test_regression_workloads_with_sub_block_hits(seed: int) -> None:
+    differential.quiet_logs()
+    workload = differential.draw_workload(seed)
+    assert workload.mamba_block_factor > 1
+    outcome = differential.run_workload(workload)
+    assert outcome.divergence is None, REGRESSIONS_SUB_BLOCK[seed]
     assert outcome.expected is None and outcome.steps > 3
 
 

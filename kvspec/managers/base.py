@@ -78,6 +78,10 @@ class SingleTypeKVCacheManager:
         # hit that ends inside it, copied on the next allocation; the copies (source, target) not yet taken
         # by the engine, whose blocks hold one extra reference each until then.
         self._partial_hits = context.partial_hash_hits
+        # Read by the caching masks on every caching call: fixed for the manager's life.
+        self._hit_alignment = (
+            block_pool.hash_block_size if self._partial_hits else context.scheduler_block_size
+        )
         self._partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}
         self._pending_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
         self.setup()
@@ -118,10 +122,7 @@ class SingleTypeKVCacheManager:
     def cache_hit_alignment_tokens(self) -> int:
         """Tokens every prefix hit ends on a multiple of: the hash block with sub-block hits
         (``ManagerContext.partial_hash_hits``), else the scheduler block."""
-        context = self.context
-        return (
-            context.block_pool.hash_block_size if context.partial_hash_hits else context.scheduler_block_size
-        )
+        return self._hit_alignment
 
     @property
     def use_eagle(self) -> bool:

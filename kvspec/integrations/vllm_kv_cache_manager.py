@@ -28,7 +28,7 @@ from __future__ import annotations
 import abc
 import functools
 import importlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, NamedTuple
 
 from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -329,6 +329,30 @@ class _CoordinatorFacade:
         return getattr(self._coordinator, name)
 
 
+def _cache_partial_block_for_vllm(
+    pool_cache_partial_block: Callable[[RequestView, KVCacheBlock, int, int, bool], bytes | None],
+    hash_block: int,
+    request: Any,
+    block: KVCacheBlock,
+    num_tokens: int,
+    kv_cache_group_id: int,
+    block_size: int | None,
+    replace_existing_hashes: bool,
+) -> bytes | None:
+    """vLLM 0.34's ``cache_partial_block(request, block, num_tokens, kv_cache_group_id, block_size,
+    replace_existing_hashes)`` on a kvspec pool of ``hash_block`` tokens per hash (its ``cache_partial_block``
+    given): the vLLM request read in place; ``block_size`` is the owning group's block, a multiple of the
+    hash block."""
+    if block_size is not None and block_size % hash_block:
+        raise BlockPoolError(
+            f"A partial entry's group block size ({block_size} tokens) must be a multiple of the hash "
+            f"block ({hash_block} tokens)."
+        )
+    return pool_cache_partial_block(
+        as_kvspec_request(request, hash_block), block, num_tokens, kv_cache_group_id, replace_existing_hashes
+    )
+
+
 class _BlockPoolFacade:
     """kvspec's block pool, taking vLLM requests where it takes a request (everything else passes through)."""
 
@@ -364,20 +388,16 @@ class _BlockPoolFacade:
         block_size: int | None = None,
         replace_existing_hashes: bool = False,
     ) -> bytes | None:
-        """vLLM 0.34's ``cache_partial_block`` on kvspec's pool (``block_size``: the owning group's block,
-        a multiple of the hash block)."""
+        """vLLM 0.34's ``cache_partial_block`` on kvspec's pool (see ``_cache_partial_block_for_vllm``)."""
         pool: BlockPool = self._pool
-        hash_block = pool.hash_block_size
-        if block_size is not None and block_size % hash_block:
-            raise BlockPoolError(
-                f"A partial entry's group block size ({block_size} tokens) must be a multiple of the hash "
-                f"block ({hash_block} tokens)."
-            )
-        return pool.cache_partial_block(
-            as_kvspec_request(request, hash_block),
+        return _cache_partial_block_for_vllm(
+            pool.cache_partial_block,
+            pool.hash_block_size,
+            request,
             block,
             num_tokens,
             kv_cache_group_id,
+            block_size,
             replace_existing_hashes,
         )
 
@@ -493,23 +513,29 @@ class VllmBlockPool(BlockPool):
             block_mask,
         )
 
-    def cache_partial_block(
+    def cache_partial_block(  # type: ignore[override]  # vLLM's order: block_size 5th; kvspec's keyword too
         self,
         request: Any,
         block: KVCacheBlock,
         num_tokens: int,
         kv_cache_group_id: int,
         block_size: int | None = None,
+        replace_existing_hashes: bool = False,
+        *,
+        replace_existing: bool = False,
     ) -> bytes | None:
-        """kvspec's partial prompt-tail entry for a vLLM request (vLLM 0.34's ``cache_partial_block``):
-        ``block_size`` is the owning group's block size, a multiple of the hash block."""
-        if block_size is not None and block_size % self.hash_block_size:
-            raise BlockPoolError(
-                f"A partial entry's group block size ({block_size} tokens) must be a multiple of the hash "
-                f"block ({self.hash_block_size} tokens)."
-            )
-        return super().cache_partial_block(
-            as_kvspec_request(request, self.hash_block_size), block, num_tokens, kv_cache_group_id
+        """kvspec's partial prompt-tail entry for a vLLM request (see ``_cache_partial_block_for_vllm``);
+        ``replace_existing`` is kvspec's name of vLLM's ``replace_existing_hashes`` (kvspec's managers pass it
+        by that name)."""
+        return _cache_partial_block_for_vllm(
+            super().cache_partial_block,
+            self.hash_block_size,
+            request,
+            block,
+            num_tokens,
+            kv_cache_group_id,
+            block_size,
+            replace_existing_hashes or replace_existing,
         )
 
     @property

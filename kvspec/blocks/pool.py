@@ -748,11 +748,14 @@ class BlockPool:
             )
         return key
 
-    def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
+    def move_block_hashes(
+        self, src_block: KVCacheBlock, dst_block: KVCacheBlock, use: BlockUse | None = None
+    ) -> None:
         """Re-key every prefix-cache entry of ``src_block`` (its hash and any secondary keys, with the tokens
         it covers) to ``dst_block``, which holds a copy of its content: the request owning ``src_block`` keeps
         writing into it, so the cache keeps the copy instead (vLLM 0.34's ``move_block_hashes``). The entries
-        stay live: no event. ``dst_block`` must be a real block without a hash."""
+        stay live: no event. ``dst_block`` must be a real block without a hash. An eviction policy learns of
+        the copy as cached by ``use`` (the request that cached the entry)."""
         if dst_block.is_null or src_block.is_null or dst_block.block_hash is not None:
             raise BlockPoolError(
                 f"move_block_hashes needs two real blocks and a target without a hash; got block "
@@ -770,6 +773,8 @@ class BlockPool:
         cache.insert(key, dst_block)
         for extra in secondary:
             cache.add_secondary(extra, dst_block)
+        if self.eviction_policy is not None and use is not None:
+            self.eviction_policy.on_cached([dst_block], use)
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks; free ones leave the free queue."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvspec.blocks.pool import KVCacheBlock
+from kvspec.blocks.eviction import BlockUse
+from kvspec.blocks.pool import KVCacheBlock, block_use
 from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.manager import BoundaryState, HitQuery, HitResult
 from kvspec.contracts.spec import MAMBA_CACHE_MODES, MambaCacheMode
@@ -69,7 +70,7 @@ class MambaManager(SingleTypeKVCacheManager):
         self._boundary_states: list[BoundaryState] = []
         # Sub-block hits: per request that keyed its own prompt-boundary state inside a block, that block
         # and the boundary (tokens), for a connector once the request finishes or the entry moves to a copy.
-        self._producer_tails: dict[str, tuple[KVCacheBlock, int]] = {}
+        self._producer_tails: dict[str, tuple[KVCacheBlock, int, BlockUse]] = {}
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
@@ -313,10 +314,10 @@ class MambaManager(SingleTypeKVCacheManager):
                 f"Mamba prompt-boundary state of request {request_id!r}: block {index} is no longer the "
                 f"block {source.block_id} it was keyed in."
             )
-        self.block_pool.move_block_hashes(source, target)
+        tail = self._producer_tails.pop(request_id, None)
+        self.block_pool.move_block_hashes(source, target, None if tail is None else tail[2])
         self._pending_copies.append((source, target))
         source.ref_cnt += 1
-        tail = self._producer_tails.pop(request_id, None)
         if tail is not None:
             self._boundary_states.append(
                 BoundaryState(
@@ -393,7 +394,7 @@ class MambaManager(SingleTypeKVCacheManager):
         if key is not None and num_tokens % self.block_size:
             self._partial_hit_reqs[request_id] = (index, source)
             self._num_cached_block[request_id] = index
-            self._producer_tails[request_id] = (source, num_tokens)
+            self._producer_tails[request_id] = (source, num_tokens, block_use(request))
         return key
 
     def finalize_partial_tail(

@@ -9,13 +9,17 @@ instead (it goes on writing its own block). The numbers are vLLM 0.34.0's on the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import torch
 
-from kvspec import KVCacheCoordinator, MambaSpec, Request, SchedulerLimits
+from kvspec import KVCacheBlock, KVCacheCoordinator, MambaSpec, Request, SchedulerLimits
+from kvspec.blocks.eviction import BlockUse, EvictionContext
 from kvspec.contracts.manager import BlockCopy, BoundaryState
 from kvspec.contracts.release import VLLM_0_23
 from kvspec.errors import SchedulingError
+from kvspec.eviction.registry import resolve_eviction_policy
 from tests.helpers import full_spec, make_config, sw_spec
 
 HASH = 2
@@ -264,3 +268,55 @@ def test_a_junction_past_the_prompt_keys_nothing() -> None:
     running = coord.get_blocks("j").blocks[1][-1]
     assert running.block_hash_num_tokens != 12
     assert _cached(coord, request, 12, 1) == []
+
+
+class _RecordingPolicy:
+    """kvspec's LFU policy, recording what it is told was cached."""
+
+    def __init__(self, context: EvictionContext) -> None:
+        factory = resolve_eviction_policy("lfu")
+        assert factory is not None
+        self.inner = factory(context)
+        self.cached: list[tuple[int, str]] = []
+
+    def add(self, block: KVCacheBlock) -> None:
+        self.inner.add(block)
+
+    def remove(self, block: KVCacheBlock) -> None:
+        self.inner.remove(block)
+
+    def pop_victim(self) -> KVCacheBlock:
+        return self.inner.pop_victim()
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def evictable_blocks(self) -> list[KVCacheBlock]:
+        return self.inner.evictable_blocks()
+
+    def on_cached(self, blocks: Sequence[KVCacheBlock], use: BlockUse) -> None:
+        self.cached.extend((b.block_id, use.request_id) for b in blocks)
+        self.inner.on_cached(blocks, use)
+
+    def on_hit(self, blocks: Sequence[KVCacheBlock], use: BlockUse) -> None:
+        self.inner.on_hit(blocks, use)
+
+
+def test_an_eviction_policy_learns_of_the_moved_entry() -> None:
+    coord = _coordinator(eviction_policy=_RecordingPolicy)
+    policy = coord.block_pool.eviction_policy
+    assert isinstance(policy, _RecordingPolicy)
+    producer = _request(coord, "p", [0, 0, 1, 1, 2, 2, 3])
+    _allocate(coord, producer, 6, coord.get_computed_blocks(producer))
+    producer.num_computed_tokens = 6
+    producer.append_output_token_ids(3)
+    policy.cached.clear()
+    coord.new_step_starts()
+    _allocate(coord, producer, 1)
+    (copy,), held = coord.take_block_copies()
+    assert (copy.dst_block_id, "p") in policy.cached
+    coord.release_copied_blocks(held)
+    coord.free(producer)
+    coord.check_invariants()
+    # The moved entry is evictable like any cached block once free.
+    assert copy.dst_block_id in [b.block_id for b in coord.block_pool.free_block_queue.get_all_free_blocks()]

@@ -156,6 +156,11 @@ class PlotPathError(KVSpecError, ValueError):
     """A --plot path the CLI cannot write (unknown suffix, missing folder) or matplotlib is missing."""
 
 
+class OptionError(KVSpecError, ValueError):
+    """A command-line option that cannot apply to what was asked (the message names the option and what it
+    needs), or two options that contradict each other."""
+
+
 class TraceFormatError(KVSpecError, ValueError):
     """A request trace cannot be read: a missing file, a line that is not JSON, or a bad field (the message
     names the file, the line and the field)."""

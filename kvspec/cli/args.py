@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvspec.errors import InsufficientKVCacheMemoryError
 
 _UNITS = {
     "": 1,
@@ -91,3 +95,29 @@ def check_plot_path(path: str | None) -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise PlotPathError("--plot needs matplotlib: pip install 'kvspec[cli]'") from None
+
+
+def human_bytes(num: float) -> str:
+    """1536 -> '1.50 KiB' (binary units; whole bytes below 1 KiB)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num) < 1024 or unit == "TiB":
+            return f"{num:.2f} {unit}" if unit != "B" else f"{int(num)} B"
+        num /= 1024
+    return f"{num:.2f} TiB"
+
+
+def capacity_message(exc: InsufficientKVCacheMemoryError, flag: str, memory: int | None = None) -> str:
+    """Why a budget does not hold one max-length request, in the command's own options (``flag``: the
+    option that sets the budget; ``memory``: its value, to say what the pool holds back)."""
+    held = ""
+    if memory is not None and memory > exc.available_bytes >= 0:
+        held = f" ({human_bytes(memory - exc.available_bytes)} of {human_bytes(memory)} held back for the null block the pool keeps)"
+    fit = (
+        f"pass --max-model-len {exc.estimated_max_model_len:,} (the longest that fits) or raise {flag}"
+        if exc.estimated_max_model_len > 0
+        else f"not even one token fits: raise {flag}"
+    )
+    return (
+        f"one request of max_model_len {exc.max_model_len:,} tokens needs {human_bytes(exc.needed_bytes)} of KV "
+        f"cache, but {flag} leaves {human_bytes(max(exc.available_bytes, 0))} for blocks{held}; {fit}."
+    )

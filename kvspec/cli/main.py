@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 # Only light modules at import time: `kvspec --help` must not load torch. The commands import the
 # library when they run.
-from kvspec.cli.args import check_plot_path, parse_bytes
+from kvspec.cli.args import capacity_message, check_plot_path, parse_bytes
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_line, print_table
@@ -125,6 +125,8 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
         pipeline_parallel_size=args.pp,
         max_model_len=args.max_model_len,
         mamba_cache_mode=args.mamba_cache_mode,
+        assume_dense=args.assume_dense,
+        align_to_block_size=profile.default_block_size > 16,
     )
     limits = SchedulerLimits(
         max_model_len=layout.max_model_len,
@@ -142,6 +144,8 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
         "max_model_len": limits.max_model_len,
         "max_num_batched_tokens": limits.batched_tokens,
         "hybrid": args.hybrid,
+        "family": layout.family or None,
+        "layout_file": layout.model_type == "kvspec_layout",
         "notes": list(layout.notes),
     }
     try:
@@ -158,7 +162,7 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
     except InsufficientKVCacheMemoryError as exc:
         plan.update(
             fits=False,
-            reason=str(exc),
+            reason=capacity_message(exc, "--memory", args.memory),
             needed_bytes=exc.needed_bytes,
             available_bytes=exc.available_bytes,
             max_model_len_that_fits=exc.estimated_max_model_len,
@@ -463,6 +467,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=_positive, default=1, help="tensor-parallel size")
     p.add_argument("--pp", type=_positive, default=1, help="pipeline-parallel size")
     p.add_argument("--mamba-cache-mode", default="none", choices=("none", "align", "all"))
+    p.add_argument(
+        "--assume-dense",
+        action="store_true",
+        help="plan a config.json of a model_type kvspec does not know as a dense decoder (full attention in "
+        "every layer); without it such a config is refused",
+    )
     p.add_argument(
         "--hybrid",
         action=argparse.BooleanOptionalAction,

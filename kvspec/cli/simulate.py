@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from kvspec.cli.args import bounded_int, check_plot_path, parse_bytes
+from kvspec.cli.args import bounded_int, capacity_message, check_plot_path, parse_bytes
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import has_rich
@@ -20,11 +20,14 @@ from kvspec.cli.terminal import has_rich
 from kvspec.engine.workloads import WORKLOADS, make_workload
 from kvspec.errors import (
     DeviceError,
+    InsufficientKVCacheMemoryError,
     KVSpecError,
     ModelConfigError,
+    OptionError,
     PlotPathError,
     PluginError,
     SchedulingError,
+    TraceFormatError,
     UnknownEvictionPolicyError,
 )
 
@@ -45,10 +48,10 @@ DEFAULT_TRACE_SEQS = 256
 MAX_REQUESTS = 100_000
 
 
-def _retention_interval(text: str) -> int | str | None:
-    """argparse type for --retention-interval: tokens >= 0, 'dense' (None) or 'planned' (the default)."""
+def _retention_interval(text: str) -> int | str:
+    """argparse type for --retention-interval: tokens >= 0, 'dense' or 'planned' (what the release plans)."""
     if text in ("planned", "dense"):
-        return None if text == "dense" else text
+        return text
     try:
         value = int(text)
     except ValueError:
@@ -76,11 +79,13 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument(
         "--requests",
         type=bounded_int(MAX_REQUESTS, "--requests"),
-        default=32,
-        help=f"number of requests (default 32, at most {MAX_REQUESTS:,})",
+        default=None,
+        help=f"number of requests of the synthetic workload (default 32, at most {MAX_REQUESTS:,})",
     )
-    p.add_argument("--workload", choices=WORKLOADS, default="shared-prefix")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or npu (tiny models only)")
+    p.add_argument(
+        "--workload", choices=WORKLOADS, default=None, help="the synthetic workload (default shared-prefix)"
+    )
+    p.add_argument("--device", default=None, help="cpu, cuda or npu (tiny models only; default cpu)")
     p.add_argument(
         "--prompt-len",
         type=bounded_int(1 << 20, "--prompt-len"),
@@ -90,14 +95,14 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument(
         "--max-tokens",
         type=bounded_int(1 << 20, "--max-tokens"),
-        default=16,
-        help="tokens to generate per request",
+        default=None,
+        help="tokens to generate per request of the synthetic workload (default 16)",
     )
     p.add_argument(
         "--num-blocks",
         type=bounded_int(1 << 20, "--num-blocks"),
         default=None,
-        help="KV cache blocks (tiny models; default 256)",
+        help="KV cache blocks (tiny models, default 256; or a --trace replay's cache)",
     )
     p.add_argument(
         "--memory",
@@ -106,13 +111,22 @@ def add_simulate_parser(sub: Any) -> None:
         help="KV cache memory (presets; default 8GiB, with --trace room for every prompt)",
     )
     p.add_argument(
-        "--max-model-len", type=_positive, default=None, help="tokens per request (presets; default 8192)"
+        "--max-model-len",
+        type=_positive,
+        default=None,
+        help="tokens per request (presets; default 8192 for the synthetic workload, the model's context length "
+        "for --trace)",
     )
     p.add_argument("--max-num-batched-tokens", type=_positive, default=None, help="tokens per step")
     p.add_argument("--max-num-seqs", type=_positive, default=None, help="running requests at most")
     p.add_argument("--block-size", type=_positive, default=16)
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--assume-dense",
+        action="store_true",
+        help="plan a config.json of a model_type kvspec does not know as a dense decoder",
+    )
+    p.add_argument("--seed", type=int, default=None, help="the synthetic workload's seed (default 0)")
     p.add_argument(
         "--trace",
         metavar="FILE",
@@ -134,14 +148,14 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument(
         "--policy",
         metavar="NAMES",
-        default="lru",
+        default=None,
         help="with --trace: eviction policies to compare, comma-separated (lru = vLLM's order, the default; "
         "lfu, slru, retention, hybrid, or a plugin's); each replays at every size",
     )
     p.add_argument(
         "--retention-interval",
         type=_retention_interval,
-        default="planned",
+        default=None,
         metavar="TOKENS|dense",
         help="with --trace: prefix-cache retention of sliding-window and Mamba groups: tokens (a multiple of "
         "the block size; 0 keeps only the blocks at replay boundaries and shared-prefix junctions), or "
@@ -157,7 +171,7 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument(
         "--step-time",
         metavar="BASE,PER_TOKEN,PER_REQUEST",
-        default="6,0.06,0.01",
+        default=None,
         help="with --timed: the step-time model in milliseconds: a fixed cost per step, per computed token "
         "and per request in the batch (default 6,0.06,0.01: illustrative, an 8B model on one GPU)",
     )
@@ -165,6 +179,86 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--plot", metavar="PNG", default=None, help="draw block usage and hit rate over time")
     add_plugin_options(p)
     p.set_defaults(func=cmd_simulate)
+
+
+#: Options only a --trace replay reads: (flag, dest).
+TRACE_ONLY_OPTIONS = (
+    ("--timed", "timed"),
+    ("--sweep", "sweep"),
+    ("--policy", "policy"),
+    ("--limit", "limit"),
+    ("--retention-interval", "retention_interval"),
+)
+#: Options of the synthetic workload, which a --trace replay takes from the trace instead.
+SYNTHETIC_ONLY_OPTIONS = (
+    ("--requests", "requests"),
+    ("--workload", "workload"),
+    ("--prompt-len", "prompt_len"),
+    ("--max-tokens", "max_tokens"),
+    ("--seed", "seed"),
+)
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Every option given must apply to what is asked (raises OptionError naming it and what it needs); then
+    fills in the defaults of those left out. Runs before any work."""
+    trace = args.trace is not None
+    tiny = args.model in TINY_MODEL_NAMES
+
+    def given(dest: str) -> bool:
+        value = getattr(args, dest)
+        return value is not None and value is not False
+
+    def refuse(option: str, needs: str) -> None:
+        raise OptionError(f"{option} {needs}")
+
+    if not trace:
+        for flag, dest in TRACE_ONLY_OPTIONS:
+            if given(dest):
+                refuse(flag, "applies to a trace replay: add --trace FILE (with a preset or a config.json)")
+    if args.step_time is not None and not args.timed:
+        refuse("--step-time", "is the timed replay's step-time model: add --timed (with --trace FILE)")
+    if trace:
+        for flag, dest in SYNTHETIC_ONLY_OPTIONS:
+            if given(dest):
+                refuse(
+                    flag, "sets the synthetic workload; a --trace replay takes its requests from the trace"
+                )
+        if args.no_prefix_caching:
+            refuse("--no-prefix-caching", "cannot apply to a --trace replay, which measures the prefix cache")
+        if args.max_num_seqs is not None and not args.timed:
+            refuse("--max-num-seqs", "applies to --timed replays; the pure replay runs one request at a time")
+        if args.device is not None:
+            refuse("--device", "runs the tiny models' tensors; a --trace replay is bookkeeping only")
+        if args.num_blocks is not None and args.memory is not None:
+            refuse("--num-blocks", "and --memory both size the cache: give one")
+        if args.sweep is not None and (args.num_blocks is not None or args.memory is not None):
+            refuse("--sweep", "picks the cache sizes itself: drop --num-blocks / --memory")
+    elif tiny:
+        if args.memory is not None:
+            refuse("--memory", f"sizes a preset's cache; the tiny model {args.model!r} takes --num-blocks")
+        if args.max_model_len is not None:
+            refuse("--max-model-len", f"applies to presets; the tiny model {args.model!r} has its own")
+    else:
+        if args.num_blocks is not None:
+            refuse(
+                "--num-blocks", "sizes the tiny models' and --trace replays' caches; a preset takes --memory"
+            )
+        if args.device is not None:
+            refuse("--device", "runs the tiny models' tensors; a preset's simulation is bookkeeping only")
+    defaults = {
+        "requests": 32,
+        "workload": "shared-prefix",
+        "max_tokens": 16,
+        "seed": 0,
+        "device": "cpu",
+        "policy": "lru",
+        "retention_interval": "planned",
+        "step_time": "6,0.06,0.01",
+    }
+    for dest, value in defaults.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
 
 
 def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
@@ -189,15 +283,19 @@ def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
             device=args.device,
         )
         return engine, cfg.vocab_size, notes
-    if args.device != "cpu":
-        notes.append("bookkeeping-only simulation: no tensors, --device ignored")
-    max_len = args.max_model_len or 8192
-    layout = build_model_layout(
-        args.model,
-        block_size=args.block_size,
-        max_model_len=max_len,
-        mamba_cache_mode="align" if caching else "none",
-    )
+
+    def layout_of(max_len: int | None) -> Any:
+        return build_model_layout(
+            args.model,
+            block_size=args.block_size,
+            max_model_len=max_len,
+            mamba_cache_mode="align" if caching else "none",
+            assume_dense=args.assume_dense,
+        )
+
+    layout = layout_of(args.max_model_len)
+    if args.max_model_len is None and layout.max_model_len > 8192:
+        layout = layout_of(8192)  # a synthetic workload's requests are short: plan 8192 tokens per request
     specs = layout.layer_specs
     traits = [traits_of(s) for s in specs.values()]
     if caching and not all(t.supports_prefix_caching for t in traits):
@@ -253,6 +351,11 @@ def plot_run(stats: EngineStats, path: str, title: str) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    try:
+        check_options(args)
+    except OptionError as exc:
+        print(f"kvspec: error: {exc}", file=sys.stderr)
+        return 2
     if args.trace is not None:
         return cmd_replay_trace(args)
     try:
@@ -346,26 +449,34 @@ def _progress(label: str, total: int, *, quiet: bool) -> Iterator[Callable[[], N
         yield lambda: progress.advance(task)
 
 
-def _trace_plan(args: argparse.Namespace, requests: list[Any]) -> tuple[Any, Any, float]:
-    """The plan a trace replays with: the model's layout (prefix caching on; Mamba "align") as a config of
-    ``--num-blocks`` blocks, or what ``--memory`` holds when given, else room for every distinct prompt
-    block; its scheduler limits; and the KV cache bytes one block of its pool takes (every group's page,
-    one rank). No coordinator is built here: a sweep builds one per size."""
+def _trace_layout(args: argparse.Namespace) -> Any:
+    """The model's layout for a replay: its own context length unless --max-model-len says otherwise (longer
+    prompts are refused as an engine refuses them); prefix caching on, Mamba "align"."""
+    from kvspec.models import build_model_layout
+
+    return build_model_layout(
+        args.model,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        mamba_cache_mode="align",
+        assume_dense=args.assume_dense,
+    )
+
+
+def _trace_plan(args: argparse.Namespace, layout: Any, requests: list[Any]) -> tuple[Any, Any, float]:
+    """The plan a trace replays with: ``layout`` as a config of ``--num-blocks`` blocks, or what ``--memory``
+    holds when given, else room for every distinct prompt block of the admissible requests; its scheduler
+    limits; and the KV cache bytes one block of its pool takes (every group's page, one rank). No
+    coordinator is built here: a sweep builds one per size."""
     import dataclasses
 
     from kvspec.contracts.spec import SchedulerLimits
     from kvspec.engine.replay import blocks_to_hold_every_prompt
-    from kvspec.models import build_model_layout
     from kvspec.planning import get_kv_cache_config
 
-    longest = max((r.input_length + (r.output_length if args.timed else 0) for r in requests), default=1)
-    max_len = max(args.max_model_len or 0, longest)
-    layout = build_model_layout(
-        args.model, block_size=args.block_size, max_model_len=max_len, mamba_cache_mode="align"
-    )
     limits = SchedulerLimits(
         max_model_len=layout.max_model_len,
-        max_num_batched_tokens=max_len,
+        max_num_batched_tokens=min(args.max_num_batched_tokens or DEFAULT_TRACE_CHUNK, layout.max_model_len),
         max_num_encoder_input_tokens=layout.max_num_encoder_input_tokens,
         mamba_cache_mode="align",
     )
@@ -376,7 +487,8 @@ def _trace_plan(args: argparse.Namespace, requests: list[Any]) -> tuple[Any, Any
         config = dataclasses.replace(config, num_blocks=args.num_blocks + 1)  # + the null block
     elif args.memory is None:
         block_sizes = [group.kv_cache_spec.block_size for group in config.kv_cache_groups]
-        config = dataclasses.replace(config, num_blocks=blocks_to_hold_every_prompt(requests, block_sizes))
+        admissible = [r for r in requests if not r.over_length]
+        config = dataclasses.replace(config, num_blocks=blocks_to_hold_every_prompt(admissible, block_sizes))
     return config, limits, bytes_per_block
 
 
@@ -463,15 +575,27 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
             resolve_eviction_policy(name)  # an unknown name fails before the trace is read
         step_time = StepTimeModel.parse(args.step_time) if args.timed else None
         retention: int | None = (
-            PLANNED_RETENTION if args.retention_interval == "planned" else args.retention_interval
+            PLANNED_RETENTION
+            if args.retention_interval == "planned"
+            else None
+            if args.retention_interval == "dense"
+            else args.retention_interval
         )
-        requests = list(read_trace(args.trace, limit=args.limit))
-        config, limits, bytes_per_block = _trace_plan(args, requests)
+        layout = _trace_layout(args)
+        requests = list(read_trace(args.trace, limit=args.limit, max_prompt_tokens=layout.max_model_len))
+        if not requests:
+            raise TraceFormatError(
+                f"trace {args.trace!r} holds no requests (an empty file or blank lines only)"
+            )
+        config, limits, bytes_per_block = _trace_plan(args, layout, requests)
         # A retention the layout cannot take (not a block multiple, or no windowed group) fails here.
         replay_coordinator(dataclasses.replace(config, num_blocks=2), limits, retention_interval=retention)
     except (ModelConfigError, PluginError, PlotPathError, UnknownEvictionPolicyError, SchedulingError) as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 2
+    except InsufficientKVCacheMemoryError as exc:
+        print(f"kvspec: error: {capacity_message(exc, '--memory', args.memory)}", file=sys.stderr)
+        return 1
     except KVSpecError as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 1
@@ -535,6 +659,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         rows.append(row)
     report: dict[str, Any] = {
         "model": args.model,
+        "max_model_len": limits.max_model_len,
         "trace": args.trace,
         "mode": (
             f"timed replay (arrival times, FCFS scheduler, step time {args.step_time} ms)"

@@ -13,6 +13,7 @@ already-seen hash ids (``shared/traces/README.md``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -26,6 +27,7 @@ from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator, shared_prefix_
 from kvspec.engine.traces import TraceRequest, prompt_tokens
 from kvspec.errors import SchedulingError
 from kvspec.intmath import cdiv
+from kvspec.planning import blocks_per_request
 from kvspec.planning.config import KVCacheConfig
 
 #: The prefix-cache retention interval (tokens) the current release plans into every config: vLLM 0.34's 0
@@ -112,27 +114,32 @@ def replay_cache(
     hasher = coordinator.make_block_hasher(seed="kvspec-replay")
     block_size = coordinator.hash_block_size
     scheduler_block = coordinator.scheduler_block_size
-    max_model_len = coordinator.max_model_len
     if chunk_tokens is not None and chunk_tokens < scheduler_block:
         raise SchedulingError(
             f"chunk_tokens {chunk_tokens} is below the scheduler block ({scheduler_block} tokens); a chunk "
             "must hold at least one block"
         )
+    admission = PromptAdmission(coordinator, chunk_tokens=chunk_tokens)
     num_requests = total_tokens = total_hits = total_blocks = hit_blocks = refused = 0
     for item in requests:
-        request = trace_request(item, hasher)
-        num_tokens = request.num_tokens
+        num_tokens = item.input_length
         if clock is not None:
             clock.now = item.arrival_ms / 1000.0
-        computed, hit, uncached = coordinator.lookup_prefix(request, num_tokens - 1)
-        junction = shared_prefix_junction(hit, uncached)
-        request.shared_prefix_boundary = junction
-        if num_tokens > max_model_len or not _compute_prompt(
-            coordinator, request, computed, hit, junction, chunk_tokens, scheduler_block
-        ):
-            # Longer than the model takes, or larger than the whole cache: an engine turns it away.
+        if admission.refuses(item):
+            # Longer than the model takes, or larger than the whole cache: an engine turns it away before it
+            # touches the cache (and before its hash ids are expanded to tokens).
             refused += 1
             hit = 0
+        else:
+            request = trace_request(item, hasher)
+            computed, hit, uncached = coordinator.lookup_prefix(request, num_tokens - 1)
+            junction = shared_prefix_junction(hit, uncached)
+            request.shared_prefix_boundary = junction
+            if not _compute_prompt(
+                coordinator, request, computed, hit, junction, chunk_tokens, scheduler_block
+            ):
+                refused += 1  # the admission bound guarantees room; kept so a plugin's surprise is counted
+                hit = 0
         trace_block = item.hash_block_size or block_size
         num_requests += 1
         total_tokens += num_tokens
@@ -149,6 +156,42 @@ def replay_cache(
         hit_blocks=hit_blocks,
         refused=refused,
     )
+
+
+class PromptAdmission:
+    """Whether an engine takes a prompt, decided before it touches the cache: at most ``max_model_len``
+    tokens (with ``output_tokens``: prompt and output), and one request of that many tokens, computed in
+    chunks of ``chunk_tokens``, fits the pool's usable blocks (the planner's per-request bound, every group's
+    blocks; the null block is not usable). A prompt refused here evicts nothing."""
+
+    __slots__ = ("_chunk", "_groups", "_limits", "_max_model_len", "_needed", "_usable")
+
+    def __init__(self, coordinator: KVCacheCoordinator, *, chunk_tokens: int | None) -> None:
+        config = coordinator.kv_cache_config
+        self._groups = [g for g in config.kv_cache_groups if g.layer_names]
+        self._limits = coordinator.limits
+        self._max_model_len = coordinator.max_model_len
+        self._usable = config.num_blocks - 1
+        self._chunk = chunk_tokens
+        self._needed: dict[int, int] = {}
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks one request of ``num_tokens`` tokens holds at most (every group)."""
+        needed = self._needed.get(num_tokens)
+        if needed is None:
+            chunk = num_tokens if self._chunk is None else min(self._chunk, num_tokens)
+            limits = dataclasses.replace(self._limits, max_model_len=num_tokens, max_num_batched_tokens=chunk)
+            needed = blocks_per_request(self._groups, limits)
+            self._needed[num_tokens] = needed
+        return needed
+
+    def refuses(self, item: TraceRequest, *, output_tokens: int = 0) -> bool:
+        num_tokens = item.input_length + output_tokens
+        return (
+            item.over_length
+            or num_tokens > self._max_model_len
+            or self.blocks_needed(num_tokens) > self._usable
+        )
 
 
 def _compute_prompt(

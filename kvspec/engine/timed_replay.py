@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from kvspec.coordinator import KVCacheCoordinator
-from kvspec.engine.replay import TraceClock, trace_request
+from kvspec.engine.replay import PromptAdmission, TraceClock, trace_request
 from kvspec.engine.scheduler import Scheduler, SchedulerOutput
 from kvspec.engine.traces import TraceRequest
 from kvspec.errors import SchedulingError
@@ -152,6 +152,7 @@ def replay_timed(
         coordinator, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs
     )
     hasher = coordinator.make_block_hasher(seed="kvspec-replay")
+    admission = PromptAdmission(coordinator, chunk_tokens=max_num_batched_tokens)
     pending = deque(sorted(requests, key=lambda r: r.arrival_ms))  # stable: trace order among equals
     stats = TimedReplayStats()
     items: dict[str, TraceRequest] = {}
@@ -163,9 +164,8 @@ def replay_timed(
             item = pending.popleft()
             stats.requests += 1
             stats.prompt_tokens += item.input_length
-            total = item.input_length + max(1, item.output_length)
-            if total > coordinator.max_model_len:
-                stats.refused += 1
+            if admission.refuses(item, output_tokens=max(1, item.output_length)):
+                stats.refused += 1  # too long for the model or the whole cache: turned away on arrival
                 continue
             request = trace_request(item, hasher)
             items[request.request_id] = item

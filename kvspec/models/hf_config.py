@@ -18,10 +18,14 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 
+import kvspec.models.families as families
+import kvspec.models.state_shapes as state_shapes
 from kvspec.contracts.spec import KVCacheSpec, MambaCacheMode
 from kvspec.errors import KVSpecError, ModelConfigError
-from kvspec.intmath import cdiv
+from kvspec.intmath import cdiv, prod
+from kvspec.models.families import ModelFamily, recognise_family
 from kvspec.models.layout_file import is_layout_file, layer_specs_from_layout
+from kvspec.models.state_shapes import StateLayout
 from kvspec.presets import DEFAULT_MODEL as DEFAULT_MODEL
 from kvspec.presets import KV_CACHE_DTYPES as KV_CACHE_DTYPES
 from kvspec.presets import _preset_files
@@ -74,6 +78,7 @@ class ModelLayout:
     max_model_len: int
     max_num_encoder_input_tokens: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    family: str = ""  # the model family kvspec recognised (kvspec.models.families), "" for a layout file
 
     @property
     def layer_specs(self) -> dict[str, KVCacheSpec]:
@@ -185,33 +190,127 @@ def _text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     return text if isinstance(text, Mapping) else cfg
 
 
-def _layer_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> list[str]:
-    """'full' | 'sliding' | 'chunked' | 'mamba' per layer."""
-    layer_types = cfg.get("layer_types")
-    if isinstance(layer_types, list):
-        if len(layer_types) != num_layers:
+#: The ``max_position_embeddings`` a family's Hugging Face config class defaults to when a config.json leaves
+#: it out (transformers' defaults, which vLLM reads): a missing key must not plan another context length.
+DEFAULT_MAX_POSITIONS = {
+    "deepseek_v2": 2048,
+    "deepseek_v3": 4096,
+    "gemma2": 8192,
+    "gemma3": 131_072,
+    "gemma3_text": 131_072,
+    "llama": 2048,
+    "qwen3_next": 32_768,
+}
+
+#: Hugging Face layer-type names -> kvspec's layer kinds: "full" | "sliding" | "chunked" | "state" | "none".
+_LAYER_TYPE_NAMES = {
+    "full_attention": "full",
+    "attention": "full",
+    "sliding_attention": "sliding",
+    "chunked_attention": "chunked",
+    "mamba": "state",
+    "linear_attention": "state",
+}
+
+
+def _layer_types(
+    cfg: Mapping[str, Any], key: str, model_type: str, num_layers: int, known: set[str]
+) -> list[str]:
+    """``cfg[key]``, a list of one layer-type name per layer, as kvspec's layer kinds."""
+    layer_types = cfg.get(key)
+    if not isinstance(layer_types, list):
+        raise ModelConfigError(
+            f"{model_type} config key {key!r} must be a list of layer types, got {layer_types!r}."
+        )
+    if len(layer_types) != num_layers:
+        raise ModelConfigError(f"{model_type} config has {len(layer_types)} {key} for {num_layers} layers.")
+    unknown = [t for t in layer_types if not isinstance(t, str) or t not in known]
+    if unknown:
+        raise ModelConfigError(
+            f"{model_type} config has an unknown layer type {unknown[0]!r} in {key!r}; known: {sorted(known)}."
+        )
+    return [_LAYER_TYPE_NAMES.get(str(t)) or str(t) for t in layer_types]
+
+
+def _layer_kinds(
+    cfg: Mapping[str, Any], family: ModelFamily, model_type: str, num_layers: int
+) -> list[tuple[str, ...]]:
+    """The caches each layer holds, as kinds: ("full",), ("state",), ("full", "state") or () (no cache)."""
+    attention_names = {"full_attention", "sliding_attention", "chunked_attention"}
+    if family is families.NEMOTRON_H:
+        attention = "sliding" if cfg.get("sliding_window") is not None else "full"
+        if cfg.get("hybrid_override_pattern") is None and cfg.get("layer_types") is not None:
+            # transformers 5 writes the pattern out as layer_types
+            names = {
+                "linear_attention": ("state",),
+                "mamba": ("state",),
+                "full_attention": (attention,),
+                "attention": (attention,),
+                "mlp": (),
+                "moe": (),
+            }
+            types = _layer_types(cfg, "layer_types", model_type, num_layers, set(names))
+            return [
+                names[t] if t in names else names["mamba" if t == "state" else "attention"] for t in types
+            ]
+        pattern = _require(cfg, "hybrid_override_pattern", model_type)
+        if not isinstance(pattern, str) or len(pattern) != num_layers or set(pattern) - set("M*-E"):
             raise ModelConfigError(
-                f"{model_type} config has {len(layer_types)} layer_types for {num_layers} layers."
+                f"{model_type} config key 'hybrid_override_pattern' must be a string of {num_layers} characters "
+                f"from M (Mamba2), * (attention), - (MLP), E (MoE), got {pattern!r}."
             )
-        mapping = {
-            "full_attention": "full",
-            "sliding_attention": "sliding",
-            "chunked_attention": "chunked",
-            "mamba": "mamba",
-            "linear_attention": "mamba",
-        }
-        unknown = [t for t in layer_types if not isinstance(t, str) or t not in mapping]
-        if unknown:
-            raise ModelConfigError(
-                f"{model_type} config has an unknown layer type {unknown[0]!r}; known: {sorted(mapping)}."
+        return [{"M": ("state",), "*": (attention,)}.get(c, ()) for c in pattern]
+    if family is families.GRANITE_HYBRID:
+        key = "layer_types" if cfg.get("layer_types") is not None else "layers_block_type"
+        kinds = _layer_types(
+            cfg, key, model_type, num_layers, {"mamba", "attention", "full_attention", "linear_attention"}
+        )
+        return [(k,) for k in kinds]
+    if family is families.FALCON_H1:
+        return [("full", "state")] * num_layers
+    if family is families.ZAMBA2:
+        key = "layers_block_type" if cfg.get("layers_block_type") is not None else "layer_types"
+        kinds = _layer_types(cfg, key, model_type, num_layers, {"mamba", "linear_attention", "hybrid"})
+        return [("full", "state") if k == "hybrid" else ("state",) for k in kinds]
+    if family is families.QWEN3_NEXT:
+        if cfg.get("layer_types") is not None:
+            kinds = _layer_types(
+                cfg, "layer_types", model_type, num_layers, {"full_attention", "linear_attention"}
             )
-        return [mapping[t] for t in layer_types]
-    if model_type == "gemma2":
-        return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)]
-    if model_type in ("gemma3", "gemma3_text"):
+            return [(k,) for k in kinds]
+        interval = _positive_int(cfg, "full_attention_interval", model_type, 4)
+        return [("full",) if (i + 1) % interval == 0 else ("state",) for i in range(num_layers)]
+    if family is families.MINIMAX:
+        if model_type == "minimax_text_01" or cfg.get("attn_type_list") is not None:
+            attn_types: object = _require(cfg, "attn_type_list", model_type)
+            if (
+                not isinstance(attn_types, list)
+                or len(attn_types) != num_layers
+                or any(t not in (0, 1) or isinstance(t, bool) for t in attn_types)
+            ):
+                raise ModelConfigError(
+                    f"{model_type} config key 'attn_type_list' must list 0 (lightning) or 1 (softmax attention) "
+                    f"for each of the {num_layers} layers, got {attn_types!r}."
+                )
+            return [("full",) if t == 1 else ("state",) for t in attn_types]
+        kinds = _layer_types(
+            cfg, "layer_types", model_type, num_layers, {"full_attention", "linear_attention"}
+        )
+        return [(k,) for k in kinds]
+    if family is families.JAMBA:
+        period = _positive_int(cfg, "attn_layer_period", model_type)
+        _require(cfg, "attn_layer_offset", model_type)
+        offset = _positive_int(cfg, "attn_layer_offset", model_type, minimum=0)
+        return [("full",) if i % period == offset else ("state",) for i in range(num_layers)]
+    if cfg.get("layer_types") is not None:
+        kinds = _layer_types(cfg, "layer_types", model_type, num_layers, attention_names)
+        return [(k,) for k in kinds]
+    if family is families.GEMMA and model_type == "gemma2":
+        return [("sliding",) if i % 2 == 0 else ("full",) for i in range(num_layers)]
+    if family is families.GEMMA:
         pattern = _positive_int(cfg, "sliding_window_pattern", model_type, 6)
-        return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
-    if model_type in ("llama4", "llama4_text"):
+        return [("full",) if (i + 1) % pattern == 0 else ("sliding",) for i in range(num_layers)]
+    if family is families.LLAMA4:
         interval = _positive_int(cfg, "no_rope_layer_interval", model_type, 4)
         nope = cfg.get("no_rope_layers") or [0 if (i + 1) % interval == 0 else 1 for i in range(num_layers)]
         if not isinstance(nope, list) or any(v not in (0, 1) or isinstance(v, float) for v in nope):
@@ -221,18 +320,15 @@ def _layer_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> li
         if len(nope) != num_layers:
             raise ModelConfigError(f"llama4 config has {len(nope)} no_rope_layers for {num_layers} layers.")
         chunked = cfg.get("attention_chunk_size") is not None
-        return ["chunked" if (use_rope and chunked) else "full" for use_rope in nope]
-    if model_type == "jamba":
-        period = _positive_int(cfg, "attn_layer_period", model_type)
-        _require(cfg, "attn_layer_offset", model_type)
-        offset = _positive_int(cfg, "attn_layer_offset", model_type, minimum=0)
-        return ["full" if i % period == offset else "mamba" for i in range(num_layers)]
-    if model_type == "mistral" and cfg.get("sliding_window") is not None:
-        return ["sliding"] * num_layers
-    if model_type in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+        return [("chunked",) if (use_rope and chunked) else ("full",) for use_rope in nope]
+    if family is families.GPT_OSS:
+        return [("sliding",) if i % 2 == 0 else ("full",) for i in range(num_layers)]
+    if model_type in ("mistral", "phi3") and cfg.get("sliding_window") is not None:
+        return [("sliding",)] * num_layers
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and cfg.get("use_sliding_window"):
         start = _positive_int(cfg, "max_window_layers", model_type, num_layers, minimum=0)
-        return ["sliding" if i >= start else "full" for i in range(num_layers)]
-    return ["full"] * num_layers
+        return [("sliding",) if i >= start else ("full",) for i in range(num_layers)]
+    return [("full",)] * num_layers
 
 
 def _split_stages(
@@ -264,10 +360,16 @@ def build_model_layout(
     pipeline_parallel_size: int = 1,
     max_model_len: int | None = None,
     mamba_cache_mode: MambaCacheMode = "none",
+    assume_dense: bool = False,
+    align_to_block_size: bool = True,
 ) -> ModelLayout:
     """Per-layer specs of ``model`` (preset, config.json or kvspec layout file) as one TP rank of each PP
     stage sees them. A layout file (kvspec.models.layout_file) gives its layers' specs directly, as one TP rank
-    holds them; ``block_size``, ``dtype`` and ``kv_cache_dtype`` do not apply to it."""
+    holds them; ``block_size``, ``dtype`` and ``kv_cache_dtype`` do not apply to it.
+
+    A config of a ``model_type`` no family covers (:mod:`kvspec.models.families`) is refused unless
+    ``assume_dense``. ``align_to_block_size``: a hybrid's attention block grows in steps of the block size
+    (vLLM 0.34) rather than of the kernel's 16 tokens (0.23)."""
     name, cfg = load_model_config(model)
     if is_layout_file(cfg):
         return _layout_file(cfg, name, pipeline_parallel_size, max_model_len)
@@ -281,6 +383,8 @@ def build_model_layout(
         pipeline_parallel_size=pipeline_parallel_size,
         max_model_len=max_model_len,
         mamba_cache_mode=mamba_cache_mode,
+        assume_dense=assume_dense,
+        align_to_block_size=align_to_block_size,
     )
 
 
@@ -344,6 +448,8 @@ def layout_from_config(
     pipeline_parallel_size: int = 1,
     max_model_len: int | None = None,
     mamba_cache_mode: MambaCacheMode = "none",
+    assume_dense: bool = False,
+    align_to_block_size: bool = True,
 ) -> ModelLayout:
     """Per-layer specs from a config dict; see :func:`build_model_layout`.
 
@@ -361,31 +467,44 @@ def layout_from_config(
             "is this a Hugging Face config.json?"
         )
     model_type = raw_type
+    text = _text_config(cfg) if model_type != "whisper" else cfg
+    inner_type = text.get("model_type") if isinstance(text.get("model_type"), str) else model_type
+    family = recognise_family(model_type, str(inner_type), assume_dense=assume_dense)
     model_dtype = resolve_model_dtype(dtype, cfg)
     kv_dtype, quant = _kv_dtype(kv_cache_dtype, model_dtype)
+    if kv_cache_dtype == "fp8_ds_mla" and family is not families.MLA:
+        raise ModelConfigError("kv cache dtype 'fp8_ds_mla' applies to MLA (DeepSeek) models only.")
     tp = tensor_parallel_size
-    if model_type == "whisper":
+    enc = 0
+    if family is families.WHISPER:
         specs, max_len, enc, notes = _whisper(cfg, block_size, kv_dtype, quant, tp)
+    elif family is families.MLA:
+        specs, max_len, notes = _deepseek(
+            text, str(inner_type), block_size, kv_dtype, quant, kv_cache_dtype, max_model_len
+        )
     else:
-        text = _text_config(cfg)
-        inner_type = str(text.get("model_type") or model_type)
-        if model_type in ("deepseek_v2", "deepseek_v3") or inner_type in ("deepseek_v2", "deepseek_v3"):
-            specs, max_len, notes = _deepseek(text, model_type, block_size, kv_dtype, quant, kv_cache_dtype)
-        else:
-            if kv_cache_dtype == "fp8_ds_mla":
-                raise ModelConfigError("kv cache dtype 'fp8_ds_mla' applies to MLA (DeepSeek) models only.")
-            specs, max_len, notes = _decoder(
-                text,
-                inner_type,
-                block_size,
-                kv_dtype,
-                quant,
-                model_dtype,
-                tp,
-                max_model_len,
-                mamba_cache_mode,
-            )
-        enc = 0
+        specs, max_len, notes = _decoder(
+            text,
+            str(inner_type),
+            family,
+            block_size,
+            kv_dtype,
+            quant,
+            model_dtype,
+            tp,
+            max_model_len,
+            mamba_cache_mode,
+            align_to_block_size,
+        )
+    if max_model_len is not None and max_model_len > max_len:
+        raise ModelConfigError(
+            f"max_model_len {max_model_len:,} is larger than the model's context length {max_len:,} (its "
+            "config's max_position_embeddings); vLLM refuses it too. Pass at most that (--max-model-len)."
+        )
+    if family is families.DENSE and _assumed_dense(model_type, str(inner_type)):
+        notes.insert(
+            0, f"model_type {inner_type!r} is not a known family: planned as a dense decoder (--assume-dense)"
+        )
     return ModelLayout(
         name=name,
         model_type=model_type,
@@ -393,7 +512,13 @@ def layout_from_config(
         max_model_len=max_model_len or max_len,
         max_num_encoder_input_tokens=enc,
         notes=tuple(notes),
+        family=family.name,
     )
+
+
+def _assumed_dense(model_type: str, inner_type: str) -> bool:
+    known = set(families.supported_model_types())
+    return inner_type not in known and model_type not in known
 
 
 def check_tensor_parallel(heads: int, kv_heads: int, tp: int, model_type: str) -> int:
@@ -428,6 +553,7 @@ def _attention_dims(cfg: Mapping[str, Any], model_type: str, tp: int) -> tuple[i
 def _decoder(
     cfg: Mapping[str, Any],
     model_type: str,
+    family: ModelFamily,
     block_size: int,
     kv_dtype: torch.dtype,
     quant: KVQuantMode,
@@ -435,39 +561,46 @@ def _decoder(
     tp: int,
     max_model_len: int | None,
     mamba_cache_mode: MambaCacheMode,
+    align_to_block_size: bool,
 ) -> tuple[dict[str, KVCacheSpec], int, list[str]]:
     num_layers = _positive_int(cfg, "num_hidden_layers", model_type)
-    max_len = _positive_int(cfg, "max_position_embeddings", model_type, 4096)
-    kv_heads, head_dim = _attention_dims(cfg, model_type, tp)
-    kinds = _layer_kinds(cfg, model_type, num_layers)
+    max_len = _max_positions(cfg, model_type, max_model_len)
+    kinds = _layer_kinds(cfg, family, model_type, num_layers)
+    attention_layers = sum(1 for layer in kinds for k in layer if k != "state")
+    kv_heads, head_dim = _family_attention_dims(cfg, family, model_type, tp) if attention_layers else (1, 1)
     notes: list[str] = []
-    mamba: MambaSpec | None = None
-    if "mamba" in kinds:
-        hidden = _positive_int(cfg, "hidden_size", model_type)
-        d_inner = _positive_int(cfg, "mamba_expand", model_type, 2) * hidden
-        if d_inner % tp:
+    state: StateLayout | None = None
+    state_spec: MambaSpec | None = None
+    if any("state" in layer for layer in kinds):
+        state = _state_layout(cfg, family, model_type, tp, model_dtype)
+        state_page = sum(prod(s) * dtype_size(d) for s, d in zip(state.shapes, state.dtypes, strict=True))
+        if not attention_layers:
             raise ModelConfigError(
-                f"mamba inner size {d_inner} is not divisible by tensor_parallel_size={tp}."
+                f"{model_type} config has no attention layer: a model of state layers only is not supported."
             )
-        conv = _positive_int(cfg, "mamba_d_conv", model_type, 4)
-        state = _positive_int(cfg, "mamba_d_state", model_type, 16)
-        shapes = ((d_inner // tp, conv - 1), (d_inner // tp, state))
-        mamba_page = sum(a * b for a, b in shapes) * dtype_size(model_dtype)
         attn_per_token = 2 * kv_heads * head_dim * dtype_size(kv_dtype)
-        # The attention page must hold a whole Mamba state: grow the attention block, pad the state.
-        needed = KERNEL_BLOCK_ALIGNMENT * cdiv(mamba_page, KERNEL_BLOCK_ALIGNMENT * attn_per_token)
+        # vLLM 0.34 (Platform._align_hybrid_block_size): the attention page must hold a whole state, so the
+        # attention block grows in steps of the larger of the kernel's block (16) and the block size the
+        # user or the release set (0.23 grew it in steps of 16 alone); the state page is padded to match.
+        step = max(KERNEL_BLOCK_ALIGNMENT, block_size) if align_to_block_size else KERNEL_BLOCK_ALIGNMENT
+        needed = step * cdiv(state_page, step * attn_per_token)
+        needed = KERNEL_BLOCK_ALIGNMENT * cdiv(needed, KERNEL_BLOCK_ALIGNMENT)
         if needed > block_size:
             notes.append(
-                f"attention block size raised from {block_size} to {needed} tokens to hold a Mamba state"
+                f"attention block size raised from {block_size} to {needed} tokens to hold a "
+                f"{_STATE_NAMES[state.kind]} state of {state_page:,} bytes"
             )
             block_size = needed
-        mamba = MambaSpec(
+        checkpoints = 1 if state.kind == "mamba2" else 0  # vLLM's MambaMixer2 exports one per prompt
+        state_spec = MambaSpec(
             block_size=block_size if mamba_cache_mode != "none" else (max_model_len or max_len),
-            shapes=shapes,
-            dtypes=(model_dtype, model_dtype),
-            page_size_padded=block_size * attn_per_token,
-            mamba_type="mamba1",
+            shapes=state.shapes,
+            dtypes=state.dtypes,
+            page_size_padded=max(block_size * attn_per_token, state_page),
+            mamba_type=_MAMBA_TYPES[state.kind],
             mamba_cache_mode=mamba_cache_mode,
+            num_prefill_checkpoint_blocks=checkpoints,
+            prefill_checkpoint_alignment=1 if checkpoints else None,
         )
     window = cfg.get("sliding_window")
     chunk = cfg.get("attention_chunk_size")
@@ -475,22 +608,159 @@ def _decoder(
     common: dict[str, Any] = dict(
         block_size=block_size, num_kv_heads=kv_heads, head_size=head_dim, dtype=kv_dtype, kv_quant_mode=quant
     )
-    for i, kind in enumerate(kinds):
-        layer = f"model.layers.{i}"
-        if kind == "mamba":
-            assert mamba is not None
-            specs[layer] = mamba
-        elif kind == "sliding":
-            specs[layer] = SlidingWindowSpec(
-                sliding_window=_window(window, model_type, "sliding_window"), **common
-            )
-        elif kind == "chunked":
-            specs[layer] = ChunkedLocalAttentionSpec(
-                attention_chunk_size=_window(chunk, model_type, "attention_chunk_size"), **common
-            )
-        else:
-            specs[layer] = FullAttentionSpec(**common)
+    for i, layer_kinds in enumerate(kinds):
+        for kind in layer_kinds:
+            layer = f"model.layers.{i}" if len(layer_kinds) == 1 else f"model.layers.{i}.{_SUFFIX[kind]}"
+            if kind == "state":
+                assert state_spec is not None
+                specs[layer] = state_spec
+            elif kind == "sliding":
+                specs[layer] = SlidingWindowSpec(
+                    sliding_window=_window(window, model_type, "sliding_window"), **common
+                )
+            elif kind == "chunked":
+                specs[layer] = ChunkedLocalAttentionSpec(
+                    attention_chunk_size=_window(chunk, model_type, "attention_chunk_size"), **common
+                )
+            else:
+                specs[layer] = FullAttentionSpec(**common)
+    skipped = sum(1 for layer in kinds if not layer)
+    if skipped:
+        notes.append(f"{skipped} of {num_layers} layers hold no cache (MLP or MoE only)")
     return specs, max_len, notes
+
+
+_SUFFIX = {"full": "self_attn", "sliding": "self_attn", "chunked": "self_attn", "state": "mamba"}
+_STATE_NAMES = {
+    "mamba1": "Mamba1",
+    "mamba2": "Mamba2",
+    "gated_delta_net": "Gated DeltaNet",
+    "linear_attention": "lightning attention",
+}
+#: kvspec's state kinds -> MambaSpec.mamba_type (vLLM's MambaAttentionBackendEnum member, lower case).
+_MAMBA_TYPES = {
+    "mamba1": "mamba1",
+    "mamba2": "mamba2",
+    "gated_delta_net": "gdn_attn",
+    "linear_attention": "linear",
+}
+
+
+def _max_positions(cfg: Mapping[str, Any], model_type: str, max_model_len: int | None) -> int:
+    """The model's context length: its config's, else its Hugging Face class's default; with neither, the
+    user must say (``max_model_len``)."""
+    if cfg.get("max_position_embeddings") is None and model_type not in DEFAULT_MAX_POSITIONS:
+        if max_model_len is not None:
+            return max_model_len
+        raise ModelConfigError(
+            f"{model_type} config has no 'max_position_embeddings' and kvspec knows no default for it; "
+            "pass --max-model-len (max_model_len=) with the model's context length."
+        )
+    return _positive_int(cfg, "max_position_embeddings", model_type, DEFAULT_MAX_POSITIONS.get(model_type))
+
+
+def _family_attention_dims(
+    cfg: Mapping[str, Any], family: ModelFamily, model_type: str, tp: int
+) -> tuple[int, int]:
+    """(KV heads per TP rank, head size) of the family's attention layers."""
+    if family is families.GRANITE_HYBRID:  # its attention ignores head_dim (vLLM granitemoehybrid.py)
+        heads = _positive_int(cfg, "num_attention_heads", model_type)
+        kv_heads = _positive_int(cfg, "num_key_value_heads", model_type, heads)
+        return check_tensor_parallel(heads, kv_heads, tp, model_type), _positive_int(
+            cfg, "hidden_size", model_type
+        ) // heads
+    if family is families.ZAMBA2:  # multi-head attention of attention_head_dim (vLLM zamba2.py)
+        heads = _positive_int(cfg, "num_attention_heads", model_type)
+        return check_tensor_parallel(heads, heads, tp, model_type), _positive_int(
+            cfg, "attention_head_dim", model_type
+        )
+    return _attention_dims(cfg, model_type, tp)
+
+
+def _state_layout(
+    cfg: Mapping[str, Any], family: ModelFamily, model_type: str, tp: int, model_dtype: torch.dtype
+) -> StateLayout:
+    """The recurrent state of the family's state layers, by vLLM 0.34's shape and dtype rules."""
+
+    def key(name: str, default: int | None = None) -> int:
+        return _positive_int(cfg, name, model_type, default)
+
+    both = (model_dtype, model_dtype)
+    if family is families.JAMBA:
+        return state_shapes.mamba1_state(
+            tp=tp,
+            intermediate_size=key("mamba_expand", 2) * key("hidden_size"),
+            state_size=key("mamba_d_state", 16),
+            conv_kernel=key("mamba_d_conv", 4),
+            dtypes=both,
+        )
+    if family is families.NEMOTRON_H:
+        # vLLM 0.34 (NemotronHForCausalLMConfig): the SSM state is float32 unless the config names a dtype.
+        ssm = cfg.get("mamba_ssm_cache_dtype") or "float32"
+        if not isinstance(ssm, str) or ssm.lower() not in MODEL_DTYPES:
+            raise ModelConfigError(
+                f"{model_type} config key 'mamba_ssm_cache_dtype' must be one of {sorted(MODEL_DTYPES)}, got {ssm!r}."
+            )
+        return state_shapes.mamba2_state(
+            tp=tp,
+            intermediate_size=key("mamba_num_heads") * key("mamba_head_dim"),
+            n_groups=key("n_groups"),
+            num_heads=key("mamba_num_heads"),
+            head_dim=key("mamba_head_dim"),
+            state_size=key("ssm_state_size"),
+            conv_kernel=key("conv_kernel"),
+            dtypes=(model_dtype, MODEL_DTYPES[ssm.lower()]),
+        )
+    if family is families.GRANITE_HYBRID or family is families.FALCON_H1:
+        if family is families.FALCON_H1 and cfg.get("mamba_d_ssm") is not None:
+            intermediate = key("mamba_d_ssm")
+        else:
+            expand = cfg.get("mamba_expand")
+            if isinstance(expand, bool) or not isinstance(expand, int | float) or expand <= 0:
+                raise ModelConfigError(
+                    f"{model_type} config key 'mamba_expand' must be a positive number, got {expand!r}."
+                )
+            intermediate = int(expand * key("hidden_size"))
+        return state_shapes.mamba2_state(
+            tp=tp,
+            intermediate_size=intermediate,
+            n_groups=key("mamba_n_groups"),
+            num_heads=key("mamba_n_heads"),
+            head_dim=key("mamba_d_head"),
+            state_size=key("mamba_d_state"),
+            conv_kernel=key("mamba_d_conv"),
+            dtypes=both,
+        )
+    if family is families.ZAMBA2:
+        return state_shapes.mamba2_state(
+            tp=tp,
+            intermediate_size=key("mamba_expand") * key("hidden_size"),
+            n_groups=key("mamba_ngroups"),
+            num_heads=key("n_mamba_heads"),
+            head_dim=key("mamba_headdim"),
+            state_size=key("mamba_d_state"),
+            conv_kernel=key("mamba_d_conv"),
+            dtypes=both,
+        )
+    if family is families.QWEN3_NEXT:
+        return state_shapes.gated_delta_net_state(
+            tp=tp,
+            num_k_heads=key("linear_num_key_heads"),
+            num_v_heads=key("linear_num_value_heads"),
+            head_k_dim=key("linear_key_head_dim"),
+            head_v_dim=key("linear_value_head_dim"),
+            conv_kernel=key("linear_conv_kernel_dim"),
+            dtypes=both,
+        )
+    if family is families.MINIMAX:
+        heads = key("num_attention_heads")
+        head_dim = cfg.get("head_dim") or key("hidden_size") // heads
+        return state_shapes.linear_attention_state(
+            tp=tp, num_heads=heads, head_dim=head_dim, dtype=model_dtype
+        )
+    raise ModelConfigError(
+        f"{model_type} config names state layers, which the {family.name} family has none of."
+    )
 
 
 def _window(value: object, model_type: str, key: str) -> int:
@@ -506,12 +776,13 @@ def _deepseek(
     kv_dtype: torch.dtype,
     quant: KVQuantMode,
     kv_cache_dtype: str,
+    max_model_len: int | None,
 ) -> tuple[dict[str, KVCacheSpec], int, list[str]]:
     num_layers = _positive_int(cfg, "num_hidden_layers", model_type)
     latent = _positive_int(cfg, "kv_lora_rank", model_type) + _positive_int(
         cfg, "qk_rope_head_dim", model_type
     )
-    max_len = _positive_int(cfg, "max_position_embeddings", model_type, 4096)
+    max_len = _max_positions(cfg, model_type, max_model_len)
     spec = MLAAttentionSpec(
         block_size=block_size,
         num_kv_heads=1,

@@ -518,6 +518,12 @@ def _group_blocks_per_request(group: KVCacheGroupSpec, limits: SchedulerLimits) 
     return cdiv(spec.max_memory_usage_bytes(limits), spec.page_size_bytes)
 
 
+def blocks_per_request(groups: Sequence[KVCacheGroupSpec], limits: SchedulerLimits) -> int:
+    """Block ids one request of ``limits.max_model_len`` tokens holds at most, over every group (each group
+    takes its own ids from the shared pool)."""
+    return sum(_group_blocks_per_request(g, limits) for g in groups)
+
+
 def max_memory_usage_bytes_from_groups(groups: Sequence[KVCacheGroupSpec], limits: SchedulerLimits) -> int:
     """Bytes one request of ``limits.max_model_len`` tokens needs, padding layers of short groups counted
     (packed groups: the blocks every group takes, each costing the widest group's bytes)."""

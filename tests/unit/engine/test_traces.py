@@ -81,7 +81,10 @@ def test_equal_hash_prefixes_give_equal_token_prefixes(tmp_path: Path) -> None:
             '{"token_ids": [1], "hash_ids": [1], "output_length": 1}',
             r"line 2: give 'token_ids' or 'hash_ids'",
         ),
-        ('{"hash_ids": [1], "input_length": 3, "output_length": 1}', r"line 2: missing 'hash_block_size'"),
+        (
+            '{"hash_ids": [1], "input_length": 3, "output_length": 1}',
+            r"line 2: a line of 'hash_ids' needs 'hash_block_size' .* or 'timestamp'",
+        ),
         (
             '{"token_ids": [1], "output_length": 1, "priority": "high"}',
             r"line 2: 'priority' must be an integer",

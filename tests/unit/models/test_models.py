@@ -198,6 +198,8 @@ class TestBadConfigs:
             )
 
     def test_generic_config_file(self, tmp_path: Path) -> None:
+        """An unknown model_type is refused, naming it and the families; --assume-dense plans it as a
+        dense decoder (its layer_types still read) and says so."""
         cfg = {
             "model_type": "my_decoder",
             "num_hidden_layers": 4,
@@ -207,9 +209,17 @@ class TestBadConfigs:
             "sliding_window": 256,
         }
         (tmp_path / "config.json").write_text(json.dumps(cfg))
-        layout = build_model_layout(str(tmp_path / "config.json"))
+        with pytest.raises(
+            ModelConfigError, match=r"does not know model_type 'my_decoder'.*nemotron_h.*--assume-dense"
+        ):
+            build_model_layout(str(tmp_path / "config.json"))
+        with pytest.raises(ModelConfigError, match=r"no 'max_position_embeddings'.*--max-model-len"):
+            build_model_layout(str(tmp_path / "config.json"), assume_dense=True)
+        layout = build_model_layout(str(tmp_path / "config.json"), assume_dense=True, max_model_len=4096)
         assert [type(s).__name__ for s in layout.layer_specs.values()] == [
             "SlidingWindowSpec",
             "FullAttentionSpec",
         ] * 2
         assert layout.max_model_len == 4096
+        assert layout.family == "dense decoder"
+        assert any("not a known family" in n for n in layout.notes)

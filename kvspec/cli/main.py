@@ -23,6 +23,7 @@ from kvspec.errors import (
     InsufficientKVCacheMemoryError,
     KVSpecError,
     ModelConfigError,
+    OptionError,
     PlotPathError,
     PluginError,
 )
@@ -62,11 +63,9 @@ def _group_rows(config: KVCacheConfig, limits: SchedulerLimits) -> list[dict[str
                 "page_size_bytes": spec.page_size_bytes,
                 "sliding_window": get_kv_cache_spec_sliding_window(spec),
                 "bytes_per_request": group_bytes_per_request(group, limits),
-                "bytes_per_token": sum(s.page_size_bytes for s in inner)
-                * len(group.layer_names)
-                // _block_tokens(spec)
-                if not isinstance(spec, UniformTypeKVCacheSpecs)
-                else spec.page_size_bytes // _block_tokens(spec),
+                # A state (Mamba, ring) is per request, not per token: it has no bytes per token.
+                "bytes_per_token": sum(_token_bytes(s) for s in inner)
+                * (1 if isinstance(spec, UniformTypeKVCacheSpecs) else len(group.layer_names)),
             }
         )
     return rows
@@ -91,6 +90,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     plan = _build_plan(args, args.block_size or profile.default_block_size, profile)
     plan["vllm_release"] = release
     plan["block_size_default"] = not explicit_block
+    plan["requested_block_size"] = args.block_size or profile.default_block_size
     layered = plan.get("fits") and any(
         row["sliding_window"] or row["kind"] == "mamba" for stage in plan["stages"] for row in stage["groups"]
     )
@@ -100,7 +100,8 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         alt = _build_plan(args, _profile(other).default_block_size, _profile(other))
         plan["other_release"] = {
             "vllm_release": other,
-            "block_size": _profile(other).default_block_size,
+            "default_block_size": _profile(other).default_block_size,
+            "block_size": alt.get("block_size"),
             "fits": alt["fits"],
             "num_blocks": alt.get("num_blocks"),
             "groups": len(alt["stages"][0]["groups"]) if alt.get("fits") else None,
@@ -115,6 +116,7 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
     from kvspec.models import build_model_layout
     from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memory_usage_bytes_from_groups
     from kvspec.planning.config import KVCacheConfig
+    from kvspec.specs.mamba import MambaSpec
 
     layout = build_model_layout(
         args.model,
@@ -134,6 +136,21 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
         max_num_encoder_input_tokens=layout.max_num_encoder_input_tokens,
         mamba_cache_mode=args.mamba_cache_mode,
     )
+    if layout.model_type == "kvspec_layout":
+        for flag, given in (
+            ("--dtype", args.dtype is not None),
+            ("--kv-cache-dtype", args.kv_cache_dtype != "auto"),
+            ("--block-size", args.block_size is not None),
+            ("--tp", args.tp != 1),
+        ):
+            if given:
+                raise OptionError(
+                    f"{flag} does not apply to a layout file: it lists each layer's spec as one TP rank holds it"
+                )
+    if args.mamba_cache_mode != "none" and not any(
+        isinstance(spec, MambaSpec) for spec in layout.layer_specs.values()
+    ):
+        raise OptionError(f"--mamba-cache-mode applies to models with Mamba layers; {layout.name} has none")
     workers = layout.per_worker_specs(args.tp)
     plan: dict[str, Any] = {
         "model": layout.name,
@@ -195,12 +212,12 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
         )
         for s in range(args.pp)
     )
-    # Per TP rank: each rank's specs already hold its share of KV heads.
-    bytes_per_token = sum(
-        spec.page_size_bytes // _block_tokens(spec)
-        for stage_specs in layout.stage_specs
-        for spec in stage_specs.values()
-    )
+    # Per worker (one TP rank of one PP stage): each rank's specs already hold its share of KV heads, and each
+    # stage its share of layers; the busiest stage bounds a worker. Fixed states are per request.
+    stage_token_bytes = [sum(_token_bytes(spec) for spec in stage.values()) for stage in layout.stage_specs]
+    stage_state_bytes = [
+        sum(_state_bytes(spec, limits) for spec in stage.values()) for stage in layout.stage_specs
+    ]
     # Token slots: blocks are shared by every group of a stage, and a token takes a slot in each group,
     # so a stage holds num_blocks // groups blocks' worth of tokens (more where windows free blocks).
     token_slots = min(_token_slots(configs[s * args.tp]) for s in range(args.pp))
@@ -211,8 +228,10 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
         token_slots=token_slots,
         max_concurrency=concurrency,
         tokens_at_max_concurrency=int(concurrency * limits.max_model_len),
-        bytes_per_token_per_rank=bytes_per_token,
-        bytes_per_token_all_ranks=bytes_per_token * args.tp,
+        bytes_per_token_per_rank=max(stage_token_bytes),
+        bytes_per_token_all_ranks=sum(stage_token_bytes) * args.tp,
+        state_bytes_per_request_per_rank=max(stage_state_bytes),
+        state_bytes_per_request_all_ranks=sum(stage_state_bytes) * args.tp,
         stages=stages,
     )
     return plan
@@ -222,6 +241,23 @@ def _block_tokens(spec: KVCacheSpec) -> int:
     from kvspec.contracts.traits import block_tokens_of  # imported late: `kvspec --help` stays torch-free
 
     return block_tokens_of(spec)
+
+
+def _token_bytes(spec: KVCacheSpec) -> int:
+    """Bytes one token takes in a layer of ``spec`` (one page over the tokens it holds); 0 for a layer that
+    keeps a fixed state per request (Mamba, rings), whose bytes do not grow with tokens."""
+    from kvspec.contracts.traits import traits_of
+
+    if traits_of(spec).fixed_state_per_request:
+        return 0
+    return spec.page_size_bytes // _block_tokens(spec)
+
+
+def _state_bytes(spec: KVCacheSpec, limits: SchedulerLimits) -> int:
+    """Bytes a request's fixed state takes in a layer of ``spec`` (0 for a per-token layer)."""
+    from kvspec.contracts.traits import traits_of
+
+    return spec.max_memory_usage_bytes(limits) if traits_of(spec).fixed_state_per_request else 0
 
 
 def _smallest_block(config: KVCacheConfig) -> int:
@@ -249,6 +285,8 @@ def print_plan(plan: dict[str, Any]) -> None:
         f"TP {plan['tensor_parallel_size']} x PP {plan['pipeline_parallel_size']}, "
         f"{_human(plan['memory_per_worker_bytes'])} of KV cache per worker"
     )
+    if plan.get("family"):
+        print_line(f"  family: {plan['family']}")
     for note in plan["notes"]:
         print_line(f"  note: {note}")
     if not plan["fits"]:
@@ -276,19 +314,35 @@ def print_plan(plan: dict[str, Any]) -> None:
             f"needs {_human(stage['bytes_per_request'])}"
         )
     print_line(f"blocks: [bold]{plan['num_blocks']:,}[/bold] (every worker)")
-    default = " (its default)" if plan.get("block_size_default") else ""
+    release = plan.get("vllm_release", RELEASE_CHOICES[0])
+    if plan.get("layout_file"):
+        origin = " (the layout file's)"
+    elif plan.get("block_size_default"):
+        origin = (
+            f" (vLLM {release}'s default {plan['requested_block_size']}, raised to hold a state)"
+            if plan["block_size"] != plan["requested_block_size"]
+            else " (its default)"
+        )
+    else:
+        origin = (
+            " (--block-size)"
+            if plan["block_size"] == plan["requested_block_size"]
+            else (f" (--block-size {plan['requested_block_size']}, raised to hold a state)")
+        )
     retention = plan.get("prefix_cache_retention_interval")
     print_line(
-        f"vLLM {plan.get('vllm_release', RELEASE_CHOICES[0])} defaults: block size {plan['block_size']}{default}"
+        f"vLLM {release} rules: attention block size {plan['block_size']}{origin}"
         + (f", sparse prefix-cache retention (interval {retention})" if retention is not None else "")
     )
     other = plan.get("other_release")
     if other is not None and other["fits"]:
         print_line(
-            f"  vLLM {other['vllm_release']} (block size {other['block_size']}) differs: {other['num_blocks']:,} "
-            f"blocks, {other['groups']} group(s), {other['token_slots']:,} token slots, max concurrency "
-            f"{other['max_concurrency']:.2f}"
+            f"  under vLLM {other['vllm_release']} (default block size {other['default_block_size']}, attention "
+            f"block {other['block_size']}): {other['num_blocks']:,} blocks, {other['groups']} group(s), "
+            f"{other['token_slots']:,} token slots, max concurrency {other['max_concurrency']:.2f}"
         )
+    elif other is not None:
+        print_line(f"  under vLLM {other['vllm_release']}: does not fit")
     print_line(
         f"token slots: [bold]{plan['token_slots']:,}[/bold] (tokens whose KV the blocks hold when every group "
         "keeps every token; windows and Mamba states keep fewer, so more fit)"
@@ -296,10 +350,17 @@ def print_plan(plan: dict[str, Any]) -> None:
     print_line(
         f"max concurrency: [bold]{plan['max_concurrency']:.2f}[/bold] requests of {plan['max_model_len']:,} tokens"
     )
+    workers = plan["tensor_parallel_size"] * plan["pipeline_parallel_size"]
     print_line(
-        f"bytes per token: {plan['bytes_per_token_per_rank']:,} on each TP rank, "
-        f"{plan['bytes_per_token_all_ranks']:,} over all {plan['tensor_parallel_size']} (all layers, before windows)"
+        f"bytes per token: {plan['bytes_per_token_per_rank']:,} on each worker, "
+        f"{plan['bytes_per_token_all_ranks']:,} over all {workers} (attention layers, before windows)"
     )
+    if plan["state_bytes_per_request_per_rank"]:
+        print_line(
+            f"state bytes per request: {plan['state_bytes_per_request_per_rank']:,} on each worker, "
+            f"{plan['state_bytes_per_request_all_ranks']:,} over all {workers} (Mamba / ring layers, whatever the "
+            "length)"
+        )
 
 
 def plot_plan(plan: dict[str, Any], path: str) -> None:
@@ -351,10 +412,14 @@ def plot_plan(plan: dict[str, Any], path: str) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     try:
+        if args.block_size is not None and args.block_size % 16:
+            raise OptionError(
+                f"--block-size {args.block_size}: vLLM's attention kernels take blocks of a multiple of 16 tokens"
+            )
         check_plot_path(args.plot)
         load_installed_plugins(args)
         plan = build_plan(args)
-    except (ModelConfigError, PlotPathError, PluginError) as exc:
+    except (ModelConfigError, OptionError, PlotPathError, PluginError) as exc:
         _fail(str(exc), 2)
     except KVSpecError as exc:
         _fail(str(exc), 1)
@@ -531,8 +596,47 @@ def _tensor_row(tensor: KVCacheTensor) -> dict[str, Any]:
     return row
 
 
+class _OncePerMessage(logging.Filter):
+    """Lets each distinct warning through once: a command that plans twice (both releases, a sweep's sizes)
+    says a thing once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (tests and callers swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr)
+
+
+def _configure_logging() -> None:
+    """kvspec's warnings to stderr, each once, prefixed ``kvspec:`` (the one place that decides)."""
+    logger = logging.getLogger("kvspec")
+    if any(isinstance(f, _OncePerMessage) for h in logger.handlers for f in h.filters):
+        for h in logger.handlers:
+            for f in h.filters:
+                if isinstance(f, _OncePerMessage):
+                    f.seen.clear()
+        return
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("kvspec: %(message)s"))
+    handler.addFilter(_OncePerMessage())
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="kvspec: %(message)s")
+    _configure_logging()
     args = make_parser().parse_args(argv)
     try:
         code: int = args.func(args)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -20,14 +21,60 @@ def has_rich() -> bool:
     return True
 
 
+def styled() -> bool:
+    """Rich output only to a terminal: piped or redirected output is plain text, never cut to a width."""
+    return has_rich() and sys.stdout.isatty()
+
+
+def shows_progress() -> bool:
+    """A progress bar only where a person watches it (rich installed, stderr a terminal)."""
+    return has_rich() and sys.stderr.isatty()
+
+
+def format_value(value: object) -> str:
+    """A report value as a person reads it: lists joined, floats without noise, no Python reprs."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, float):
+        return (
+            f"{value:,.4f}".rstrip("0").rstrip(".")
+            if value != int(value) or abs(value) < 1
+            else f"{value:,.1f}"
+        )
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, list | tuple):
+        return ", ".join(format_value(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {format_value(v)}" for k, v in value.items()) or "-"
+    return str(value)
+
+
+def print_report(report: dict[str, object], *, skip: Sequence[str] = ()) -> None:
+    """``key value`` lines (keys with spaces for underscores), values by :func:`format_value`; ``notes``
+    last, one line each."""
+    for key, value in report.items():
+        if key in skip or key == "notes":
+            continue
+        print(f"{key.replace('_', ' '):36s} {format_value(value)}")
+    notes = report.get("notes")
+    if isinstance(notes, list):
+        for note in notes:
+            print(f"note: {note}")
+
+
 def plain(text: str) -> str:
     """``text`` without rich's markup tags."""
     return _MARKUP.sub("", text)
 
 
 def print_line(text: str) -> None:
-    """One line; ``[bold]``/``[red]`` markup is rendered by rich or dropped."""
-    if has_rich():
+    """One line; ``[bold]``/``[red]`` markup is rendered by rich (to a terminal) or dropped."""
+    if styled():
         from rich.console import Console
 
         Console(highlight=False).print(text)
@@ -38,8 +85,9 @@ def print_line(text: str) -> None:
 def print_table(
     title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], *, left: Sequence[str] = ()
 ) -> None:
-    """A table with a title; columns named in ``left`` are left-aligned, the rest right-aligned."""
-    if has_rich():
+    """A table with a title; columns named in ``left`` are left-aligned, the rest right-aligned (rich to a
+    terminal; plain, full-width text otherwise)."""
+    if styled():
         from rich.console import Console
         from rich.table import Table
 

@@ -29,16 +29,55 @@ def test_bare_plan_runs_on_the_default_model() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "meta-llama/Llama-3.1-8B" in proc.stdout
     # vLLM 0.34's default block of 64 tokens: 40 GiB / (32 layers x 256 KiB)
-    assert "blocks: 5,120" in proc.stdout and "vLLM 0.34 defaults: block size 64 (its default)" in proc.stdout
+    assert (
+        "blocks: 5,120" in proc.stdout
+        and "vLLM 0.34 rules: attention block size 64 (its default)" in proc.stdout
+    )
     assert "token slots: 327,680" in proc.stdout  # 5,120 blocks x 64 tokens, one group
     assert "max concurrency: 2.50 requests of 131,072 tokens" in proc.stdout
+    assert "family: dense decoder" in proc.stdout
     # Where vLLM 0.23 differs (16-token blocks): 40 GiB / (32 layers x 64 KiB)
-    assert "vLLM 0.23 (block size 16) differs: 20,480 blocks, 1 group(s), 327,680 token slots" in proc.stdout
-    old = kvspec("plan", "--vllm-release", "0.23")
-    assert "blocks: 20,480" in old.stdout and "vLLM 0.34 (block size 64) differs: 5,120 blocks" in old.stdout
     assert (
-        "differs" not in kvspec("plan", "--block-size", "32").stdout
+        "under vLLM 0.23 (default block size 16, attention block 16): 20,480 blocks, 1 group(s), 327,680 token slots"
+        in proc.stdout
+    )
+    old = kvspec("plan", "--vllm-release", "0.23")
+    assert "blocks: 20,480" in old.stdout
+    assert "under vLLM 0.34 (default block size 64, attention block 64): 5,120 blocks" in old.stdout
+    assert (
+        "under vLLM" not in kvspec("plan", "--block-size", "32").stdout
     )  # an explicit block size: no other release
+
+
+def test_plan_figures_of_a_mamba_hybrid() -> None:
+    """Jamba under each release's rules: the attention block grows to hold a Mamba1 state of 311,296 bytes in
+    steps of 64 (0.34: 128 tokens) or 16 (0.23: 80 tokens), and each release's line names its own block. A
+    Mamba state is per request: bytes per token count the 4 attention layers only (4 x 2 x 8 x 128 x 2), the
+    28 states are a per-request figure (one 512 KiB padded page each in mode "none")."""
+    proc = kvspec("plan", "ai21labs/AI21-Jamba-1.5-Mini", "--json")
+    plan = json.loads(proc.stdout)
+    assert plan["block_size"] == 128 and plan["other_release"]["block_size"] == 80
+    assert plan["bytes_per_token_per_rank"] == 4 * 2 * 8 * 128 * 2 == 16_384
+    assert plan["state_bytes_per_request_per_rank"] == 28 * 128 * 4096
+    assert sum(g["bytes_per_token"] for g in plan["stages"][0]["groups"]) == plan["bytes_per_token_per_rank"]
+    tp2 = json.loads(kvspec("plan", "ai21labs/AI21-Jamba-1.5-Mini", "--json", "--tp", "2").stdout)
+    assert tp2["bytes_per_token_per_rank"] == 8_192 and tp2["bytes_per_token_all_ranks"] == 16_384
+    text = kvspec("plan", "ai21labs/AI21-Jamba-1.5-Mini").stdout
+    assert "attention block size 128 (vLLM 0.34's default 64, raised to hold a state)" in text
+    assert "under vLLM 0.23 (default block size 16, attention block 80)" in text
+    # PP 2: each worker holds half the layers; the busiest stage bounds a worker.
+    pp = json.loads(kvspec("plan", "llama-3.1-8b", "--json", "--pp", "2").stdout)
+    assert pp["bytes_per_token_per_rank"] == 16 * 4096 and pp["bytes_per_token_all_ranks"] == 32 * 4096
+
+
+def test_plan_capacity_error_names_kvspec_options() -> None:
+    """Llama 3.1 8B at 131,072 tokens needs exactly 16 GiB; --memory 16GiB holds one 8 MiB block (32 layers x 256 KiB) back for the
+    null block, so it does not fit, and the message says so in kvspec's options (not vLLM's)."""
+    proc = kvspec("plan", "--memory", "16GiB")
+    assert proc.returncode == 1
+    assert "gpu_memory_utilization" not in proc.stdout
+    assert "--memory leaves 16.00 GiB" not in proc.stdout
+    assert "held back for the null block" in proc.stdout and "--max-model-len 131,008" in proc.stdout
 
 
 def test_plan_json_hybrid(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import torch
 from mypy_extensions import mypyc_attr
 
 from kvspec.blocks.hashing import BlockHash, BlockHasher, MultiModalFeature, generate_block_hash_extra_keys
+from kvspec.errors import KVSpecTypeError
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # engines may extend it in plain Python (compiled build)
@@ -74,7 +75,19 @@ class Request:
         # sibling's, as the engine learned it at admission (``KVCacheCoordinator.lookup_prefix``): windowed
         # managers under sparse retention keep their blocks there so a third request hits it.
         self.shared_prefix_boundary = 0
+        if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
+            raise KVSpecTypeError(
+                f"Request {request_id!r}: prompt_token_ids must be a list of token ids (ints), got "
+                f"{type(prompt_token_ids).__name__}; tokenize the prompt first."
+            )
         self.all_token_ids: list[int] = list(prompt_token_ids)
+        # The ends are checked at the door (O(1) per request): a str, float or tensor-element prompt fails here
+        # rather than deep in hashing. KVSPEC_TYPECHECK=full checks every id.
+        for end in (self.all_token_ids[:1] + self.all_token_ids[-1:]) if self.all_token_ids else ():
+            if type(end) is not int:
+                raise KVSpecTypeError(
+                    f"Request {request_id!r}: token ids must be ints, got {type(end).__name__} {end!r:.40}."
+                )
         self.num_prompt_tokens = len(self.all_token_ids)
         self.num_computed_tokens = 0
         self.num_preemptions = 0

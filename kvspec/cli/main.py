@@ -113,10 +113,10 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
 
 def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict[str, Any]:
     from kvspec.contracts.spec import SchedulerLimits
+    from kvspec.contracts.traits import traits_of
     from kvspec.models import build_model_layout
     from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memory_usage_bytes_from_groups
     from kvspec.planning.config import KVCacheConfig
-    from kvspec.specs.mamba import MambaSpec
 
     layout = build_model_layout(
         args.model,
@@ -148,7 +148,7 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
                     f"{flag} does not apply to a layout file: it lists each layer's spec as one TP rank holds it"
                 )
     if args.mamba_cache_mode != "none" and not any(
-        isinstance(spec, MambaSpec) for spec in layout.layer_specs.values()
+        traits_of(spec).kind == "mamba" for spec in layout.layer_specs.values()
     ):
         raise OptionError(f"--mamba-cache-mode applies to models with Mamba layers; {layout.name} has none")
     workers = layout.per_worker_specs(args.tp)

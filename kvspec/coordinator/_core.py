@@ -37,7 +37,7 @@ from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.contracts.traits import SpecTraits, block_tokens_of, traits_of
 from kvspec.coordinator.hit_search import PrefixHitSearch, split_spec_groups
 from kvspec.coordinator.stats import PrefixCacheStats, annotate_events, group_event_metadata
-from kvspec.errors import InvariantError, SchedulingError, UnsupportedConfigurationError
+from kvspec.errors import InvariantError, KVSpecTypeError, SchedulingError, UnsupportedConfigurationError
 from kvspec.eviction.registry import resolve_eviction_policy
 from kvspec.managers.base import SingleTypeKVCacheManager
 from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec, scheduler_spec
@@ -373,8 +373,13 @@ class CoordinatorCore:
         )
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self._empty = KVCacheBlocks(tuple(() for _ in self.specs))
-        # Requests whose prefix hit was attached: later calls take the short per-step path.
-        self._admitted: set[str] = set()
+        # Requests whose prefix hit was attached, by id, with the object admitted: later calls with that
+        # object take the short per-step path; another object under a live id is refused at the door.
+        self._admitted: dict[str, RequestView] = {}
+        #: Admission checks (a live id given to a second request, a prompt over max_model_len, computed tokens
+        #: no hit block backs): on for kvspec's own API; an adapter whose engine checks these itself (vLLM's
+        #: Scheduler keys requests by id, whatever the object) turns them off.
+        self.check_admissions = True
         self._cached_tokens: dict[str, int] = {}
         # Whether every decoder manager splits allocate_new_computed_blocks as the base class does (hits, then
         # external blocks): a per-group zeroing choice needs the two halves.
@@ -488,7 +493,10 @@ class CoordinatorCore:
         ``skip_zeroing_group_ids``: groups whose blocks for external tokens are not reported for zeroing
         (an asynchronous load writes them later; vLLM 0.34); needs managers built on the base class.
         """
-        request_id = request.request_id
+        try:
+            request_id = request.request_id
+        except AttributeError:
+            raise _not_a_request("allocate_slots", request) from None
         computed: tuple[Sequence[KVCacheBlock], ...]
         if (
             type(num_new_tokens) is int
@@ -499,7 +507,7 @@ class CoordinatorCore:
             and reserved_blocks >= 0
             and num_in_flight_tokens == 0
             and watermark_blocks == 0
-            and request_id in self._admitted
+            and self._admitted.get(request_id) is request
             and new_computed_blocks is None
             and num_new_computed_tokens == 0
             and num_external_computed_tokens == 0
@@ -522,8 +530,18 @@ class CoordinatorCore:
             reserved = as_count("reserved_blocks", reserved_blocks)
             in_flight = as_count("num_in_flight_tokens", num_in_flight_tokens)
             watermark = as_count("watermark_blocks", watermark_blocks)
-            attach = request_id not in self._admitted or new_computed_blocks is not None
-            if attach and self.enable_caching and request_id not in self._admitted:
+            owner = self._admitted.get(request_id)
+            if owner is not None and owner is not request:
+                if self.check_admissions:
+                    raise SchedulingError(
+                        f"Request id {request_id!r} is in use by a live request (another Request object): free "
+                        "that one first, or give this one its own id."
+                    )
+                self._admitted[request_id] = request  # the engine's new object for the same request
+            attach = owner is None or new_computed_blocks is not None
+            if owner is None and self.check_admissions:
+                self._check_admission(request, new_computed, new_computed_blocks)
+            if attach and self.enable_caching and owner is None:
                 self._check_hasher(request)
             if new_computed_blocks is not None:
                 self._check_blocks_are_ours(new_computed_blocks)
@@ -594,7 +612,7 @@ class CoordinatorCore:
                     manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)
             for _, manager in self._encoder_groups:
                 manager.allocate_new_computed_blocks(request_id, (), 0, 0)
-            self._admitted.add(request_id)
+            self._admitted[request_id] = request
             if self.block_pool.eviction_policy is not None and new_computed:
                 for group_blocks in computed:
                     self.block_pool.note_hit(request, group_blocks)
@@ -629,6 +647,32 @@ class CoordinatorCore:
             ):
                 _cache_blocks(self, request, num_tokens)
         return result
+
+    def _check_admission(
+        self, request: RequestView, new_computed: int, new_computed_blocks: KVCacheBlocks | None
+    ) -> None:
+        """A request's first allocation: its prompt fits max_model_len, and the computed tokens it claims are
+        backed by hit blocks in every per-token decoder group (what ``get_computed_blocks`` returned: a block
+        per hit block, null blocks standing for those a window dropped). Once per request,
+        never on the per-step path."""
+        if request.num_prompt_tokens > self.max_model_len:
+            raise SchedulingError(
+                f"Request {request.request_id!r} has a prompt of {request.num_prompt_tokens:,} tokens, over "
+                f"max_model_len {self.max_model_len:,}; an engine refuses it before it reaches the cache."
+            )
+        if not new_computed:
+            return
+        blocks = () if new_computed_blocks is None else new_computed_blocks.blocks
+        for gid, _ in self._decoder_groups:
+            traits = self.traits[gid]
+            if traits.fixed_state_per_request or not traits.prefix_cacheable:
+                continue  # a state or ring group's hit is one state; a never-cached group has no hit
+            held = len(blocks[gid]) * self.group_block_sizes[gid] if gid < len(blocks) else 0
+            if held < new_computed:
+                raise SchedulingError(
+                    f"Request {request.request_id!r} claims {new_computed:,} computed tokens, but group {gid}'s "
+                    f"hit blocks hold {held:,}; pass the blocks and token count get_computed_blocks returned."
+                )
 
     def _check_hasher(self, request: RequestView) -> None:
         """A request is hashed with this coordinator's block size (with prefix caching, hashes are read)."""
@@ -697,8 +741,13 @@ class CoordinatorCore:
         _cache_blocks(self, request, num_computed_tokens)
 
     def free(self, request: RequestView) -> None:
-        """Release every block of the request, tail first (so tails are evicted first)."""
-        _free_request_id(self, request.request_id)
+        """Release every block of the request, tail first (so tails are evicted first). A request holding
+        no block (never admitted, or already freed) is a no-op, as an engine frees aborted waiting ones."""
+        try:
+            request_id = request.request_id
+        except AttributeError:
+            raise _not_a_request("free", request) from None
+        _free_request_id(self, request_id)
 
     def free_request_id(self, request_id: str) -> None:
         _free_request_id(self, request_id)
@@ -707,7 +756,7 @@ class CoordinatorCore:
         """Forget the request as ``free`` does, returning its blocks (group by group, each in allocation
         order) instead of releasing them: the engine releases them later with
         ``block_pool.free_blocks(reversed(blocks))``, once no in-flight step can still write them."""
-        self._admitted.discard(request_id)
+        self._admitted.pop(request_id, None)
         self._cached_tokens.pop(request_id, None)
         blocks: list[KVCacheBlock] = []
         for manager in self.managers:
@@ -980,8 +1029,15 @@ def _partial_hash_hits_apply(
     return all(not t.prefix_cacheable or fine(cls) or size == hash_block for _, t, cls, size in rows)
 
 
+def _not_a_request(method: str, request: object) -> KVSpecTypeError:
+    return KVSpecTypeError(
+        f"{method} takes the Request (a kvspec Request or an engine's RequestView), got "
+        f"{type(request).__name__} {request!r:.60}; pass the object, not its id."
+    )
+
+
 def _free_request_id(coord: CoordinatorCore, request_id: str) -> None:
-    coord._admitted.discard(request_id)
+    coord._admitted.pop(request_id, None)
     coord._cached_tokens.pop(request_id, None)
     for manager in coord.managers:
         manager.free(request_id)

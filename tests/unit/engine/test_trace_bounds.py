@@ -146,7 +146,7 @@ def test_gzip_traces_are_read_by_suffix_or_magic(tmp_path: Path) -> None:
     for name in ("t.jsonl.gz", "t.jsonl"):
         assert [r.input_length for r in read_trace(tmp_path / name)] == [600, 100]
     (tmp_path / "broken.gz").write_bytes(gzip.compress(text)[:30])
-    with pytest.raises(TraceFormatError, match="broken.gz line 1: cannot read the file"):
+    with pytest.raises(TraceFormatError, match=r"broken\.gz line 1: cannot read the file"):
         list(read_trace(tmp_path / "broken.gz"))
 
 

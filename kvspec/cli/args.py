@@ -91,6 +91,17 @@ def check_plot_path(path: str | None) -> None:
         raise PlotPathError(f"--plot {path!r}: folder {str(folder)!r} is not writable.")
     if target.is_dir():
         raise PlotPathError(f"--plot {path!r} is a folder; name a file.")
+    # os.access answers for root and for some file systems "writable" where a write then fails: open the
+    # file the way the plot will (leaving nothing behind if it did not exist), so a sweep of minutes never
+    # ends in a traceback.
+    existed = target.exists()
+    try:
+        with target.open("ab"):
+            pass
+    except OSError as exc:
+        raise PlotPathError(f"--plot {path!r} cannot be written: {exc.strerror or exc}.") from None
+    if not existed:
+        target.unlink(missing_ok=True)
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -22,7 +22,9 @@ def test_a_second_live_request_under_an_id_in_use_is_refused() -> None:
     assert free_ids(coord) == before  # nothing changed
     coord.free(first)
     assert coord.allocate_slots(second, 64) is not None  # the id is free again
-    assert ids(coord.get_blocks("r0").blocks[0]) and coord.get_blocks("r0").blocks[0][0].block_hash is not None
+    assert (
+        ids(coord.get_blocks("r0").blocks[0]) and coord.get_blocks("r0").blocks[0][0].block_hash is not None
+    )
     coord.free(second)
     coord.check_invariants()
 

@@ -1,0 +1,131 @@
+"""Options that cannot apply are errors, trace replays respect the model's context length, and output is
+readable piped (issue 34). Each case ran with exit 0 (or a traceback) before."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvspec.cli.main import main
+from tests.unit.cli.test_main import kvspec
+
+CONFIGS = Path(__file__).parents[2] / "fixtures" / "configs"
+
+
+def run(argv: list[str]) -> int:
+    """main's exit code, whether it returns it or exits with it."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+def _trace(tmp_path: Path, rows: list[dict[str, object]]) -> str:
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+ROWS = [{"timestamp": i, "input_length": 600, "output_length": 2, "hash_ids": [1, 2 + i]} for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["simulate", "--timed"], "--timed applies to a trace replay"),
+        (["simulate", "llama-3.1-8b", "--sweep", "3"], "--sweep applies to a trace replay"),
+        (["simulate", "--policy", "lfu"], "--policy applies to a trace replay"),
+        (["simulate", "--retention-interval", "dense"], "--retention-interval applies to a trace replay"),
+        (["simulate", "llama-3.1-8b", "--num-blocks", "100"], "--num-blocks sizes the tiny models'"),
+        (["simulate", "llama-3.1-8b", "--device", "cuda"], "--device runs the tiny models' tensors"),
+        (["simulate", "tiny-hybrid", "--memory", "1GiB"], "--memory sizes a preset's cache"),
+        (["simulate", "TRACE", "--step-time", "1,2,3"], "--step-time is the timed replay's"),
+        (["simulate", "TRACE", "--requests", "5"], "--requests sets the synthetic workload"),
+        (["simulate", "TRACE", "--num-blocks", "10", "--memory", "1GiB"], "--num-blocks and --memory both"),
+        (["simulate", "TRACE", "--sweep", "3", "--num-blocks", "10"], "--sweep picks the cache sizes itself"),
+        (["simulate", "TRACE", "--max-num-seqs", "4"], "--max-num-seqs applies to --timed replays"),
+        (["simulate", "TRACE", "--no-prefix-caching"], "--no-prefix-caching cannot apply"),
+        (["simulate", "TRACE", "--plot", "PLOT"], "--plot with --trace draws the hit rate against KV memory"),
+        (
+            ["plan", "--block-size", "7"],
+            "--block-size 7: vLLM's attention kernels take blocks of a multiple of 16",
+        ),
+        (["plan", "--mamba-cache-mode", "align"], "--mamba-cache-mode applies to models with Mamba layers"),
+    ],
+)
+def test_an_option_that_cannot_apply_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    trace = _trace(tmp_path, ROWS)
+    plot = tmp_path / "out.png"
+    argv = [
+        *(
+            ["llama-3.1-8b", "--trace", trace] if a == "TRACE" else [str(plot)] if a == "PLOT" else [a]
+            for a in argv
+        )
+    ]
+    flat = [x for part in argv for x in part]
+    assert run(flat) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not plot.exists()
+
+
+def test_a_replay_refuses_prompts_over_the_models_context(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Qwen3-8B takes 40,960 tokens: a 50,000-token prompt is refused (before, max_model_len was raised to the
+    longest prompt); --max-model-len 1000 refuses the 1,100-token one too; over the model's own is an error."""
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 1, "hash_ids": [1, 2, 3]},
+        {"timestamp": 1, "input_length": 50_000, "output_length": 1, "hash_ids": list(range(10, 108))},
+        {"timestamp": 2, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]},
+    ]
+    trace = _trace(tmp_path, rows)
+    assert main(["simulate", "Qwen/Qwen3-8B", "--trace", trace, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["max_model_len"] == 40_960 and report["refused"] == 1
+    # The third (600 tokens) hits the first's ids 1 and 2 up to its last whole 16-token block before its last
+    # token (592); the refused one is not cached.
+    assert report["hit_tokens"] == 592
+    assert main(["simulate", "Qwen/Qwen3-8B", "--trace", trace, "--json", "--max-model-len", "1000"]) == 0
+    assert json.loads(capsys.readouterr().out)["refused"] == 2
+    assert run(["simulate", "Qwen/Qwen3-8B", "--trace", trace, "--max-model-len", "65536"]) == 2
+    assert "larger than the model's context length 40,960" in capsys.readouterr().err
+
+
+def test_an_empty_trace_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n\n")
+    assert main(["simulate", "llama-3.1-8b", "--trace", str(path)]) == 1
+    assert "holds no requests" in capsys.readouterr().err
+
+
+def test_a_cache_too_small_for_any_prompt_refuses_them_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(["simulate", "llama-3.1-8b", "--trace", _trace(tmp_path, ROWS), "--num-blocks", "4", "--json"])
+        == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["refused"] == 3 and report["hit_tokens"] == 0
+
+
+def test_piped_output_is_whole_and_warnings_come_once() -> None:
+    """Piped, the table is plain text at full width (rich cut it to 80 columns); planning both releases
+    warns about padding layers once."""
+    proc = kvspec("plan", str(CONFIGS / "nvidia__NVIDIA-Nemotron-Nano-9B-v2.json"))
+    assert proc.returncode == 0, proc.stderr
+    assert "full_attention" in proc.stdout and "…" not in proc.stdout and "┃" not in proc.stdout
+    assert proc.stderr.count("Add 1 padding layers") == 1  # 27 Mamba layers in groups of 4
+    assert "family: Nemotron-H (Mamba2 hybrid)" in proc.stdout
+
+
+def test_reports_print_values_not_python_reprs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "llama-3.1-8b", "--trace", _trace(tmp_path, ROWS), "--policy", "lru,lfu"]) == 0
+    out = capsys.readouterr().out
+    assert "lru, lfu" in out and "['lru'" not in out
+    assert "\n\n" not in out  # no blank line per replay when not a terminal

@@ -183,7 +183,6 @@ def test_bad_input_ends_cleanly(inputs: Path) -> None:
     def check(cases: list[list[str]]) -> None:
         before = sorted(p.name for p in inputs.iterdir())
         for result in _run(cases):
-            argv = result["argv"]
             assert result["code"] in (1, 2), result
             assert not result["escaped"] and not result["traceback_printed"], result
             assert isinstance(result["seconds"], float) and result["seconds"] < 20, result

@@ -60,13 +60,11 @@ def test_an_option_that_cannot_apply_is_an_error(
 ) -> None:
     trace = _trace(tmp_path, ROWS)
     plot = tmp_path / "out.png"
-    argv = [
-        *(
-            ["llama-3.1-8b", "--trace", trace] if a == "TRACE" else [str(plot)] if a == "PLOT" else [a]
-            for a in argv
-        )
+    parts = [
+        ["llama-3.1-8b", "--trace", trace] if a == "TRACE" else [str(plot)] if a == "PLOT" else [a]
+        for a in argv
     ]
-    flat = [x for part in argv for x in part]
+    flat = [x for part in parts for x in part]
     assert run(flat) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err

@@ -148,7 +148,7 @@ def test_gpt_oss_alternates_windows_and_full_attention() -> None:
     layout = build_model_layout(str(CONFIGS / "openai__gpt-oss-20b.json"))
     specs = list(layout.layer_specs.values())
     assert layout.family == "gpt-oss (attention sinks)"
-    assert [type(s) for s in specs[:2]] == [SlidingWindowSpec, FullAttentionSpec]
+    assert isinstance(specs[0], SlidingWindowSpec) and isinstance(specs[1], FullAttentionSpec)
     assert all(s.sliding_window == 128 for s in specs if isinstance(s, SlidingWindowSpec))
     assert specs[1].page_size_bytes == 16 * 2 * 8 * 64 * BF16
 

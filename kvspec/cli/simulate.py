@@ -44,8 +44,6 @@ UNLIMITED_MEMORY = 1 << 50
 DEFAULT_TRACE_CHUNK = 8192
 #: Running requests at most in a timed replay (vLLM's default max_num_seqs on GPUs).
 DEFAULT_TRACE_SEQS = 256
-#: Peak block usage from which a run's pool counts as full (cached prefixes were evicted to make room).
-POOL_FULL_USAGE = 0.99
 #: Simulations are bounded: past this many requests a run takes minutes and says nothing new.
 MAX_REQUESTS = 100_000
 
@@ -410,8 +408,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 1
     stats = engine.stats
-    # A hybrid's pool never reaches exactly 100% (its groups take blocks in steps), so "full" is within 1%.
-    if stats.peak_usage >= POOL_FULL_USAGE:
+    # Full: at the peak, fewer blocks were free than one more request needs (a hybrid's pool never reaches
+    # exactly 100%: its groups take blocks in steps of several).
+    if _ran_full(engine, stats.peak_usage, prompt_len + args.max_tokens):
         more = "--num-blocks" if args.model in TINY_MODEL_NAMES else "--memory"
         notes.append(
             f"the block pool ran full (peak usage {stats.peak_usage:.2%}, {stats.preemptions} preemptions): "
@@ -436,6 +435,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"plot written to {args.plot}")
     return 0
+
+
+def _ran_full(engine: Engine, peak_usage: float, request_tokens: int) -> bool:
+    """Whether the pool ran full: at its peak usage, fewer blocks were free than one request of
+    ``request_tokens`` tokens holds (so admitting it evicted cached prefixes, or had to wait)."""
+    import dataclasses
+
+    from kvspec.planning import blocks_per_request
+
+    coordinator = engine.coordinator
+    usable = coordinator.block_pool.num_gpu_blocks - 1
+    groups = [g for g in coordinator.kv_cache_config.kv_cache_groups if g.layer_names]
+    tokens = min(request_tokens, coordinator.limits.max_model_len)
+    limits = dataclasses.replace(coordinator.limits, max_model_len=tokens, max_num_batched_tokens=tokens)
+    free_at_peak = round((1.0 - peak_usage) * usable)
+    return free_at_peak < blocks_per_request(groups, limits)
 
 
 @contextlib.contextmanager
@@ -683,6 +698,16 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         if step_time is None:
             row["prompt_tokens_per_second"] = round(int(summary["prompt_tokens"]) / seconds) if seconds else 0
         rows.append(row)
+    if not args.sweep and all(row["refused"] == row["requests"] for row in rows):
+        # Nothing was replayed: a report of hit rate 0 would read as a result.
+        longest = max(r.input_length for r in requests)
+        more = "--num-blocks" if args.num_blocks is not None else "--memory"
+        print(
+            f"kvspec: error: every request was refused: none fits max_model_len {limits.max_model_len:,} and "
+            f"{sizes[0]:,} blocks (the longest prompt is {longest:,} tokens); raise {more} or --max-model-len",
+            file=sys.stderr,
+        )
+        return 1
     report: dict[str, Any] = {
         "model": args.model,
         "max_model_len": limits.max_model_len,

@@ -101,15 +101,42 @@ def test_an_empty_trace_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "holds no requests" in capsys.readouterr().err
 
 
-def test_a_cache_too_small_for_any_prompt_refuses_them_all(
+def test_a_cache_too_small_for_any_prompt_is_an_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Every 600-token prompt needs 38 blocks of 16; 4 blocks hold none: a report of hit rate 0 would read as
+    a result."""
+    assert main(["simulate", "llama-3.1-8b", "--trace", _trace(tmp_path, ROWS), "--num-blocks", "4"]) == 1
+    assert "every request was refused" in capsys.readouterr().err
     assert (
-        main(["simulate", "llama-3.1-8b", "--trace", _trace(tmp_path, ROWS), "--num-blocks", "4", "--json"])
+        main(["simulate", "llama-3.1-8b", "--trace", _trace(tmp_path, ROWS), "--num-blocks", "38", "--json"])
         == 0
     )
-    report = json.loads(capsys.readouterr().out)
-    assert report["refused"] == 3 and report["hit_tokens"] == 0
+    assert json.loads(capsys.readouterr().out)["refused"] == 0
+
+
+def test_a_layout_files_block_size_is_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    layout = str(Path(__file__).parents[3] / "examples" / "ring_window" / "layout.json")
+    assert run(["plan", layout]) == 0
+    out = capsys.readouterr().out
+    assert "(the layout file's)" in out and "(its default)" not in out
+    assert run(["plan", layout, "--block-size", "32"]) == 2
+    assert "--block-size does not apply to a layout file" in capsys.readouterr().err
+
+
+def test_the_policy_plot_shows_each_policys_gain_over_lru(tmp_path: Path) -> None:
+    """Beside LRU, a second panel of gains: the figure is twice as wide (13 in against 8 at 120 dpi)."""
+    from kvspec.cli.simulate import plot_sweep
+
+    rows = [
+        {"policy": p, "num_blocks": n, "kv_cache_gib": n / 10, "token_hit_rate": r, "block_hit_rate": r}
+        for p, scale in (("lru", 1.0), ("lfu", 1.14))
+        for n, r in ((10, 0.1 * scale), (100, 0.3 * scale))
+    ]
+    plot_sweep(rows, str(tmp_path / "two.png"), "t")
+    plot_sweep([r for r in rows if r["policy"] == "lru"], str(tmp_path / "one.png"), "t")
+    width = lambda name: int.from_bytes((tmp_path / name).read_bytes()[16:20], "big")  # noqa: E731 - PNG IHDR
+    assert width("two.png") == 13 * 120 and width("one.png") == 8 * 120
 
 
 def test_piped_output_is_whole_and_warnings_come_once() -> None:
@@ -127,3 +154,13 @@ def test_reports_print_values_not_python_reprs(tmp_path: Path, capsys: pytest.Ca
     out = capsys.readouterr().out
     assert "lru, lfu" in out and "['lru'" not in out
     assert "\n\n" not in out  # no blank line per replay when not a terminal
+
+
+def test_the_pool_full_note_fires_for_a_hybrid(capsys: pytest.CaptureFixture[str]) -> None:
+    """The tiny hybrid's pool peaks at 95.65% of 23 usable blocks (its groups take blocks in steps), which
+    never reached the old 100% test, while its hit rate fell to 0; 256 blocks hold the workload."""
+    assert main(["simulate", "tiny-hybrid", "--num-blocks", "24", "--json"]) == 0
+    small = json.loads(capsys.readouterr().out)
+    assert small["peak_block_usage"] < 1.0 and any("ran full" in n for n in small["notes"])
+    assert main(["simulate", "tiny-hybrid", "--num-blocks", "256", "--json"]) == 0
+    assert not json.loads(capsys.readouterr().out)["notes"]

@@ -135,7 +135,10 @@ def test_the_policy_plot_shows_each_policys_gain_over_lru(tmp_path: Path) -> Non
     ]
     plot_sweep(rows, str(tmp_path / "two.png"), "t")
     plot_sweep([r for r in rows if r["policy"] == "lru"], str(tmp_path / "one.png"), "t")
-    width = lambda name: int.from_bytes((tmp_path / name).read_bytes()[16:20], "big")  # noqa: E731 - PNG IHDR
+
+    def width(name: str) -> int:  # from the PNG's IHDR chunk
+        return int.from_bytes((tmp_path / name).read_bytes()[16:20], "big")
+
     assert width("two.png") == 13 * 120 and width("one.png") == 8 * 120
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 # Only light modules at import time: `kvspec --help` must not load torch. The commands import the
 # library when they run.
-from kvspec.cli.args import capacity_message, check_plot_path, parse_bytes
+from kvspec.cli.args import capacity_message, check_plot_path, human_bytes, parse_bytes
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_line, print_table
@@ -271,19 +271,11 @@ def _token_slots(config: KVCacheConfig) -> int:
     return config.num_blocks // max(1, groups) * _smallest_block(config)
 
 
-def _human(num: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(num) < 1024 or unit == "TiB":
-            return f"{num:.2f} {unit}" if unit != "B" else f"{int(num)} B"
-        num /= 1024
-    return f"{num:.2f} TiB"
-
-
 def print_plan(plan: dict[str, Any]) -> None:
     print_line(
         f"[bold]{plan['model']}[/bold] ({plan['model_type']}), max_model_len {plan['max_model_len']:,}, "
         f"TP {plan['tensor_parallel_size']} x PP {plan['pipeline_parallel_size']}, "
-        f"{_human(plan['memory_per_worker_bytes'])} of KV cache per worker"
+        f"{human_bytes(plan['memory_per_worker_bytes'])} of KV cache per worker"
     )
     if plan.get("family"):
         print_line(f"  family: {plan['family']}")
@@ -301,17 +293,17 @@ def print_plan(plan: dict[str, Any]) -> None:
                 row["kind"],
                 str(row["layers"]),
                 str(row["block_size"]),
-                _human(row["page_size_bytes"]),
+                human_bytes(row["page_size_bytes"]),
                 str(row["sliding_window"] or "-"),
-                _human(row["bytes_per_request"]),
+                human_bytes(row["bytes_per_request"]),
             )
             for row in stage["groups"]
         ]
         title = f"stage {stage['stage']}: {stage['layers']} layers, {stage['num_blocks']:,} blocks"
         print_table(title, columns, rows, left=("kind",))
         print_line(
-            f"  {len(stage['tensors'])} tensors, {_human(stage['kv_cache_bytes'])} in use; one max-length request "
-            f"needs {_human(stage['bytes_per_request'])}"
+            f"  {len(stage['tensors'])} tensors, {human_bytes(stage['kv_cache_bytes'])} in use; one max-length request "
+            f"needs {human_bytes(stage['bytes_per_request'])}"
         )
     print_line(f"blocks: [bold]{plan['num_blocks']:,}[/bold] (every worker)")
     release = plan.get("vllm_release", RELEASE_CHOICES[0])
@@ -398,7 +390,7 @@ def plot_plan(plan: dict[str, Any], path: str) -> None:
     ax_g.set_xscale("log")
     for y, need in enumerate(needs):
         ax_g.annotate(
-            _human(need), (need, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8
+            human_bytes(need), (need, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8
         )
     ax_g.set_yticks(range(len(groups)), labels)
     ax_g.set_xlabel("bytes per request at max_model_len (log scale)")

@@ -31,6 +31,15 @@ _ATTENTION_KEYS = (
     "hidden_size",
 )
 _MAX_LEN = ("max_position_embeddings",)
+#: Granite 4.0-H's and Falcon-H1's Mamba2 keys.
+_MAMBA2_KEYS = (
+    "mamba_expand",
+    "mamba_n_groups",
+    "mamba_n_heads",
+    "mamba_d_head",
+    "mamba_d_state",
+    "mamba_d_conv",
+)
 
 DENSE = ModelFamily(
     name="dense decoder",
@@ -124,12 +133,7 @@ GRANITE_HYBRID = ModelFamily(
         "hidden_size",
         *_MAX_LEN,
         "layer_types",
-        "mamba_expand",
-        "mamba_n_groups",
-        "mamba_n_heads",
-        "mamba_d_head",
-        "mamba_d_state",
-        "mamba_d_conv",
+        *_MAMBA2_KEYS,
     ),
 )
 FALCON_H1 = ModelFamily(
@@ -140,12 +144,7 @@ FALCON_H1 = ModelFamily(
         *_ATTENTION_KEYS,
         *_MAX_LEN,
         "mamba_d_ssm",
-        "mamba_expand",
-        "mamba_n_groups",
-        "mamba_n_heads",
-        "mamba_d_head",
-        "mamba_d_state",
-        "mamba_d_conv",
+        *_MAMBA2_KEYS,
     ),
 )
 ZAMBA2 = ModelFamily(

@@ -677,6 +677,73 @@ def _family_attention_dims(
     return _attention_dims(cfg, model_type, tp)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Mamba2Keys:
+    """The config keys a Mamba2 family names its state's sizes with."""
+
+    n_groups: str
+    heads: str
+    head_dim: str
+    state_size: str
+    conv_kernel: str
+
+
+_MAMBA2_KEYS = {
+    families.NEMOTRON_H.name: _Mamba2Keys(
+        n_groups="n_groups",
+        heads="mamba_num_heads",
+        head_dim="mamba_head_dim",
+        state_size="ssm_state_size",
+        conv_kernel="conv_kernel",
+    ),
+    families.GRANITE_HYBRID.name: _Mamba2Keys(
+        n_groups="mamba_n_groups",
+        heads="mamba_n_heads",
+        head_dim="mamba_d_head",
+        state_size="mamba_d_state",
+        conv_kernel="mamba_d_conv",
+    ),
+    families.ZAMBA2.name: _Mamba2Keys(
+        n_groups="mamba_ngroups",
+        heads="n_mamba_heads",
+        head_dim="mamba_headdim",
+        state_size="mamba_d_state",
+        conv_kernel="mamba_d_conv",
+    ),
+}
+_MAMBA2_KEYS[families.FALCON_H1.name] = _MAMBA2_KEYS[families.GRANITE_HYBRID.name]
+
+
+def _mamba2_inner_size(cfg: Mapping[str, Any], family: ModelFamily, model_type: str, heads_size: int) -> int:
+    """d_inner as each model class computes it: Nemotron-H heads x head_dim; Falcon-H1 mamba_d_ssm when set;
+    otherwise mamba_expand x hidden_size (Falcon's expand may be fractional)."""
+    if family is families.NEMOTRON_H:
+        return heads_size
+    if family is families.FALCON_H1 and cfg.get("mamba_d_ssm") is not None:
+        return _positive_int(cfg, "mamba_d_ssm", model_type)
+    expand = cfg.get("mamba_expand")
+    if isinstance(expand, bool) or not isinstance(expand, int | float) or expand <= 0:
+        raise ModelConfigError(
+            f"{model_type} config key 'mamba_expand' must be a positive number, got {expand!r}."
+        )
+    return int(expand * _positive_int(cfg, "hidden_size", model_type))
+
+
+def _ssm_dtype(
+    cfg: Mapping[str, Any], family: ModelFamily, model_type: str, model_dtype: torch.dtype
+) -> torch.dtype:
+    """The SSM state's dtype: the model's, except Nemotron-H's, float32 unless its config names one (vLLM
+    0.34's NemotronHForCausalLMConfig)."""
+    if family is not families.NEMOTRON_H:
+        return model_dtype
+    ssm = cfg.get("mamba_ssm_cache_dtype") or "float32"
+    if not isinstance(ssm, str) or ssm.lower() not in MODEL_DTYPES:
+        raise ModelConfigError(
+            f"{model_type} config key 'mamba_ssm_cache_dtype' must be one of {sorted(MODEL_DTYPES)}, got {ssm!r}."
+        )
+    return MODEL_DTYPES[ssm.lower()]
+
+
 def _state_layout(
     cfg: Mapping[str, Any], family: ModelFamily, model_type: str, tp: int, model_dtype: torch.dtype
 ) -> StateLayout:
@@ -694,53 +761,18 @@ def _state_layout(
             conv_kernel=key("mamba_d_conv", 4),
             dtypes=both,
         )
-    if family is families.NEMOTRON_H:
-        # vLLM 0.34 (NemotronHForCausalLMConfig): the SSM state is float32 unless the config names a dtype.
-        ssm = cfg.get("mamba_ssm_cache_dtype") or "float32"
-        if not isinstance(ssm, str) or ssm.lower() not in MODEL_DTYPES:
-            raise ModelConfigError(
-                f"{model_type} config key 'mamba_ssm_cache_dtype' must be one of {sorted(MODEL_DTYPES)}, got {ssm!r}."
-            )
+    names = _MAMBA2_KEYS.get(family.name)
+    if names is not None:
+        heads, head_dim = key(names.heads), key(names.head_dim)
         return state_shapes.mamba2_state(
             tp=tp,
-            intermediate_size=key("mamba_num_heads") * key("mamba_head_dim"),
-            n_groups=key("n_groups"),
-            num_heads=key("mamba_num_heads"),
-            head_dim=key("mamba_head_dim"),
-            state_size=key("ssm_state_size"),
-            conv_kernel=key("conv_kernel"),
-            dtypes=(model_dtype, MODEL_DTYPES[ssm.lower()]),
-        )
-    if family is families.GRANITE_HYBRID or family is families.FALCON_H1:
-        if family is families.FALCON_H1 and cfg.get("mamba_d_ssm") is not None:
-            intermediate = key("mamba_d_ssm")
-        else:
-            expand = cfg.get("mamba_expand")
-            if isinstance(expand, bool) or not isinstance(expand, int | float) or expand <= 0:
-                raise ModelConfigError(
-                    f"{model_type} config key 'mamba_expand' must be a positive number, got {expand!r}."
-                )
-            intermediate = int(expand * key("hidden_size"))
-        return state_shapes.mamba2_state(
-            tp=tp,
-            intermediate_size=intermediate,
-            n_groups=key("mamba_n_groups"),
-            num_heads=key("mamba_n_heads"),
-            head_dim=key("mamba_d_head"),
-            state_size=key("mamba_d_state"),
-            conv_kernel=key("mamba_d_conv"),
-            dtypes=both,
-        )
-    if family is families.ZAMBA2:
-        return state_shapes.mamba2_state(
-            tp=tp,
-            intermediate_size=key("mamba_expand") * key("hidden_size"),
-            n_groups=key("mamba_ngroups"),
-            num_heads=key("n_mamba_heads"),
-            head_dim=key("mamba_headdim"),
-            state_size=key("mamba_d_state"),
-            conv_kernel=key("mamba_d_conv"),
-            dtypes=both,
+            intermediate_size=_mamba2_inner_size(cfg, family, model_type, heads * head_dim),
+            n_groups=key(names.n_groups),
+            num_heads=heads,
+            head_dim=head_dim,
+            state_size=key(names.state_size),
+            conv_kernel=key(names.conv_kernel),
+            dtypes=(model_dtype, _ssm_dtype(cfg, family, model_type, model_dtype)),
         )
     if family is families.QWEN3_NEXT:
         return state_shapes.gated_delta_net_state(

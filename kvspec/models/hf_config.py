@@ -108,13 +108,17 @@ def load_model_config(model: str) -> tuple[str, dict[str, Any]]:
         raise ModelConfigError(
             f"{path} is not a regular file; point at a config.json file or a model folder."
         )
-    size = path.stat().st_size
-    if size > MAX_CONFIG_BYTES:
-        raise ModelConfigError(
-            f"{path} is {size:,} bytes; a model config is at most {MAX_CONFIG_BYTES:,} (is this the right file?)."
-        )
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ModelConfigError(
+                f"{path} is {size:,} bytes; a model config is at most {MAX_CONFIG_BYTES:,} (is this the right file?)."
+            )
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ModelConfigError(f"cannot read {path}: {exc.strerror or exc}.") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ModelConfigError(f"{path} is not UTF-8 text (byte {exc.start}); is it a config.json?") from None
     except RecursionError:

@@ -220,3 +220,18 @@ def test_a_state_that_tp_cannot_split_is_refused() -> None:
 def test_max_model_len_over_the_models_context_is_refused() -> None:
     with pytest.raises(ModelConfigError, match="larger than the model's context length 40,960"):
         build_model_layout("Qwen/Qwen3-8B", max_model_len=65_536)
+
+
+def test_an_unreadable_config_is_a_model_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As root, permission bits do not refuse a read; the failing read is simulated (before: a traceback)."""
+    path = tmp_path / "config.json"
+    path.write_text("{}")
+
+    def refuse(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    with pytest.raises(ModelConfigError, match="cannot read .*config.json: Permission denied"):
+        build_model_layout(str(path))

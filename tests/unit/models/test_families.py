@@ -233,5 +233,5 @@ def test_an_unreadable_config_is_a_model_config_error(
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(Path, "read_bytes", refuse)
-    with pytest.raises(ModelConfigError, match="cannot read .*config.json: Permission denied"):
+    with pytest.raises(ModelConfigError, match=r"cannot read .*config\.json: Permission denied"):
         build_model_layout(str(path))

@@ -480,7 +480,9 @@ def _trace_layout(args: argparse.Namespace) -> Any:
     )
 
 
-def _trace_plan(args: argparse.Namespace, layout: Any, requests: list[Any]) -> tuple[Any, Any, float]:
+def _trace_plan(
+    args: argparse.Namespace, layout: Any, requests: Callable[[], Iterator[Any]]
+) -> tuple[Any, Any, float]:
     """The plan a trace replays with: ``layout`` as a config of ``--num-blocks`` blocks, or what ``--memory``
     holds when given, else room for every distinct prompt block of the admissible requests; its scheduler
     limits; and the KV cache bytes one block of its pool takes (every group's page, one rank). No
@@ -504,8 +506,7 @@ def _trace_plan(args: argparse.Namespace, layout: Any, requests: list[Any]) -> t
         config = dataclasses.replace(config, num_blocks=args.num_blocks + 1)  # + the null block
     elif args.memory is None:
         block_sizes = [group.kv_cache_spec.block_size for group in config.kv_cache_groups]
-        admissible = [r for r in requests if not r.over_length]
-        config = dataclasses.replace(config, num_blocks=blocks_to_hold_every_prompt(admissible, block_sizes))
+        config = dataclasses.replace(config, num_blocks=blocks_to_hold_every_prompt(requests(), block_sizes))
     return config, limits, bytes_per_block
 
 
@@ -623,8 +624,17 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
             else args.retention_interval
         )
         layout = _trace_layout(args)
-        requests = list(read_trace(args.trace, limit=args.limit, max_prompt_tokens=layout.max_model_len))
-        if not requests:
+
+        def requests() -> Iterator[Any]:
+            """The trace, streamed anew for each pass (memory: one line, and one request's tokens)."""
+            return read_trace(args.trace, limit=args.limit, max_prompt_tokens=layout.max_model_len)
+
+        # A first pass reads every line (a bad one fails here, before any replay) and counts.
+        num_requests = longest = 0
+        for item in requests():
+            num_requests += 1
+            longest = max(longest, item.input_length)
+        if not num_requests:
             raise TraceFormatError(
                 f"trace {args.trace!r} holds no requests (an empty file or blank lines only)"
             )
@@ -648,9 +658,11 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         # The top of the sweep is what an unlimited LRU replay keeps (sparse retention keeps few windowed and
         # Mamba blocks), plus room for the longest prompt: beyond it more memory changes nothing.
         block_sizes = [group.kv_cache_spec.block_size for group in config.kv_cache_groups]
-        unlimited = dataclasses.replace(config, num_blocks=blocks_to_hold_every_prompt(requests, block_sizes))
+        unlimited = dataclasses.replace(
+            config, num_blocks=blocks_to_hold_every_prompt(requests(), block_sizes)
+        )
         top = blocks_retained(
-            requests, unlimited, limits, chunk_tokens=chunk_tokens, retention_interval=retention
+            requests(), unlimited, limits, chunk_tokens=chunk_tokens, retention_interval=retention
         )
         sizes = sweep_block_counts(top, args.sweep)
     rows: list[dict[str, Any]] = []
@@ -667,11 +679,11 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         )
         scheduler_block = coordinator.scheduler_block_size
         start = time.perf_counter()
-        label = f"replaying {len(requests)} requests ({index + 1}/{len(runs)}: {policy}, {num_blocks} blocks)"
-        with _progress(label, len(requests), quiet=args.json) as advance:
+        label = f"replaying {num_requests} requests ({index + 1}/{len(runs)}: {policy}, {num_blocks} blocks)"
+        with _progress(label, num_requests, quiet=args.json) as advance:
             if step_time is not None:
                 summary = replay_timed(
-                    requests,
+                    requests(),
                     coordinator,
                     max_num_batched_tokens=chunk_tokens,
                     max_num_seqs=args.max_num_seqs or DEFAULT_TRACE_SEQS,
@@ -681,7 +693,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
                 ).summary()
             else:
                 summary = replay_cache(
-                    requests,
+                    requests(),
                     coordinator,
                     chunk_tokens=chunk_tokens,
                     on_request=lambda _request, _hit: advance(),
@@ -700,7 +712,6 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         rows.append(row)
     if not args.sweep and all(row["refused"] == row["requests"] for row in rows):
         # Nothing was replayed: a report of hit rate 0 would read as a result.
-        longest = max(r.input_length for r in requests)
         more = "--num-blocks" if args.num_blocks is not None else "--memory"
         print(
             f"kvspec: error: every request was refused: none fits max_model_len {limits.max_model_len:,} and "

@@ -254,28 +254,32 @@ def replay_coordinator(
     )
 
 
-def blocks_to_hold_every_prompt(requests: Sequence[TraceRequest], block_sizes: Sequence[int]) -> int:
+def blocks_to_hold_every_prompt(requests: Iterable[TraceRequest], block_sizes: Sequence[int]) -> int:
     """Blocks that hold every distinct prompt block of the trace at once in groups of ``block_sizes`` tokens
     (one entry per group: the groups share the pool), plus the null block and one request's unhashed tail
-    per group. With hash ids each distinct id is one prefix block, so the count is over distinct ids; with
-    token ids, every prompt's blocks. One pass over the trace whatever the number of groups."""
-    if all(r.hash_ids is not None for r in requests):
-        sizes: dict[int, int] = {}
-        for r in requests:
-            assert r.hash_ids is not None and r.hash_block_size is not None
-            block = r.hash_block_size
-            for i, h in enumerate(r.hash_ids):
-                n = min(block, r.input_length - i * block)
-                if n > sizes.get(h, 0):
-                    sizes[h] = n
-        lengths: Iterable[int] = sizes.values()
-    else:
-        lengths = [r.input_length for r in requests]
+    per group. Hash ids are counted once each (the longest stretch of tokens any request gives one); token
+    prompts, every prompt's blocks. One pass over ``requests`` (a stream is read once); over-length requests
+    (refused) count nothing."""
+    sizes: dict[int, int] = {}
+    token_prompts: list[int] = []
+    for r in requests:
+        if r.over_length:
+            continue
+        if r.hash_ids is None:
+            token_prompts.append(r.input_length)
+            continue
+        assert r.hash_block_size is not None
+        block = r.hash_block_size
+        for i, h in enumerate(r.hash_ids):
+            n = min(block, r.input_length - i * block)
+            if n > sizes.get(h, 0):
+                sizes[h] = n
+    lengths = [*sizes.values(), *token_prompts]
     return sum(sum(cdiv(n, b) for n in lengths) + 2 for b in block_sizes)
 
 
 def blocks_retained(
-    requests: Sequence[TraceRequest],
+    requests: Iterable[TraceRequest],
     config: KVCacheConfig,
     limits: SchedulerLimits,
     *,
@@ -290,7 +294,13 @@ def blocks_retained(
     keep only the blocks a hit can end on, so for hybrids this is far below the distinct prompt blocks: it
     is the size at which more memory stops raising the hit rate, the top of a sweep."""
     coordinator = replay_coordinator(config, limits, retention_interval=retention_interval)
-    replay_cache(requests, coordinator, chunk_tokens=chunk_tokens)
+    longest = 0
+
+    def note_longest(item: TraceRequest, _hit: int) -> None:
+        nonlocal longest
+        if not item.over_length and item.input_length > longest:
+            longest = item.input_length
+
+    replay_cache(requests, coordinator, chunk_tokens=chunk_tokens, on_request=note_longest)
     cached = sum(1 for block in coordinator.block_pool.blocks if block.block_hash is not None)
-    longest = max((r.input_length for r in requests), default=0)
     return cached + sum(cdiv(longest, size) for size in coordinator.group_block_sizes)

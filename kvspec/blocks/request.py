@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from mypy_extensions import mypyc_attr
@@ -75,19 +75,7 @@ class Request:
         # sibling's, as the engine learned it at admission (``KVCacheCoordinator.lookup_prefix``): windowed
         # managers under sparse retention keep their blocks there so a third request hits it.
         self.shared_prefix_boundary = 0
-        if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
-            raise KVSpecTypeError(
-                f"Request {request_id!r}: prompt_token_ids must be a list of token ids (ints), got "
-                f"{type(prompt_token_ids).__name__}; tokenize the prompt first."
-            )
-        self.all_token_ids: list[int] = list(prompt_token_ids)
-        # The ends are checked at the door (O(1) per request): a str, float or tensor-element prompt fails here
-        # rather than deep in hashing. KVSPEC_TYPECHECK=full checks every id.
-        for end in (self.all_token_ids[:1] + self.all_token_ids[-1:]) if self.all_token_ids else ():
-            if type(end) is not int:
-                raise KVSpecTypeError(
-                    f"Request {request_id!r}: token ids must be ints, got {type(end).__name__} {end!r:.40}."
-                )
+        self.all_token_ids: list[int] = _token_ids(request_id, prompt_token_ids)
         self.num_prompt_tokens = len(self.all_token_ids)
         self.num_computed_tokens = 0
         self.num_preemptions = 0
@@ -174,3 +162,23 @@ class Request:
             f"Request({self.request_id!r}, tokens={self.num_tokens}, "
             f"computed={self.num_computed_tokens}, hashed_blocks={len(self.block_hashes)})"
         )
+
+
+def _token_ids(request_id: str, prompt_token_ids: object) -> list[int]:
+    """The prompt as a new list of token ids, checked at the door: a str, bytes or non-sequence prompt, or ends
+    that are not ints (a str, float or tensor element), are a KVSpecTypeError here rather than a failure deep
+    in hashing. Only the ends are checked (O(1) per request); KVSPEC_TYPECHECK=full checks every id. Typed
+    ``object`` so the compiled build's own argument checks do not answer first with a bare TypeError."""
+    if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
+        raise KVSpecTypeError(
+            f"Request {request_id!r}: prompt_token_ids must be a list of token ids (ints), got "
+            f"{type(prompt_token_ids).__name__}; tokenize the prompt first."
+        )
+    ids: list[object] = list(prompt_token_ids)
+    if ids:
+        for end in (ids[0], ids[-1]):
+            if type(end) is not int:
+                raise KVSpecTypeError(
+                    f"Request {request_id!r}: token ids must be ints, got {type(end).__name__} {end!r:.40}."
+                )
+    return cast("list[int]", ids)

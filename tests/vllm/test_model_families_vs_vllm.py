@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("vllm.model_executor.layers.mamba.mamba_utils", reason="vLLM 0.34's state calculators")
+pytest.importorskip("vllm", minversion="0.34", reason="vLLM 0.34's state calculators and convertor")
+# Imported before the convertor, which cannot be the first of vLLM's config modules imported (a cycle).
+pytest.importorskip("vllm.model_executor.layers.mamba.mamba_utils")
 
 from kvspec import MambaSpec
 from kvspec.contracts.spec import KVCacheSpec

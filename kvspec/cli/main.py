@@ -614,12 +614,11 @@ class _StderrHandler(logging.Handler):
 def _configure_logging() -> None:
     """kvspec's warnings to stderr, each once, prefixed ``kvspec:`` (the one place that decides)."""
     logger = logging.getLogger("kvspec")
-    if any(isinstance(f, _OncePerMessage) for h in logger.handlers for f in h.filters):
-        for h in logger.handlers:
-            for f in h.filters:
-                if isinstance(f, _OncePerMessage):
-                    f.seen.clear()
-        return
+    for installed in logger.handlers:
+        for once in installed.filters:
+            if isinstance(once, _OncePerMessage):  # a second run in one process: warn anew
+                once.seen.clear()
+                return
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("kvspec: %(message)s"))
     handler.addFilter(_OncePerMessage())

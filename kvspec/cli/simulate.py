@@ -440,17 +440,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def _ran_full(engine: Engine, peak_usage: float, request_tokens: int) -> bool:
     """Whether the pool ran full: at its peak usage, fewer blocks were free than one request of
     ``request_tokens`` tokens holds (so admitting it evicted cached prefixes, or had to wait)."""
-    import dataclasses
-
-    from kvspec.planning import blocks_per_request
+    from kvspec.engine.replay import PromptAdmission
 
     coordinator = engine.coordinator
-    usable = coordinator.block_pool.num_gpu_blocks - 1
-    groups = [g for g in coordinator.kv_cache_config.kv_cache_groups if g.layer_names]
-    tokens = min(request_tokens, coordinator.limits.max_model_len)
-    limits = dataclasses.replace(coordinator.limits, max_model_len=tokens, max_num_batched_tokens=tokens)
-    free_at_peak = round((1.0 - peak_usage) * usable)
-    return free_at_peak < blocks_per_request(groups, limits)
+    admission = PromptAdmission(coordinator, chunk_tokens=None)
+    free_at_peak = round((1.0 - peak_usage) * admission.usable)
+    return free_at_peak < admission.blocks_needed(min(request_tokens, coordinator.limits.max_model_len))
 
 
 @contextlib.contextmanager

@@ -164,14 +164,15 @@ class PromptAdmission:
     chunks of ``chunk_tokens``, fits the pool's usable blocks (the planner's per-request bound, every group's
     blocks; the null block is not usable). A prompt refused here evicts nothing."""
 
-    __slots__ = ("_chunk", "_groups", "_limits", "_max_model_len", "_needed", "_usable")
+    __slots__ = ("_chunk", "_groups", "_limits", "_max_model_len", "_needed", "usable")
 
     def __init__(self, coordinator: KVCacheCoordinator, *, chunk_tokens: int | None) -> None:
         config = coordinator.kv_cache_config
         self._groups = [g for g in config.kv_cache_groups if g.layer_names]
         self._limits = coordinator.limits
         self._max_model_len = coordinator.max_model_len
-        self._usable = config.num_blocks - 1
+        #: Blocks a request may take: all of the pool's but the null block.
+        self.usable = config.num_blocks - 1
         self._chunk = chunk_tokens
         self._needed: dict[int, int] = {}
 
@@ -190,7 +191,7 @@ class PromptAdmission:
         return (
             item.over_length
             or num_tokens > self._max_model_len
-            or self.blocks_needed(num_tokens) > self._usable
+            or self.blocks_needed(num_tokens) > self.usable
         )
 
 

@@ -9,6 +9,7 @@ not split. Pipeline parallelism splits layers into contiguous stages.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable, Mapping
@@ -22,7 +23,7 @@ import kvspec.models.families as families
 import kvspec.models.state_shapes as state_shapes
 from kvspec.contracts.spec import KVCacheSpec, MambaCacheMode
 from kvspec.errors import KVSpecError, ModelConfigError
-from kvspec.intmath import cdiv, prod
+from kvspec.intmath import cdiv
 from kvspec.models.families import ModelFamily, recognise_family
 from kvspec.models.layout_file import is_layout_file, layer_specs_from_layout
 from kvspec.models.state_shapes import StateLayout
@@ -245,18 +246,14 @@ def _layer_kinds(
         attention = "sliding" if cfg.get("sliding_window") is not None else "full"
         if cfg.get("hybrid_override_pattern") is None and cfg.get("layer_types") is not None:
             # transformers 5 writes the pattern out as layer_types
-            names = {
-                "linear_attention": ("state",),
-                "mamba": ("state",),
-                "full_attention": (attention,),
-                "attention": (attention,),
+            known = {"linear_attention", "mamba", "full_attention", "attention", "mlp", "moe"}
+            caches: dict[str, tuple[str, ...]] = {
+                "state": ("state",),
+                "full": (attention,),
                 "mlp": (),
                 "moe": (),
             }
-            types = _layer_types(cfg, "layer_types", model_type, num_layers, set(names))
-            return [
-                names[t] if t in names else names["mamba" if t == "state" else "attention"] for t in types
-            ]
+            return [caches[k] for k in _layer_types(cfg, "layer_types", model_type, num_layers, known)]
         pattern = _require(cfg, "hybrid_override_pattern", model_type)
         if not isinstance(pattern, str) or len(pattern) != num_layers or set(pattern) - set("M*-E"):
             raise ModelConfigError(
@@ -471,9 +468,10 @@ def layout_from_config(
             "is this a Hugging Face config.json?"
         )
     model_type = raw_type
-    text = _text_config(cfg) if model_type != "whisper" else cfg
-    inner_type = text.get("model_type") if isinstance(text.get("model_type"), str) else model_type
-    family = recognise_family(model_type, str(inner_type), assume_dense=assume_dense)
+    text = _text_config(cfg)
+    inner = text.get("model_type")
+    inner_type = inner if isinstance(inner, str) else model_type
+    family = recognise_family(model_type, inner_type, assume_dense=assume_dense)
     model_dtype = resolve_model_dtype(dtype, cfg)
     kv_dtype, quant = _kv_dtype(kv_cache_dtype, model_dtype)
     if kv_cache_dtype == "fp8_ds_mla" and family is not families.MLA:
@@ -484,12 +482,12 @@ def layout_from_config(
         specs, max_len, enc, notes = _whisper(cfg, block_size, kv_dtype, quant, tp)
     elif family is families.MLA:
         specs, max_len, notes = _deepseek(
-            text, str(inner_type), block_size, kv_dtype, quant, kv_cache_dtype, max_model_len
+            text, inner_type, block_size, kv_dtype, quant, kv_cache_dtype, max_model_len
         )
     else:
         specs, max_len, notes = _decoder(
             text,
-            str(inner_type),
+            inner_type,
             family,
             block_size,
             kv_dtype,
@@ -505,7 +503,7 @@ def layout_from_config(
             f"max_model_len {max_model_len:,} is larger than the model's context length {max_len:,} (its "
             "config's max_position_embeddings); vLLM refuses it too. Pass at most that (--max-model-len)."
         )
-    if family is families.DENSE and _assumed_dense(model_type, str(inner_type)):
+    if family is families.DENSE and not {model_type, inner_type} & set(families.DENSE.model_types):
         notes.insert(
             0, f"model_type {inner_type!r} is not a known family: planned as a dense decoder (--assume-dense)"
         )
@@ -518,11 +516,6 @@ def layout_from_config(
         notes=tuple(notes),
         family=family.name,
     )
-
-
-def _assumed_dense(model_type: str, inner_type: str) -> bool:
-    known = set(families.supported_model_types())
-    return inner_type not in known and model_type not in known
 
 
 def check_tensor_parallel(heads: int, kv_heads: int, tp: int, model_type: str) -> int:
@@ -573,15 +566,24 @@ def _decoder(
     attention_layers = sum(1 for layer in kinds for k in layer if k != "state")
     kv_heads, head_dim = _family_attention_dims(cfg, family, model_type, tp) if attention_layers else (1, 1)
     notes: list[str] = []
-    state: StateLayout | None = None
     state_spec: MambaSpec | None = None
     if any("state" in layer for layer in kinds):
-        state = _state_layout(cfg, family, model_type, tp, model_dtype)
-        state_page = sum(prod(s) * dtype_size(d) for s, d in zip(state.shapes, state.dtypes, strict=True))
         if not attention_layers:
             raise ModelConfigError(
                 f"{model_type} config has no attention layer: a model of state layers only is not supported."
             )
+        state = _state_layout(cfg, family, model_type, tp, model_dtype)
+        checkpoints = 1 if state.kind == "mamba2" else 0  # vLLM's MambaMixer2 exports one per prompt
+        state_spec = MambaSpec(
+            block_size=block_size,
+            shapes=state.shapes,
+            dtypes=state.dtypes,
+            mamba_type=_MAMBA_TYPES[state.kind],
+            mamba_cache_mode=mamba_cache_mode,
+            num_prefill_checkpoint_blocks=checkpoints,
+            prefill_checkpoint_alignment=1 if checkpoints else None,
+        )
+        state_page = state_spec.unpadded_page_size_bytes
         attn_per_token = 2 * kv_heads * head_dim * dtype_size(kv_dtype)
         # vLLM 0.34 (Platform._align_hybrid_block_size): the attention page must hold a whole state, so the
         # attention block grows in steps of the larger of the kernel's block (16) and the block size the
@@ -595,16 +597,10 @@ def _decoder(
                 f"{_STATE_NAMES[state.kind]} state of {state_page:,} bytes"
             )
             block_size = needed
-        checkpoints = 1 if state.kind == "mamba2" else 0  # vLLM's MambaMixer2 exports one per prompt
-        state_spec = MambaSpec(
+        state_spec = dataclasses.replace(
+            state_spec,
             block_size=block_size if mamba_cache_mode != "none" else (max_model_len or max_len),
-            shapes=state.shapes,
-            dtypes=state.dtypes,
             page_size_padded=max(block_size * attn_per_token, state_page),
-            mamba_type=_MAMBA_TYPES[state.kind],
-            mamba_cache_mode=mamba_cache_mode,
-            num_prefill_checkpoint_blocks=checkpoints,
-            prefill_checkpoint_alignment=1 if checkpoints else None,
         )
     window = cfg.get("sliding_window")
     chunk = cfg.get("attention_chunk_size")
@@ -692,22 +688,22 @@ class _Mamba2Keys:
     conv_kernel: str
 
 
-_MAMBA2_KEYS = {
-    families.NEMOTRON_H.name: _Mamba2Keys(
+_MAMBA2_KEYS: dict[ModelFamily, _Mamba2Keys] = {
+    families.NEMOTRON_H: _Mamba2Keys(
         n_groups="n_groups",
         heads="mamba_num_heads",
         head_dim="mamba_head_dim",
         state_size="ssm_state_size",
         conv_kernel="conv_kernel",
     ),
-    families.GRANITE_HYBRID.name: _Mamba2Keys(
+    families.GRANITE_HYBRID: _Mamba2Keys(
         n_groups="mamba_n_groups",
         heads="mamba_n_heads",
         head_dim="mamba_d_head",
         state_size="mamba_d_state",
         conv_kernel="mamba_d_conv",
     ),
-    families.ZAMBA2.name: _Mamba2Keys(
+    families.ZAMBA2: _Mamba2Keys(
         n_groups="mamba_ngroups",
         heads="n_mamba_heads",
         head_dim="mamba_headdim",
@@ -715,7 +711,7 @@ _MAMBA2_KEYS = {
         conv_kernel="mamba_d_conv",
     ),
 }
-_MAMBA2_KEYS[families.FALCON_H1.name] = _MAMBA2_KEYS[families.GRANITE_HYBRID.name]
+_MAMBA2_KEYS[families.FALCON_H1] = _MAMBA2_KEYS[families.GRANITE_HYBRID]
 
 
 def _mamba2_inner_size(cfg: Mapping[str, Any], family: ModelFamily, model_type: str, heads_size: int) -> int:
@@ -765,7 +761,7 @@ def _state_layout(
             conv_kernel=key("mamba_d_conv", 4),
             dtypes=both,
         )
-    names = _MAMBA2_KEYS.get(family.name)
+    names = _MAMBA2_KEYS.get(family)
     if names is not None:
         heads, head_dim = key(names.heads), key(names.head_dim)
         return state_shapes.mamba2_state(

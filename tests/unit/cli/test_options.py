@@ -167,3 +167,20 @@ def test_the_pool_full_note_fires_for_a_hybrid(capsys: pytest.CaptureFixture[str
     assert small["peak_block_usage"] < 1.0 and any("ran full" in n for n in small["notes"])
     assert main(["simulate", "tiny-hybrid", "--num-blocks", "256", "--json"]) == 0
     assert not json.loads(capsys.readouterr().out)["notes"]
+
+
+def test_the_plot_path_is_opened_before_any_work_and_left_as_it_was(tmp_path: Path) -> None:
+    """A new path is created to prove it writable, then removed; an existing file keeps its bytes; a path
+    os.access calls writable but that cannot be created (inside /proc, even for root) is refused."""
+    from kvspec.cli.args import check_plot_path
+    from kvspec.errors import PlotPathError
+
+    fresh = tmp_path / "new.png"
+    check_plot_path(str(fresh))
+    assert not fresh.exists()
+    kept = tmp_path / "old.png"
+    kept.write_bytes(b"keep")
+    check_plot_path(str(kept))
+    assert kept.read_bytes() == b"keep"
+    with pytest.raises(PlotPathError, match="cannot be written"):
+        check_plot_path("/proc/version.png")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvspec.errors import InsufficientKVCacheMemoryError
@@ -132,3 +132,26 @@ def capacity_message(exc: InsufficientKVCacheMemoryError, flag: str, memory: int
         f"one request of max_model_len {exc.max_model_len:,} tokens needs {human_bytes(exc.needed_bytes)} of KV "
         f"cache, but {flag} leaves {human_bytes(max(exc.available_bytes, 0))} for blocks{held}; {fit}."
     )
+
+
+#: The options a kvspec layout file settles itself (it lists each layer's spec as one TP rank holds it).
+LAYOUT_FILE_SETTLES = ("--dtype", "--kv-cache-dtype", "--block-size", "--tp")
+
+
+def check_layout_options(layout: Any, given: Mapping[str, bool]) -> None:
+    """Refuse (OptionError) an option that cannot apply to the model's layout (a ``ModelLayout``); ``given``
+    maps each option of the command to whether the user gave it."""
+    from kvspec.errors import OptionError
+
+    if layout.model_type == "kvspec_layout":
+        for flag in LAYOUT_FILE_SETTLES:
+            if given.get(flag):
+                raise OptionError(
+                    f"{flag} does not apply to a layout file: it lists each layer's spec as one TP rank holds it"
+                )
+    if given.get("--assume-dense") and not layout.assumed_dense:
+        planned = f"the {layout.family} family" if layout.family else "its layout file"
+        raise OptionError(
+            f"--assume-dense applies to a config.json of a model_type kvspec does not know; {layout.name} is "
+            f"planned by {planned}"
+        )

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 # Only light modules at import time: `kvspec --help` must not load torch. The commands import the
 # library when they run.
-from kvspec.cli.args import capacity_message, check_plot_path, human_bytes, parse_bytes
+from kvspec.cli.args import capacity_message, check_layout_options, check_plot_path, human_bytes, parse_bytes
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_line, print_table
@@ -136,17 +136,16 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
         max_num_encoder_input_tokens=layout.max_num_encoder_input_tokens,
         mamba_cache_mode=args.mamba_cache_mode,
     )
-    if layout.model_type == "kvspec_layout":
-        for flag, given in (
-            ("--dtype", args.dtype is not None),
-            ("--kv-cache-dtype", args.kv_cache_dtype != "auto"),
-            ("--block-size", args.block_size is not None),
-            ("--tp", args.tp != 1),
-        ):
-            if given:
-                raise OptionError(
-                    f"{flag} does not apply to a layout file: it lists each layer's spec as one TP rank holds it"
-                )
+    check_layout_options(
+        layout,
+        {
+            "--dtype": args.dtype is not None,
+            "--kv-cache-dtype": args.kv_cache_dtype != "auto",
+            "--block-size": args.block_size is not None,
+            "--tp": args.tp != 1,
+            "--assume-dense": args.assume_dense,
+        },
+    )
     if args.mamba_cache_mode != "none" and not any(
         traits_of(spec).kind == "mamba" for spec in layout.layer_specs.values()
     ):

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from kvspec.cli.args import bounded_int, capacity_message, check_plot_path, parse_bytes
+from kvspec.cli.args import bounded_int, capacity_message, check_layout_options, check_plot_path, parse_bytes
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
@@ -32,6 +32,7 @@ from kvspec.errors import (
 )
 
 if TYPE_CHECKING:
+    from kvspec.contracts.spec import MambaCacheMode
     from kvspec.engine.engine import Engine, EngineStats
 
 #: The tiny paged-attention models `simulate` runs for real (kvspec.engine.model).
@@ -44,6 +45,8 @@ UNLIMITED_MEMORY = 1 << 50
 DEFAULT_TRACE_CHUNK = 8192
 #: Running requests at most in a timed replay (vLLM's default max_num_seqs on GPUs).
 DEFAULT_TRACE_SEQS = 256
+#: Tokens per block when --block-size is not given (a layout file's own block sizes apply to it).
+DEFAULT_BLOCK_SIZE = 16
 #: Simulations are bounded: past this many requests a run takes minutes and says nothing new.
 MAX_REQUESTS = 100_000
 
@@ -119,7 +122,9 @@ def add_simulate_parser(sub: Any) -> None:
     )
     p.add_argument("--max-num-batched-tokens", type=_positive, default=None, help="tokens per step")
     p.add_argument("--max-num-seqs", type=_positive, default=None, help="running requests at most")
-    p.add_argument("--block-size", type=_positive, default=16)
+    p.add_argument(
+        "--block-size", type=_positive, default=None, help=f"tokens per block (default {DEFAULT_BLOCK_SIZE})"
+    )
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument(
         "--assume-dense",
@@ -241,6 +246,10 @@ def check_options(args: argparse.Namespace) -> None:
             refuse("--memory", f"sizes a preset's cache; the tiny model {args.model!r} takes --num-blocks")
         if args.max_model_len is not None:
             refuse("--max-model-len", f"applies to presets; the tiny model {args.model!r} has its own")
+        if args.assume_dense:
+            refuse(
+                "--assume-dense", f"applies to a config.json; the tiny model {args.model!r} is kvspec's own"
+            )
     else:
         if args.num_blocks is not None:
             refuse(
@@ -268,7 +277,6 @@ def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
     from kvspec.contracts.traits import traits_of
     from kvspec.engine.engine import Engine
     from kvspec.engine.model import TINY_FULL, TINY_HYBRID
-    from kvspec.models import build_model_layout
 
     tiny_models = {"tiny-full": TINY_FULL, "tiny-hybrid": TINY_HYBRID}
     caching = not args.no_prefix_caching
@@ -278,7 +286,7 @@ def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
         engine = Engine.tiny(
             cfg,
             num_blocks=args.num_blocks or 256,
-            block_size=args.block_size,
+            block_size=args.block_size or DEFAULT_BLOCK_SIZE,
             enable_caching=caching,
             max_num_batched_tokens=args.max_num_batched_tokens or 128,
             max_num_seqs=args.max_num_seqs or 8,
@@ -286,18 +294,10 @@ def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
         )
         return engine, cfg.vocab_size, notes
 
-    def layout_of(max_len: int | None) -> Any:
-        return build_model_layout(
-            args.model,
-            block_size=args.block_size,
-            max_model_len=max_len,
-            mamba_cache_mode="align" if caching else "none",
-            assume_dense=args.assume_dense,
-        )
-
-    layout = layout_of(args.max_model_len)
+    mode: MambaCacheMode = "align" if caching else "none"
+    layout = _model_layout(args, args.max_model_len, mode)
     if args.max_model_len is None and layout.max_model_len > 8192:
-        layout = layout_of(8192)  # a synthetic workload's requests are short: plan 8192 tokens per request
+        layout = _model_layout(args, 8192, mode)  # a synthetic workload's requests are short: 8192 tokens
     specs = layout.layer_specs
     traits = [traits_of(s) for s in specs.values()]
     if caching and not all(t.supports_prefix_caching for t in traits):
@@ -368,7 +368,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             get_backend(args.device)  # an unknown or absent device is bad input: say so before any work
         load_installed_plugins(args)
         engine, vocab, notes = _build_engine(args)
-    except (ModelConfigError, DeviceError, PlotPathError, PluginError) as exc:
+    except (ModelConfigError, OptionError, DeviceError, PlotPathError, PluginError) as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 2
     except KVSpecError as exc:
@@ -461,18 +461,24 @@ def _progress(label: str, total: int, *, quiet: bool) -> Iterator[Callable[[], N
         yield lambda: progress.advance(task)
 
 
-def _trace_layout(args: argparse.Namespace) -> Any:
-    """The model's layout for a replay: its own context length unless --max-model-len says otherwise (longer
-    prompts are refused as an engine refuses them); prefix caching on, Mamba "align"."""
+def _model_layout(
+    args: argparse.Namespace, max_model_len: int | None, mamba_cache_mode: MambaCacheMode
+) -> Any:
+    """The model's layout (``max_model_len`` None: its own context length), refusing the options that cannot
+    apply to it."""
     from kvspec.models import build_model_layout
 
-    return build_model_layout(
+    layout = build_model_layout(
         args.model,
-        block_size=args.block_size,
-        max_model_len=args.max_model_len,
-        mamba_cache_mode="align",
+        block_size=args.block_size or DEFAULT_BLOCK_SIZE,
+        max_model_len=max_model_len,
+        mamba_cache_mode=mamba_cache_mode,
         assume_dense=args.assume_dense,
     )
+    check_layout_options(
+        layout, {"--block-size": args.block_size is not None, "--assume-dense": args.assume_dense}
+    )
+    return layout
 
 
 def _trace_plan(
@@ -618,7 +624,9 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
             if args.retention_interval == "dense"
             else args.retention_interval
         )
-        layout = _trace_layout(args)
+        # The model's own context length unless --max-model-len says otherwise (longer prompts are refused
+        # as an engine refuses them); prefix caching on, Mamba "align".
+        layout = _model_layout(args, args.max_model_len, "align")
 
         def requests() -> Iterator[Any]:
             """The trace, streamed anew for each pass (memory: one line, and one request's tokens)."""
@@ -636,7 +644,14 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         config, limits, bytes_per_block = _trace_plan(args, layout, requests)
         # A retention the layout cannot take (not a block multiple, or no windowed group) fails here.
         replay_coordinator(dataclasses.replace(config, num_blocks=2), limits, retention_interval=retention)
-    except (ModelConfigError, PluginError, PlotPathError, UnknownEvictionPolicyError, SchedulingError) as exc:
+    except (
+        ModelConfigError,
+        OptionError,
+        PluginError,
+        PlotPathError,
+        UnknownEvictionPolicyError,
+        SchedulingError,
+    ) as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 2
     except InsufficientKVCacheMemoryError as exc:
@@ -661,7 +676,9 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         )
         sizes = sweep_block_counts(top, args.sweep)
     rows: list[dict[str, Any]] = []
-    scheduler_block = args.block_size  # the layout's may differ (Mamba "align"): read off the coordinator
+    scheduler_block = (
+        args.block_size or DEFAULT_BLOCK_SIZE
+    )  # the layout's may differ (Mamba "align"): read off the coordinator
     runs = [(policy, num_blocks) for policy in policies for num_blocks in sizes]
     for index, (policy, num_blocks) in enumerate(runs):
         clock = TraceClock()

@@ -80,6 +80,7 @@ class ModelLayout:
     max_num_encoder_input_tokens: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
     family: str = ""  # the model family kvspec recognised (kvspec.models.families), "" for a layout file
+    assumed_dense: bool = False  # an unknown model_type planned as a dense decoder (assume_dense=True)
 
     @property
     def layer_specs(self) -> dict[str, KVCacheSpec]:
@@ -503,7 +504,8 @@ def layout_from_config(
             f"max_model_len {max_model_len:,} is larger than the model's context length {max_len:,} (its "
             "config's max_position_embeddings); vLLM refuses it too. Pass at most that (--max-model-len)."
         )
-    if family is families.DENSE and not {model_type, inner_type} & set(families.DENSE.model_types):
+    assumed = family is families.DENSE and not {model_type, inner_type} & set(families.DENSE.model_types)
+    if assumed:
         notes.insert(
             0, f"model_type {inner_type!r} is not a known family: planned as a dense decoder (--assume-dense)"
         )
@@ -515,6 +517,7 @@ def layout_from_config(
         max_num_encoder_input_tokens=enc,
         notes=tuple(notes),
         family=family.name,
+        assumed_dense=assumed,
     )
 
 

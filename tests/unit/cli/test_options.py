@@ -53,6 +53,17 @@ ROWS = [{"timestamp": i, "input_length": 600, "output_length": 2, "hash_ids": [1
             "--block-size 7: vLLM's attention kernels take blocks of a multiple of 16",
         ),
         (["plan", "--mamba-cache-mode", "align"], "--mamba-cache-mode applies to models with Mamba layers"),
+        (
+            ["plan", "--assume-dense"],
+            "--assume-dense applies to a config.json of a model_type kvspec does not know",
+        ),
+        (["simulate", "llama-3.1-8b", "--assume-dense"], "is planned by the dense decoder family"),
+        (["simulate", "TRACE", "--assume-dense"], "--assume-dense applies to a config.json"),
+        (
+            ["simulate", "tiny-hybrid", "--assume-dense"],
+            "--assume-dense applies to a config.json; the tiny model",
+        ),
+        (["simulate", "LAYOUT", "--block-size", "32"], "--block-size does not apply to a layout file"),
     ],
 )
 def test_an_option_that_cannot_apply_is_an_error(
@@ -60,10 +71,9 @@ def test_an_option_that_cannot_apply_is_an_error(
 ) -> None:
     trace = _trace(tmp_path, ROWS)
     plot = tmp_path / "out.png"
-    parts = [
-        ["llama-3.1-8b", "--trace", trace] if a == "TRACE" else [str(plot)] if a == "PLOT" else [a]
-        for a in argv
-    ]
+    layout = str(Path(__file__).parents[3] / "examples" / "ring_window" / "layout.json")
+    named = {"TRACE": ["llama-3.1-8b", "--trace", trace], "PLOT": [str(plot)], "LAYOUT": [layout]}
+    parts = [named.get(a, [a]) for a in argv]
     flat = [x for part in parts for x in part]
     assert run(flat) == 2
     err = capsys.readouterr().err

@@ -170,10 +170,8 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
             [args.memory] * len(workers),
             limits,
             hybrid=args.hybrid,
-            reserve_null_block=profile.planning_reserves_null_block,
-            pad_pages=profile.planning_pads_pages,
+            profile=profile,
             pack_pages=args.packed_layout,
-            full_allocation_fallback=profile.planning_full_allocation_fallback,
         )
     except InsufficientKVCacheMemoryError as exc:
         plan.update(

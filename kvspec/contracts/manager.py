@@ -175,7 +175,9 @@ class KVCacheManager(Protocol):
     Constructed as ``manager_cls(context)`` with a :class:`ManagerContext`. Most plugins subclass
     ``kvspec.managers.SingleTypeKVCacheManager`` and override only its hooks (``setup``,
     ``find_longest_cache_hit``, ``get_num_skipped_tokens``, ``reachable_block_mask``,
-    ``get_num_common_prefix_blocks``); a from-scratch manager implements every member below.
+    ``get_num_common_prefix_blocks``); a from-scratch manager implements every member below (required),
+    and the hooks of each capability it declares in ``manager_capabilities`` (optional; see
+    :data:`MANAGER_CAPABILITIES`). This protocol and those are everything a coordinator calls.
 
     Invariants: every block it hands out comes from the shared ``BlockPool``; a block is referenced once per
     request that holds it (``iter_held_blocks`` yields each reference); ``free`` returns every block of a
@@ -261,3 +263,111 @@ class KVCacheManager(Protocol):
 
 
 MgrT = TypeVar("MgrT", bound=KVCacheManager)
+
+
+# -- capabilities: the optional hooks a manager declares ---------------------------------------------------
+
+#: Capability names (``manager_capabilities``). Each names the hooks of one protocol below.
+EXTERNAL_BLOCKS = "external_computed_blocks"
+PROMPT_TAIL = "prompt_tail_entries"
+CACHING_CADENCE = "caching_cadence"
+PREFILL_END = "prefill_end"
+BLOCK_COPIES = "block_copies"
+SUB_BLOCK_HITS = "sub_block_hits"
+BOUNDARY_STATES = "boundary_states"
+RETENTION = "retention"
+
+
+class AttachesExternalBlocks(Protocol):
+    """``external_computed_blocks``: the two halves of ``allocate_new_computed_blocks`` (vLLM 0.34's manager
+    interface): in a hybrid the coordinator takes every group's hit blocks before any group allocates blocks
+    for a connector's external tokens (which could otherwise evict another group's hit), and a per-group
+    zeroing choice (``skip_zeroing_group_ids``) needs the second half."""
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None: ...
+
+    def allocate_external_computed_blocks(
+        self,
+        request_id: str,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+        record_for_zeroing: bool = True,
+    ) -> None: ...
+
+
+class CachesPromptTails(Protocol):
+    """``prompt_tail_entries``: register the prompt's last hash-block boundary inside a block as a partial
+    prefix-cache entry (vLLM 0.34's pool; called for left-closed groups whose block is larger than the hash
+    block)."""
+
+    def cache_prompt_tail(self, request: RequestView, num_tokens: int) -> None: ...
+
+
+class CachingCadence(Protocol):
+    """``caching_cadence``: ``caches_on_every_call`` True makes the coordinator call ``cache_blocks`` on
+    every allocation, not only when a scheduler block completes (vLLM 0.32's Mamba "align")."""
+
+    @property
+    def caches_on_every_call(self) -> bool: ...
+
+
+class NeedsPrefillEnd(Protocol):
+    """``prefill_end``: told where a request's prefill ends before its blocks are counted, when
+    ``wants_prefill_end`` (vLLM 0.34's Mamba prefill checkpoints)."""
+
+    wants_prefill_end: bool
+
+    def note_prefill_end(self, request_id: str, prefill_end: int) -> None: ...
+
+
+class CopiesBlocks(Protocol):
+    """``block_copies`` (and ``sub_block_hits``, which needs them): the copies on write a sub-block hit
+    queues, drained by the coordinator for the engine, and a finishing request's state keyed inside its
+    own block. ``sub_block_hits`` further says ``find_longest_cache_hit`` honours
+    ``HitQuery.fine_block_hashes`` (the hit may end inside its last block)."""
+
+    def take_block_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]: ...
+
+    def finalize_partial_tail(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+    ) -> BoundaryState | None: ...
+
+
+class OffersBoundaryStates(Protocol):
+    """``boundary_states``: the state blocks committed at exact token boundaries, for a KV connector."""
+
+    def take_boundary_states(self) -> list[BoundaryState]: ...
+
+
+class RetentionAware(Protocol):
+    """``retention``: follows a change of the prefix-cache retention interval from the next call on."""
+
+    def set_prefix_cache_retention_interval(self, interval: int | None) -> None: ...
+
+
+#: Every capability a manager may declare, and the protocol whose members it then must have.
+MANAGER_CAPABILITIES: dict[str, type] = {
+    EXTERNAL_BLOCKS: AttachesExternalBlocks,
+    PROMPT_TAIL: CachesPromptTails,
+    CACHING_CADENCE: CachingCadence,
+    PREFILL_END: NeedsPrefillEnd,
+    BLOCK_COPIES: CopiesBlocks,
+    SUB_BLOCK_HITS: CopiesBlocks,
+    BOUNDARY_STATES: OffersBoundaryStates,
+    RETENTION: RetentionAware,
+}
+
+
+def declared_capabilities(manager_cls: type) -> frozenset[str]:
+    """The capabilities ``manager_cls`` declares in its ``manager_capabilities`` class attribute (an
+    iterable of the names in ``MANAGER_CAPABILITIES``; none when absent). The registry checks, when the
+    class is registered, that every declared capability's hooks are there with the protocol's parameters;
+    the coordinator calls a hook only on the managers that declare it. ``SingleTypeKVCacheManager``
+    declares every capability but ``sub_block_hits``."""
+    return frozenset(getattr(manager_cls, "manager_capabilities", ()))

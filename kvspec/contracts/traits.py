@@ -100,8 +100,8 @@ class SpecTraits:
     - ``own_group``: each layer gets a KV cache group of its own, resized by ``with_page_size(page)``.
     - ``page_paddable``: the page may be padded to a larger one (``page_size_padded``) when page sizes are
       unified and scaling the block size cannot reach the common page (vLLM 0.34 pads attention pages read
-      through a strided view, and Mamba states, whose page does not grow with the block; planning with
-      ``pad_pages``). False: only block-size scaling (MLA's pages are indexed in whole token rows).
+      through a strided view, and Mamba states, whose page does not grow with the block; planning under
+      ``PlanningRules.pad_pages``). False: only block-size scaling (MLA's pages are indexed in whole token rows).
     - ``fixed_state_per_request``: a request holds a fixed handful of this spec's blocks whatever its length
       (a recurrent state, a ring). When pages of several sizes are packed side by side in one block
       (``pack_pages``), such layers split into as many groups as it takes to fit the block the other layers

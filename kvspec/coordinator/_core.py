@@ -16,33 +16,55 @@ are released first, which is what the request would do next step anyway).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import operator
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, SupportsIndex
+from typing import Final, SupportsIndex, cast
 
 from mypy_extensions import mypyc_attr
 
 from kvspec.blocks.events import KVCacheEvent
-from kvspec.blocks.eviction import EvictionContext, EvictionPolicyFactory, GroupInfo
-from kvspec.blocks.hashing import BlockHasher, get_hash_constructor
+from kvspec.blocks.eviction import EvictionContext, GroupInfo
+from kvspec.blocks.hashing import BlockHasher
 from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
 from kvspec.blocks.request_view import RequestView
-from kvspec.contracts.manager import BlockCopy, BoundaryState, KVCacheManager, ManagerContext
-from kvspec.contracts.release import DEFAULT_PROFILE, ReleaseProfile
+from kvspec.contracts.manager import (
+    BLOCK_COPIES,
+    BOUNDARY_STATES,
+    CACHING_CADENCE,
+    EXTERNAL_BLOCKS,
+    PREFILL_END,
+    PROMPT_TAIL,
+    RETENTION,
+    SUB_BLOCK_HITS,
+    AttachesExternalBlocks,
+    BlockCopy,
+    BoundaryState,
+    CachesPromptTails,
+    CachingCadence,
+    CopiesBlocks,
+    KVCacheManager,
+    ManagerContext,
+    NeedsPrefillEnd,
+    OffersBoundaryStates,
+    RetentionAware,
+    declared_capabilities,
+)
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
-from kvspec.contracts.traits import SpecTraits, block_tokens_of, traits_of
+from kvspec.contracts.traits import SpecTraits, traits_of
 from kvspec.coordinator.hit_search import PrefixHitSearch, split_spec_groups
+from kvspec.coordinator.layout import (
+    GroupLayout,
+    _check_retention_interval,
+    derive_layout,
+)
+from kvspec.coordinator.options import CoordinatorOptions
 from kvspec.coordinator.stats import PrefixCacheStats, annotate_events, group_event_metadata
-from kvspec.errors import InvariantError, KVSpecTypeError, SchedulingError, UnsupportedConfigurationError
+from kvspec.errors import InvariantError, KVSpecTypeError, SchedulingError
 from kvspec.eviction.registry import resolve_eviction_policy
-from kvspec.managers.base import SingleTypeKVCacheManager
-from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec, scheduler_spec
-from kvspec.registry.builtins import default_registry
-from kvspec.registry.core import AnyRegistry
+from kvspec.managers.base import skips_blocks
+from kvspec.planning.config import KVCacheConfig
 
 
 class KVCacheBlocks:
@@ -75,65 +97,40 @@ class KVCacheBlocks:
         return f"KVCacheBlocks({self.get_block_ids()})"
 
 
-def resolve_block_sizes(
-    config: KVCacheConfig,
-    limits: SchedulerLimits,
-    enable_caching: bool,
-    hash_block_size: int | None,
-    profile: ReleaseProfile | None = None,
-) -> tuple[int, int]:
-    """(scheduler_block_size, hash_block_size) in tokens for ``config``.
-
-    One group: both are its block size times the context-parallel ranks its block spans. Several: the
-    scheduler block is the LCM of the groups' block sizes; hashes are taken at their GCD (or at the LCM
-    without caching or when a group whose hits end only on its own block boundaries (Mamba) has a block
-    that is not the smallest), and every group's block size must be a multiple. Under vLLM 0.23's rules
-    (``profile``, default the current release) context parallelism scales every group and needs one block
-    size; under 0.34's each group's block is scaled by the ranks it is sharded over
-    (``ReleaseProfile.context_parallel_sizes``).
-    """
-    profile = DEFAULT_PROFILE if profile is None else profile
-    specs = [scheduler_spec(g.kv_cache_spec) for g in config.kv_cache_groups]
-    traits = [traits_of(s) for s in specs]
-    own_boundaries = [t.hits_at_own_block_boundaries for t in traits]
-    dcp, pcp = limits.decode_context_parallel_size, limits.prefill_context_parallel_size
-    spans = [math.prod(profile.context_parallel_sizes(t, dcp, pcp)) for t in traits]
-    if len(specs) <= 1:
-        size = (block_tokens_of(specs[0]) * spans[0]) if specs else 16 * dcp * pcp
-        return size, size if hash_block_size is None else hash_block_size
-    sizes = [block_tokens_of(s) for s in specs]
-    if profile.context_parallel_per_group:
-        sizes = [size * span for size, span in zip(sizes, spans, strict=True)]
-        scheduler = math.lcm(*sizes)
-    else:
-        cp = limits.context_parallel_size
-        if cp > 1 and len(set(sizes)) > 1:
-            raise UnsupportedConfigurationError(
-                "Hybrid KV cache groups with multiple block sizes do not support context parallelism."
+def _build_pool(config: KVCacheConfig, layout: GroupLayout, options: CoordinatorOptions) -> BlockPool:
+    """The one block pool of a coordinator: ``config.num_blocks`` blocks, the profile's pool rules, and the
+    eviction policy the options name (None: vLLM's LRU free-queue order)."""
+    policy_factory = resolve_eviction_policy(options.eviction_policy)
+    rules = options.profile.pool
+    policy = None
+    if policy_factory is not None:
+        policy = policy_factory(
+            EvictionContext(
+                num_blocks=config.num_blocks,
+                groups=tuple(
+                    GroupInfo(
+                        block_tokens=block_tokens,
+                        page_bytes=spec.page_size_bytes,
+                        holds_prefix_state=t.hits_at_own_block_boundaries,
+                        needed_by_longer_hits=t.prefix_hits_left_closed,
+                    )
+                    for spec, t, block_tokens in zip(
+                        layout.specs, layout.traits, layout.group_block_sizes, strict=True
+                    )
+                ),
+                clock=time.monotonic if options.eviction_clock is None else options.eviction_clock,
             )
-        scheduler = math.lcm(*sizes) * (cp if len(set(sizes)) == 1 else 1)
-    # Only groups that are cached are hashed (a ring buffer or a replayed window is never hit); with none,
-    # every group counts.
-    hashed = [size for size, t in zip(sizes, traits, strict=True) if t.prefix_cacheable] or sizes
-    if hash_block_size is not None:
-        chosen = hash_block_size
-    elif not enable_caching or any(
-        own and size != min(hashed)
-        for own, size, t in zip(own_boundaries, sizes, traits, strict=True)
-        if t.prefix_cacheable
-    ):
-        chosen = scheduler
-    else:
-        chosen = math.gcd(*hashed)
-    if not enable_caching:
-        return scheduler, chosen  # no prefix caching: hashes are never read
-    bad = [s for s in hashed if s % chosen]
-    if bad or scheduler % chosen:
-        raise UnsupportedConfigurationError(
-            f"Invalid hash_block_size={chosen}: every prefix-cacheable KV cache group block size "
-            f"({sorted(set(hashed))}) must be a multiple of it."
         )
-    return scheduler, chosen
+    return BlockPool(
+        config.num_blocks,
+        enable_caching=options.enable_caching,
+        hash_block_size=layout.hash_block_size,
+        enable_kv_cache_events=options.enable_kv_cache_events,
+        free_unhashed_first=rules.free_unhashed_first,
+        coarse_hash_is_last_fine=rules.coarse_hash_is_last_fine,
+        hash_lookahead_tokens=options.hash_lookahead_tokens,
+        eviction_policy=policy,
+    )
 
 
 def as_count(name: str, value: SupportsIndex) -> int:
@@ -159,126 +156,46 @@ class CoordinatorCore:
     same class with a checked constructor), never this one."""
 
     def __init__(
-        self,
-        kv_cache_config: KVCacheConfig,
-        limits: SchedulerLimits,
-        *,
-        enable_caching: bool = True,
-        use_eagle: bool = False,
-        enable_kv_cache_events: bool = False,
-        log_stats: bool = False,
-        hash_block_size: int | None = None,
-        hash_algorithm: str = "sha256",
-        registry: AnyRegistry | None = None,
-        prefix_cache_retention_interval: int | None = None,
-        profile: ReleaseProfile | None = None,
-        hash_lookahead_tokens: int = 0,
-        num_reprefillable_tokens: int = 0,
-        zero_new_blocks: Sequence[bool] | None = None,
-        eviction_policy: str | EvictionPolicyFactory | None = None,
-        eviction_clock: Callable[[], float] | None = None,
-        allow_partial_hash_hits: bool = False,
-        shared_prefix_checkpoints: bool = False,
+        self, kv_cache_config: KVCacheConfig, limits: SchedulerLimits, options: CoordinatorOptions
     ) -> None:
-        # Documented on kvspec.coordinator.KVCacheCoordinator.__init__, the checked public door.
-        registry = default_registry if registry is None else registry
-        self.profile: Final = DEFAULT_PROFILE if profile is None else profile
-        _check_hash_settings(hash_block_size, hash_algorithm)
+        # Documented on kvspec.coordinator.KVCacheCoordinator, the checked public door.
+        layout = derive_layout(kv_cache_config, limits, options)
+        #: The settings this coordinator was built from (validated; see ``CoordinatorOptions``).
+        self.options: Final = options
+        self.profile: Final = options.profile
         self.kv_cache_config = kv_cache_config
         self.limits = limits
         self.max_model_len = limits.max_model_len
-        self.enable_caching = enable_caching
-        self.use_eagle = use_eagle
-        self.hash_algorithm = hash_algorithm
-        groups = kv_cache_config.kv_cache_groups
-        self.specs: tuple[KVCacheSpec, ...] = tuple(scheduler_spec(g.kv_cache_spec) for g in groups)
-        self.traits: tuple[SpecTraits, ...] = tuple(traits_of(s) for s in self.specs)
-        registrations = [registry.require(spec, f"group {gid}") for gid, spec in enumerate(self.specs)]
-        manager_classes = [
-            registry.manager_for_group(spec, group.role)
-            for group, spec in zip(groups, self.specs, strict=True)
-        ]
-        _check_caching_settings(self.specs, self.traits, enable_caching, use_eagle)
-        self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(
-            kv_cache_config, limits, enable_caching, hash_block_size, self.profile
-        )
-        # (DCP, PCP) ranks each group's block spans: every group's under 0.23, the sharded ones' under 0.34.
-        self._group_cp: Final = tuple(
-            self.profile.context_parallel_sizes(
-                t, limits.decode_context_parallel_size, limits.prefill_context_parallel_size
-            )
-            for t in self.traits
-        )
+        self.enable_caching = options.enable_caching
+        self.use_eagle = options.use_eagle
+        self.hash_algorithm = options.hash_algorithm
+        self.specs: tuple[KVCacheSpec, ...] = layout.specs
+        self.traits: tuple[SpecTraits, ...] = layout.traits
+        self.scheduler_block_size = layout.scheduler_block_size
+        self.hash_block_size = layout.hash_block_size
+        self._group_cp: Final = layout.group_cp
         #: Tokens one block of each group holds, context parallelism included.
-        self.group_block_sizes: Final = tuple(
-            t.block_tokens(spec.block_size) * math.prod(cp)
-            for spec, t, cp in zip(self.specs, self.traits, self._group_cp, strict=True)
-        )
-        if enable_caching and len(self.specs) > 1:
-            for block_tokens, group_traits in zip(self.group_block_sizes, self.traits, strict=True):
-                if group_traits.prefix_cacheable and block_tokens % self.hash_block_size:
-                    raise UnsupportedConfigurationError(
-                        f"Group block size {block_tokens} is not a multiple of hash_block_size "
-                        f"{self.hash_block_size}."
-                    )
-        _check_retention_interval(prefix_cache_retention_interval, self.scheduler_block_size, self.traits)
-        self.prefix_cache_retention_interval = prefix_cache_retention_interval
-        policy_factory = resolve_eviction_policy(eviction_policy)
-        self.block_pool = BlockPool(
-            kv_cache_config.num_blocks,
-            enable_caching=enable_caching,
-            hash_block_size=self.hash_block_size,
-            enable_kv_cache_events=enable_kv_cache_events,
-            free_unhashed_first=self.profile.free_unhashed_first,
-            coarse_hash_is_last_fine=self.profile.coarse_hash_is_last_fine,
-            hash_lookahead_tokens=hash_lookahead_tokens,
-            eviction_policy=None
-            if policy_factory is None
-            else policy_factory(
-                EvictionContext(
-                    num_blocks=kv_cache_config.num_blocks,
-                    groups=tuple(
-                        GroupInfo(
-                            block_tokens=block_tokens,
-                            page_bytes=spec.page_size_bytes,
-                            holds_prefix_state=t.hits_at_own_block_boundaries,
-                            needed_by_longer_hits=t.prefix_hits_left_closed,
-                        )
-                        for spec, t, block_tokens in zip(
-                            self.specs, self.traits, self.group_block_sizes, strict=True
-                        )
-                    ),
-                    clock=time.monotonic if eviction_clock is None else eviction_clock,
-                )
-            ),
-        )
-        self.hash_lookahead_tokens: Final = hash_lookahead_tokens
+        self.group_block_sizes: Final = layout.group_block_sizes
+        self.prefix_cache_retention_interval = layout.retention_interval
+        self.block_pool = _build_pool(kv_cache_config, layout, options)
+        self.hash_lookahead_tokens: Final = options.hash_lookahead_tokens
         # Blocks are published only as far as the request is hashed (lookahead hashes lag the tokens).
         self._publish_only_hashed: Final = (
-            hash_lookahead_tokens > 0 or self.profile.publish_only_hashed_blocks
+            options.hash_lookahead_tokens > 0 or self.profile.publish_only_hashed_blocks
         )
-        self._eagle_group_ids: Final = _eagle_groups(groups, self.specs, use_eagle)
-        if num_reprefillable_tokens < 0:
-            raise UnsupportedConfigurationError(
-                f"num_reprefillable_tokens must be >= 0 (tokens), got {num_reprefillable_tokens}."
-            )
-        if enable_caching and self._eagle_group_ids and self.scheduler_block_size <= num_reprefillable_tokens:
-            raise UnsupportedConfigurationError(
-                f"Multi-module MTP with prefix caching requires scheduler_block_size (={self.scheduler_block_size}) "
-                f">= num_speculative_tokens (={num_reprefillable_tokens + 1}); use a larger block or fewer tokens."
-            )
-        self.num_reprefillable_tokens: Final = num_reprefillable_tokens
+        self._eagle_group_ids: Final = layout.eagle_group_ids
+        self.num_reprefillable_tokens: Final = options.num_reprefillable_tokens
         #: Sub-block prefix hits apply (``allow_partial_hash_hits`` and a model they apply to).
-        self.partial_hash_hits: Final = allow_partial_hash_hits and _partial_hash_hits_apply(
-            self, manager_classes, limits.decode_context_parallel_size
+        self.partial_hash_hits: Final = options.allow_partial_hash_hits and _partial_hash_hits_apply(
+            self, layout.manager_classes, limits.decode_context_parallel_size
         )
         #: State groups key their state at the shared-prefix junction too (``shared_prefix_checkpoints``
         #: where it applies: sub-block hits, EAGLE, nothing re-prefilled).
         self.shared_prefix_checkpoints_apply: Final = (
-            shared_prefix_checkpoints
+            options.shared_prefix_checkpoints
             and self.partial_hash_hits
             and bool(self._eagle_group_ids)
-            and num_reprefillable_tokens == 0
+            and options.num_reprefillable_tokens == 0
         )
         #: Hits end on a multiple of this (tokens): the hash block with sub-block hits, else the scheduler
         #: block (vLLM 0.34's cache_hit_alignment_tokens).
@@ -287,72 +204,11 @@ class CoordinatorCore:
         )
         # Blocks taken from a copy's endpoints and not yet released by the engine (block id -> references).
         self._copy_held: dict[int, int] = {}
-        if zero_new_blocks is not None and len(zero_new_blocks) != len(groups):
-            raise UnsupportedConfigurationError(
-                f"zero_new_blocks has {len(zero_new_blocks)} entries for {len(groups)} KV cache groups; give "
-                "one per group (or None: each spec's zero_new_blocks trait)."
-            )
         self.managers: list[KVCacheManager] = [
-            manager_cls(
-                ManagerContext(
-                    kv_cache_spec=spec,
-                    traits=traits,
-                    block_pool=self.block_pool,
-                    kv_cache_group_id=gid,
-                    scheduler_block_size=self.scheduler_block_size,
-                    enable_caching=enable_caching,
-                    dcp_world_size=self._group_cp[gid][0],
-                    pcp_world_size=self._group_cp[gid][1],
-                    max_admission_blocks_per_request=traits.admission_cap_blocks(
-                        traits.block_tokens(spec.block_size), limits.batched_tokens, limits.max_model_len
-                    ),
-                    use_eagle=gid in self._eagle_group_ids,
-                    model_uses_eagle=bool(self._eagle_group_ids),
-                    prefix_cache_retention_interval=prefix_cache_retention_interval,
-                    max_model_len=limits.max_model_len,
-                    max_num_batched_tokens=limits.batched_tokens,
-                    profile=self.profile,
-                    zero_new_blocks=None if zero_new_blocks is None else zero_new_blocks[gid],
-                    partial_hash_hits=self.partial_hash_hits,
-                    shared_prefix_checkpoints=self.shared_prefix_checkpoints_apply,
-                )
-            )
-            for gid, (spec, traits, manager_cls) in enumerate(
-                zip(self.specs, self.traits, manager_classes, strict=True)
-            )
+            manager_cls(self._manager_context(gid, options))
+            for gid, manager_cls in enumerate(layout.manager_classes)
         ]
-        # Each group's token target in allocate_slots: decoder groups follow the request's tokens; a group
-        # sized by the encoder input (cross attention) gets num_encoder_tokens when the request is admitted
-        # and nothing after (vLLM's one static allocation).
-        self._is_cross = tuple(t.allocate_per_encoder_input for t in self.traits)
-        self._decoder_groups: Final = tuple(
-            (g, m) for g, m in enumerate(self.managers) if not self._is_cross[g]
-        )
-        self._encoder_groups: Final = tuple((g, m) for g, m in enumerate(self.managers) if self._is_cross[g])
-        self._decoder_managers: Final = tuple(m for _, m in self._decoder_groups)
-        # Groups that publish blocks to the prefix cache: not encoder-sized, and prefix-cacheable.
-        self._caching_groups: Final = tuple(
-            (g, m)
-            for g, m in enumerate(self.managers)
-            if not self._is_cross[g] and self.traits[g].prefix_cacheable
-        )
-        # Groups that register the prompt's tail inside a block as a partial entry (vLLM 0.34): left-closed
-        # hits, a block larger than the hash block, and a manager with the hook (kvspec's base class has it).
-        self._tail_groups: Final[dict[int, Callable[[RequestView, int], None]]] = {
-            g: m.cache_prompt_tail
-            for g, m in self._caching_groups
-            if self.profile.partial_prompt_tail_entries
-            and self.traits[g].prefix_hits_left_closed
-            and self.group_block_sizes[g] != self.hash_block_size
-            and isinstance(m, SingleTypeKVCacheManager)
-        }
-        # A manager whose cache_blocks acts without a new full block (vLLM 0.32's Mamba "align") turns off
-        # the skipping of calls that complete no scheduler block.
-        # Sub-block hits publish up to the computed tokens, unaligned: every call may key something.
-        self._cache_every_call: Final = self.partial_hash_hits or any(
-            isinstance(m, SingleTypeKVCacheManager) and m.caches_on_every_call
-            for _, m in self._caching_groups
-        )
+        self._route_capabilities()
         self.hit_search = PrefixHitSearch(
             spec_groups=split_spec_groups(
                 self.specs, self.traits, self.managers, self._eagle_group_ids, self._group_cp
@@ -368,33 +224,108 @@ class CoordinatorCore:
         # Events describe the whole group (a uniform-type group's kind is its layers', not its
         # representative's), as vLLM annotates them.
         self._event_metadata = group_event_metadata(
-            [self.profile.event_traits(traits_of(g.kv_cache_spec)) for g in groups],
-            [r.capabilities.identifier if r.capabilities is not None else None for r in registrations],
+            [self.profile.event_traits(traits_of(g.kv_cache_spec)) for g in kv_cache_config.kv_cache_groups],
+            list(layout.capability_ids),
         )
-        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if options.log_stats else None
         self._empty = KVCacheBlocks(tuple(() for _ in self.specs))
         # Requests whose prefix hit was attached, by id, with the object admitted: later calls with that
         # object take the short per-step path; another object under a live id is refused at the door.
         self._admitted: dict[str, RequestView] = {}
-        #: Admission checks (a live id given to a second request, a prompt over max_model_len, computed tokens
-        #: no hit block backs): on for kvspec's own API; an adapter whose engine checks these itself (vLLM's
-        #: Scheduler keys requests by id, whatever the object) turns them off.
-        self.check_admissions = True
+        #: Admission checks (``CoordinatorOptions.check_admissions``).
+        self.check_admissions = options.check_admissions
         self._cached_tokens: dict[str, int] = {}
-        # Whether every decoder manager splits allocate_new_computed_blocks as the base class does (hits, then
-        # external blocks): a per-group zeroing choice needs the two halves.
-        self._base_decoders: Final = all(
-            isinstance(m, SingleTypeKVCacheManager)
-            and type(m).allocate_new_computed_blocks is SingleTypeKVCacheManager.allocate_new_computed_blocks
-            for m in self._decoder_managers
+
+    def _manager_context(self, gid: int, options: CoordinatorOptions) -> ManagerContext:
+        """Group ``gid``'s manager's settings."""
+        spec, traits, limits = self.specs[gid], self.traits[gid], self.limits
+        return ManagerContext(
+            kv_cache_spec=spec,
+            traits=traits,
+            block_pool=self.block_pool,
+            kv_cache_group_id=gid,
+            scheduler_block_size=self.scheduler_block_size,
+            enable_caching=options.enable_caching,
+            dcp_world_size=self._group_cp[gid][0],
+            pcp_world_size=self._group_cp[gid][1],
+            max_admission_blocks_per_request=traits.admission_cap_blocks(
+                traits.block_tokens(spec.block_size), limits.batched_tokens, limits.max_model_len
+            ),
+            use_eagle=gid in self._eagle_group_ids,
+            model_uses_eagle=bool(self._eagle_group_ids),
+            prefix_cache_retention_interval=self.prefix_cache_retention_interval,
+            max_model_len=limits.max_model_len,
+            max_num_batched_tokens=limits.batched_tokens,
+            profile=self.profile,
+            zero_new_blocks=None if options.zero_new_blocks is None else options.zero_new_blocks[gid],
+            partial_hash_hits=self.partial_hash_hits,
+            shared_prefix_checkpoints=self.shared_prefix_checkpoints_apply,
         )
-        # External tokens attach in two phases (all groups' hits, then all groups' external blocks) in hybrids.
+
+    def _route_capabilities(self) -> None:
+        """Which managers each per-step path calls, read once from what each manager declares
+        (``kvspec.contracts.manager.declared_capabilities``, checked at registration), never from its class."""
+        managers = self.managers
+        caps = [declared_capabilities(type(m)) for m in managers]
+        # Each group's token target in allocate_slots: decoder groups follow the request's tokens; a group
+        # sized by the encoder input (cross attention) gets num_encoder_tokens when the request is admitted
+        # and nothing after (vLLM's one static allocation).
+        self._is_cross = tuple(t.allocate_per_encoder_input for t in self.traits)
+        self._decoder_groups: Final = tuple((g, m) for g, m in enumerate(managers) if not self._is_cross[g])
+        self._encoder_groups: Final = tuple((g, m) for g, m in enumerate(managers) if self._is_cross[g])
+        self._decoder_managers: Final = tuple(m for _, m in self._decoder_groups)
+        # Groups that publish blocks to the prefix cache: not encoder-sized, and prefix-cacheable.
+        self._caching_groups: Final = tuple(
+            (g, m)
+            for g, m in enumerate(managers)
+            if not self._is_cross[g] and self.traits[g].prefix_cacheable
+        )
+        # Groups that register the prompt's tail inside a block as a partial entry (vLLM 0.34): left-closed
+        # hits, a block larger than the hash block, and a manager declaring the hook.
+        self._tail_groups: Final[dict[int, Callable[[RequestView, int], None]]] = {
+            g: cast(CachesPromptTails, m).cache_prompt_tail
+            for g, m in self._caching_groups
+            if self.profile.partial_prompt_tail_entries
+            and self.traits[g].prefix_hits_left_closed
+            and self.group_block_sizes[g] != self.hash_block_size
+            and PROMPT_TAIL in caps[g]
+        }
+        # A manager whose cache_blocks acts without a new full block (vLLM 0.32's Mamba "align") turns off
+        # the skipping of calls that complete no scheduler block. Sub-block hits publish up to the computed
+        # tokens, unaligned: every call may key something.
+        self._cache_every_call: Final = self.partial_hash_hits or any(
+            CACHING_CADENCE in caps[g] and cast(CachingCadence, m).caches_on_every_call
+            for g, m in self._caching_groups
+        )
+        #: Decoder groups whose managers attach external tokens in two phases (every group's hits, then
+        #: every group's external blocks); a per-group zeroing choice needs every decoder's.
+        self._external_attachers: Final = tuple(
+            (g, cast(AttachesExternalBlocks, m))
+            for g, m in self._decoder_groups
+            if EXTERNAL_BLOCKS in caps[g]
+        )
+        self._base_decoders: Final = len(self._external_attachers) == len(self._decoder_groups)
+        # External tokens attach in two phases in hybrids, so an external allocation cannot evict a later
+        # group's hit.
         self._two_phase_external: Final = len(self._decoder_groups) > 1 and self._base_decoders
         # Managers that can free blocks early; full attention's remove_skipped_blocks is a no-op.
-        self._skipping_managers = [m for m in self.managers if _may_skip_blocks(type(m))]
+        self._skipping_managers = [m for m in managers if skips_blocks(type(m))]
         self._prefill_end_managers = [
-            m for m in self.managers if isinstance(m, SingleTypeKVCacheManager) and m.wants_prefill_end
+            cast(NeedsPrefillEnd, m)
+            for g, m in enumerate(managers)
+            if PREFILL_END in caps[g] and cast(NeedsPrefillEnd, m).wants_prefill_end
         ]
+        self._copying_groups: Final = tuple(
+            (g, cast(CopiesBlocks, m))
+            for g, m in enumerate(managers)
+            if BLOCK_COPIES in caps[g] or SUB_BLOCK_HITS in caps[g]
+        )
+        self._boundary_managers: Final = tuple(
+            cast(OffersBoundaryStates, m) for g, m in enumerate(managers) if BOUNDARY_STATES in caps[g]
+        )
+        self._retention_managers: Final = tuple(
+            cast(RetentionAware, m) for g, m in enumerate(managers) if RETENTION in caps[g]
+        )
 
     # -- helpers for engines ------------------------------------------------------------------
 
@@ -599,12 +530,10 @@ class CoordinatorCore:
             ):
                 # Every group's hit blocks are taken before any group allocates for external tokens, or
                 # that allocation could evict a later group's hit and hand one block out twice.
-                for gid, manager in self._decoder_groups:
-                    assert isinstance(manager, SingleTypeKVCacheManager)
-                    manager.add_local_computed_blocks(request_id, computed[gid], local, external)
-                for gid, manager in self._decoder_groups:
-                    assert isinstance(manager, SingleTypeKVCacheManager)
-                    manager.allocate_external_computed_blocks(
+                for gid, attacher in self._external_attachers:
+                    attacher.add_local_computed_blocks(request_id, computed[gid], local, external)
+                for gid, attacher in self._external_attachers:
+                    attacher.allocate_external_computed_blocks(
                         request_id, local, external, gid not in skip_zeroing_group_ids
                     )
             else:
@@ -794,9 +723,8 @@ class CoordinatorCore:
         """Drain every group's state blocks committed at exact token boundaries since the last call, in
         group order (``BoundaryState``: what a KV connector offloads; Mamba "align" groups offer them)."""
         states: list[BoundaryState] = []
-        for manager in self.managers:
-            if isinstance(manager, SingleTypeKVCacheManager):
-                states.extend(manager.take_boundary_states())
+        for manager in self._boundary_managers:
+            states.extend(manager.take_boundary_states())
         return states
 
     def evict_blocks(self, block_ids: Sequence[int]) -> None:
@@ -805,16 +733,12 @@ class CoordinatorCore:
     def set_prefix_cache_retention_interval(self, interval: int | None) -> None:
         """Change sparse retention (tokens, a multiple of the scheduler block; None: dense) from the next
         caching call on; blocks already cached stay cached. Checked as the constructor checks it
-        (``UnsupportedConfigurationError``); nothing changes when it is refused. Managers built on
-        ``SingleTypeKVCacheManager`` read it from their context; a from-scratch manager keeps the context it
-        was constructed with."""
+        (``UnsupportedConfigurationError``); nothing changes when it is refused. Every manager declaring the
+        ``retention`` capability is told (``set_prefix_cache_retention_interval``)."""
         _check_retention_interval(interval, self.scheduler_block_size, self.traits)
         self.prefix_cache_retention_interval = interval
-        for manager in self.managers:
-            if isinstance(manager, SingleTypeKVCacheManager):
-                manager.context = dataclasses.replace(
-                    manager.context, prefix_cache_retention_interval=interval
-                )
+        for manager in self._retention_managers:
+            manager.set_prefix_cache_retention_interval(interval)
 
     def reset_prefix_cache(self) -> bool:
         """Forget all cached blocks; False (nothing changed) while requests still hold blocks.
@@ -848,9 +772,7 @@ class CoordinatorCore:
         them with ``release_copied_blocks`` once the copies have run. Empty without sub-block hits."""
         copies: list[BlockCopy] = []
         held: list[KVCacheBlock] = []
-        for gid, manager in enumerate(self.managers):
-            if not isinstance(manager, SingleTypeKVCacheManager):
-                continue
+        for gid, manager in self._copying_groups:
             for source, target in manager.take_block_copies():
                 copies.append(
                     BlockCopy(
@@ -890,11 +812,10 @@ class CoordinatorCore:
         """When a request finishes, before it is freed: the states it keyed inside its own blocks that a
         KV connector may still offload from there (pin them first; see ``BoundaryState``)."""
         states: list[BoundaryState] = []
-        for manager in self.managers:
-            if isinstance(manager, SingleTypeKVCacheManager):
-                state = manager.finalize_partial_tail(request_id, num_computed_tokens, num_in_flight_tokens)
-                if state is not None:
-                    states.append(state)
+        for _, manager in self._copying_groups:
+            state = manager.finalize_partial_tail(request_id, num_computed_tokens, num_in_flight_tokens)
+            if state is not None:
+                states.append(state)
         return states
 
     def check_invariants(self) -> None:
@@ -1015,7 +936,7 @@ def _partial_hash_hits_apply(
     rows = list(zip(coord.specs, coord.traits, manager_classes, coord.group_block_sizes, strict=True))
 
     def fine(cls: type[KVCacheManager]) -> bool:
-        return bool(getattr(cls, "supports_sub_block_hits", False))
+        return SUB_BLOCK_HITS in declared_capabilities(cls)
 
     if not any(
         t.prefix_cacheable
@@ -1041,82 +962,3 @@ def _free_request_id(coord: CoordinatorCore, request_id: str) -> None:
     coord._cached_tokens.pop(request_id, None)
     for manager in coord.managers:
         manager.free(request_id)
-
-
-def _check_hash_settings(hash_block_size: object, hash_algorithm: str) -> None:
-    if hash_block_size is not None and (
-        isinstance(hash_block_size, bool) or not isinstance(hash_block_size, int) or hash_block_size <= 0
-    ):
-        raise UnsupportedConfigurationError(
-            f"hash_block_size must be a positive int (tokens) or None, got {hash_block_size!r}."
-        )
-    get_hash_constructor(hash_algorithm)  # an unknown algorithm is refused here, not at the first request
-
-
-def _check_caching_settings(
-    specs: Sequence[KVCacheSpec], traits: Sequence[SpecTraits], enable_caching: bool, use_eagle: bool
-) -> None:
-    if not enable_caching:
-        return
-    for spec, spec_traits in zip(specs, traits, strict=True):
-        if not spec_traits.supports_prefix_caching:
-            raise UnsupportedConfigurationError(
-                f"{type(spec).__name__} does not support prefix caching (encoder-decoder models with "
-                "cross attention, for one); run with enable_caching=False."
-            )
-        if use_eagle and not spec_traits.supports_eagle_with_prefix_caching:
-            raise UnsupportedConfigurationError(
-                f"EAGLE with prefix caching is not supported for {type(spec).__name__} layers "
-                "(e.g. Mamba); turn off one of them."
-            )
-
-
-def _eagle_groups(
-    groups: Sequence[KVCacheGroupSpec], specs: Sequence[KVCacheSpec], use_eagle: bool
-) -> frozenset[int]:
-    """Groups that cache and search like EAGLE groups (the lookahead block dropped from hits): the declared
-    EAGLE groups (all of them if none is declared), and every group of the same spec as one of them (groups
-    of one spec are searched as one, so their cached blocks must line up)."""
-    if not use_eagle:
-        return frozenset()
-    eagle_ids = {i for i, g in enumerate(groups) if g.is_eagle_group} or set(range(len(groups)))
-    return frozenset(
-        eagle_ids | {i for i, spec in enumerate(specs) if any(spec == specs[e] for e in eagle_ids)}
-    )
-
-
-def _check_retention_interval(
-    interval: object, scheduler_block_size: int, traits: Sequence[SpecTraits]
-) -> None:
-    if interval is None:
-        return
-    # Retention thins the caches of windowed and state (Mamba-like) groups; 0 (vLLM 0.34's planned default)
-    # is accepted as a no-op for any model, a positive interval only where it has an effect.
-    if not any(t.sliding_window is not None or t.hits_at_own_block_boundaries for t in traits):
-        if interval == 0:
-            return
-        raise UnsupportedConfigurationError(
-            "prefix_cache_retention_interval is set but this model has no sliding-window or Mamba KV cache "
-            "group, so retention has no effect; set it to 0 or None (it only thins sliding-window and Mamba "
-            "caches)."
-        )
-    if (
-        isinstance(interval, bool)
-        or not isinstance(interval, int)
-        or interval < 0
-        or interval % scheduler_block_size
-    ):
-        raise UnsupportedConfigurationError(
-            f"prefix_cache_retention_interval ({interval!r}) must be a non-negative int (tokens) and a "
-            f"multiple of scheduler_block_size ({scheduler_block_size})."
-        )
-
-
-def _may_skip_blocks(manager_cls: type) -> bool:
-    """False only for managers that keep SingleTypeKVCacheManager's no-op skipping behaviour."""
-    if not issubclass(manager_cls, SingleTypeKVCacheManager):
-        return True
-    return (
-        manager_cls.get_num_skipped_tokens is not SingleTypeKVCacheManager.get_num_skipped_tokens
-        or manager_cls.remove_skipped_blocks is not SingleTypeKVCacheManager.remove_skipped_blocks
-    )

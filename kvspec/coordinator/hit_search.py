@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kvspec.blocks.hashing import BlockHashListWithBlockSize
 from kvspec.blocks.pool import BlockPool, KVCacheBlock
-from kvspec.contracts.manager import HitQuery, KVCacheManager
+from kvspec.contracts.manager import SUB_BLOCK_HITS, HitQuery, KVCacheManager, declared_capabilities
 from kvspec.contracts.spec import KVCacheSpec
 from kvspec.contracts.traits import SpecTraits
 
@@ -102,8 +102,7 @@ class PrefixHitSearch:
         # Sub-block hits: a group whose manager supports them searches the hash-block hashes too, and
         # every hit aligns to the hash block.
         self._fine = tuple(
-            partial_hash_hits and bool(getattr(g.manager_cls, "supports_sub_block_hits", False))
-            for g in spec_groups
+            partial_hash_hits and SUB_BLOCK_HITS in declared_capabilities(g.manager_cls) for g in spec_groups
         )
         # How far past the candidate an EAGLE group's search may look (tokens): one block (one hash block
         # for a sub-block search), except for a group of state snapshots under 0.34

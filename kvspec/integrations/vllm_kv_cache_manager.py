@@ -644,10 +644,10 @@ class VllmKVCacheManager:
             eviction_policy=eviction_policy,
             allow_partial_hash_hits=allow_partial_hash_hits,
             shared_prefix_checkpoints=shared_prefix_checkpoints,
+            # vLLM's Scheduler checks prompts against max_model_len itself and keys requests by id, whatever
+            # the object (its tests rebuild them): the coordinator's own admission checks would second-guess it.
+            check_admissions=False,
         )
-        # vLLM's Scheduler checks prompts against max_model_len itself and keys requests by id, whatever the
-        # object (its tests rebuild them): the coordinator's own admission checks would second-guess it.
-        self.kvspec_coordinator.check_admissions = False
         # vLLM's collector (or kvspec's: same calls) is told of allocations, hits and evictions by kvspec's pool.
         self.kvspec_coordinator.block_pool.metrics_collector = metrics_collector
         self.coordinator = _coordinator_facade(self.kvspec_coordinator, enable_caching, kv_cache_config)

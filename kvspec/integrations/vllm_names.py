@@ -9,11 +9,9 @@ from typing import Any
 __all__ = ["VLLM_STATE_NAMES", "VllmManagerView"]
 
 
-#: vLLM's public names for a manager's per-request state -> kvspec's private fields (vLLM's tests read and
-#: write them; kvspec's plugins go through get_blocks / num_cached_blocks instead).
+#: vLLM's names for a manager's state that kvspec's base manager keeps under another name (vLLM's tests read
+#: and write them). ``req_to_blocks``, ``num_cached_block`` and ``_null_block`` are the base manager's own.
 VLLM_STATE_NAMES: dict[str, str] = {
-    "req_to_blocks": "_req_to_blocks",
-    "num_cached_block": "_num_cached_block",
     "new_block_ids": "_new_block_ids",
     "records_new_block_ids": "tracks_new_block_ids",  # vLLM 0.34's name
     "_pending_cow_copies": "_pending_copies",  # vLLM 0.34's sub-block hits' queued block copies

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvspec import planning
+from kvspec.contracts.release import VLLM_0_23
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.errors import (
     ConflictingLayerSpecError,
@@ -138,13 +139,15 @@ def get_kv_cache_configs(
     if getattr(model_config, "original_max_model_len", None) == -1:
         memory = list(available_memory)
         if override is not None:  # as vLLM: the override's bytes are what is fitted into
-            groups = planning.get_kv_cache_groups(planning.merge_worker_specs(specs), hybrid=hybrid)
+            groups = planning.get_kv_cache_groups(
+                planning.merge_worker_specs(specs), hybrid=hybrid, profile=VLLM_0_23
+            )
             for i, worker in enumerate(specs):
                 projected = [g for g in planning.project_groups_to_worker(groups, worker) if g.layer_names]
                 if projected:
                     memory[i] = override * planning.bytes_per_block(projected)
         model_config.max_model_len = planning.auto_fit_max_model_len(
-            specs, memory, limits_from_vllm_config(vllm_config), hybrid=hybrid
+            specs, memory, limits_from_vllm_config(vllm_config), hybrid=hybrid, profile=VLLM_0_23
         )
     try:
         configs = planning.get_kv_cache_configs(
@@ -153,6 +156,7 @@ def get_kv_cache_configs(
             limits_from_vllm_config(vllm_config),
             num_blocks_override=override,
             hybrid=hybrid,
+            profile=VLLM_0_23,
         )
     except ConflictingLayerSpecError as exc:
         raise VllmConflictingLayerSpecError(str(exc)) from exc
@@ -163,7 +167,7 @@ def get_kv_cache_configs(
 
 def estimate_max_model_len(vllm_config: Any, kv_cache_spec: Mapping[str, Any], available_memory: int) -> int:
     specs = to_kvspec_layers(kv_cache_spec)
-    groups = planning.get_kv_cache_groups(specs, hybrid=uses_hybrid_manager(vllm_config))
+    groups = planning.get_kv_cache_groups(specs, hybrid=uses_hybrid_manager(vllm_config), profile=VLLM_0_23)
     return planning.estimate_max_model_len(groups, available_memory, limits_from_vllm_config(vllm_config))
 
 

@@ -67,9 +67,8 @@ def _grouped(vllm_config: Any, layer_specs: Mapping[str, KVCacheSpec]) -> Sequen
             return planning.get_kv_cache_groups(
                 layer_specs,
                 hybrid=uses_hybrid_manager(vllm_config),
-                pad_pages=VLLM_0_34.planning_pads_pages,
+                profile=VLLM_0_34,
                 pack_pages=_packs_pages(vllm_config, layer_specs),
-                full_allocation_fallback=VLLM_0_34.planning_full_allocation_fallback,
             )
     except PageSizeUnificationError as exc:
         raise VllmPageSizeUnificationError(str(exc)) from exc

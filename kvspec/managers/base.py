@@ -1,10 +1,30 @@
 """Shared bookkeeping of the per-spec-type managers (vLLM's SingleTypeKVCacheManager), and the plugin surface.
 
-Settings come from one ``ManagerContext`` (``self.context``; read-only properties such as ``block_size`` and
-``block_pool`` read it). Per-request state (each request's block list, how many of its blocks are cached)
-is private: a hook reads it through ``get_blocks``, ``num_requests``, ``is_admitted`` and
-``num_cached_blocks``, and changes it only through the inherited methods. No runtime type checks here:
-these methods run per step and per block.
+Settings come from one ``ManagerContext`` (``self.context``; read-only properties such as ``block_size``,
+``block_pool`` and ``kv_cache_group_id`` read it). No runtime type checks here: these methods run per step
+and per block.
+
+The per-request state carries vLLM's names, the documented surface a manager ported from vLLM (a subclass
+written the way vLLM's ``SingleTypeKVCacheManager`` subclasses are) reads and writes unchanged:
+
+``req_to_blocks: dict[str, list[KVCacheBlock]]``
+    Each request's blocks in order; the null block (``_null_block``) stands for a position freed early.
+    An entry exists from the request's admission (``allocate_new_computed_blocks``) until ``free``; it is
+    a plain dict (vLLM's is a defaultdict), so index it only for admitted requests, else use ``.get``.
+``num_cached_block: dict[str, int]``
+    How many of the request's leading blocks are published in the prefix cache; presence means the
+    request was admitted (its later calls are running steps).
+``_null_block: KVCacheBlock``
+    The pool's null block (``block_pool.null_block``).
+``block_pool``, ``kv_cache_spec``, ``kv_cache_group_id``, ``block_size``, ``enable_caching``, ``use_eagle``
+    The group's settings (read-only: they come from the context).
+
+A kvspec-native hook may read the same state through ``get_blocks``, ``num_requests``, ``is_admitted`` and
+``num_cached_blocks``.
+
+Capabilities: the class declares in ``manager_capabilities`` every optional hook of
+``kvspec.contracts.manager.MANAGER_CAPABILITIES`` it implements (this class: all but ``sub_block_hits``,
+which a subclass whose hit search ends hits inside a block adds); the registry checks them at registration.
 
 The hooks a plugin manager overrides (everything else is bookkeeping it inherits):
 
@@ -32,6 +52,7 @@ The hooks a plugin manager overrides (everything else is bookkeeping it inherits
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
@@ -39,21 +60,40 @@ from mypy_extensions import mypyc_attr
 
 from kvspec.blocks.pool import BlockPool, KVCacheBlock
 from kvspec.blocks.request_view import RequestView
-from kvspec.contracts.manager import BoundaryState, HitQuery, HitResult, ManagerContext
+from kvspec.contracts.manager import (
+    BLOCK_COPIES,
+    BOUNDARY_STATES,
+    CACHING_CADENCE,
+    EXTERNAL_BLOCKS,
+    PREFILL_END,
+    PROMPT_TAIL,
+    RETENTION,
+    BoundaryState,
+    HitQuery,
+    HitResult,
+    ManagerContext,
+)
 from kvspec.contracts.spec import KVCacheSpec
 from kvspec.contracts.traits import SpecTraits
 from kvspec.errors import SchedulingError
 from kvspec.intmath import cdiv
+
+#: What ``SingleTypeKVCacheManager`` declares: every optional hook but sub-block hits.
+BASE_CAPABILITIES: frozenset[str] = frozenset(
+    {EXTERNAL_BLOCKS, PROMPT_TAIL, CACHING_CADENCE, PREFILL_END, BLOCK_COPIES, BOUNDARY_STATES, RETENTION}
+)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass it in plain Python (compiled build)
 class SingleTypeKVCacheManager:
     """Base class with the behaviour most managers share; subclasses define the hit search."""
 
-    #: Whether ``find_longest_cache_hit`` can end a hit inside a block when ``HitQuery.fine_block_hashes`` is
-    #: given (sub-block hits). A coordinator turns sub-block hits on only when every prefix-cacheable
-    #: group's manager can, or that group's block is the hash block.
-    supports_sub_block_hits: ClassVar[bool] = False
+    #: The optional hooks this class implements (``kvspec.contracts.manager.MANAGER_CAPABILITIES``). A
+    #: subclass whose ``find_longest_cache_hit`` can end a hit inside a block when
+    #: ``HitQuery.fine_block_hashes`` is given adds ``SUB_BLOCK_HITS``; a coordinator turns sub-block hits
+    #: on only when every prefix-cacheable group's manager declares it, or that group's block is the hash
+    #: block.
+    manager_capabilities: ClassVar[frozenset[str]] = BASE_CAPABILITIES
 
     def __init__(self, context: ManagerContext) -> None:
         block_pool = context.block_pool
@@ -70,8 +110,9 @@ class SingleTypeKVCacheManager:
         )
         # Per request: its blocks in order (null blocks mark positions freed early), and how many of its
         # leading blocks are published in the prefix cache (presence there: the request was admitted).
-        self._req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        self._num_cached_block: dict[str, int] = {}
+        # vLLM's names: the documented surface of a vLLM-shaped subclass (see the module docstring).
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_block: dict[str, int] = {}
         self._new_block_ids: list[int] = []
         self._null_block = block_pool.null_block
         # Sub-block hits (ManagerContext.partial_hash_hits): per request, the position and shared block of a
@@ -138,15 +179,15 @@ class SingleTypeKVCacheManager:
     @property
     def num_requests(self) -> int:
         """Requests holding blocks of this group (admitted and not freed)."""
-        return len(self._req_to_blocks)
+        return len(self.req_to_blocks)
 
     def is_admitted(self, request_id: str) -> bool:
         """Whether the request's prefix hit was attached (later calls are running steps)."""
-        return request_id in self._num_cached_block
+        return request_id in self.num_cached_block
 
     def num_cached_blocks(self, request_id: str) -> int:
         """Leading blocks of the request published in the prefix cache (0 for an unknown request)."""
-        return self._num_cached_block.get(request_id, 0)
+        return self.num_cached_block.get(request_id, 0)
 
     def setup(self) -> None:
         """Extension hook, called at the end of construction: validate the spec, add state, reserve
@@ -178,14 +219,14 @@ class SingleTypeKVCacheManager:
         cap = self._cap
         if apply_admission_cap and cap is not None and cap < num_required:
             num_required = cap
-        if request_id in self._num_cached_block:
+        if request_id in self.num_cached_block:
             if new_computed_blocks:
                 raise SchedulingError(
                     f"Request {request_id!r} is already running; it cannot take new prefix-hit blocks."
                 )
-            missing = num_required - len(self._req_to_blocks[request_id])
+            missing = num_required - len(self.req_to_blocks[request_id])
             return missing if missing > 0 else 0
-        req_blocks = self._req_to_blocks.get(request_id, ())
+        req_blocks = self.req_to_blocks.get(request_id, ())
         num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self._block_size
         num_local = len(new_computed_blocks) + len(req_blocks)
         num_new = max(num_required - max(num_skipped_blocks, num_local), 0)
@@ -203,7 +244,7 @@ class SingleTypeKVCacheManager:
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
     ) -> None:
-        if request_id in self._num_cached_block:
+        if request_id in self.num_cached_block:
             if new_computed_blocks:
                 raise SchedulingError(
                     f"Request {request_id!r} is already running; it cannot take new prefix-hit blocks."
@@ -226,7 +267,7 @@ class SingleTypeKVCacheManager:
         """First half of ``allocate_new_computed_blocks``: take the prefix-hit blocks (those attention still
         reads; null blocks stand for the skipped ones). The coordinator does this for every group before any
         group allocates blocks for external tokens, so that allocation cannot evict another group's hit."""
-        req_blocks = self._req_to_blocks.setdefault(request_id, [])
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
         total = num_local_computed_tokens + num_external_computed_tokens
         num_skipped_blocks = self.get_num_skipped_tokens(total) // self._block_size
         blocks = list(new_computed_blocks)
@@ -238,14 +279,14 @@ class SingleTypeKVCacheManager:
             raise SchedulingError("Computed blocks should be empty when prefix caching is disabled")
         req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(blocks)
-        self._num_cached_block[request_id] = len(req_blocks)
+        self.num_cached_block[request_id] = len(req_blocks)
         if self._partial_hits and blocks and num_local_computed_tokens % self._block_size:
             # The hit ends inside its last block, which other requests share: the request writes the rest
             # of that block into a private copy (taken at the next allocate_new_blocks; the coordinator
             # counted the block). Caching resumes at that position, so the copy is published once full.
             index = num_local_computed_tokens // self._block_size
             self._partial_hit_reqs[request_id] = (index, req_blocks[index])
-            self._num_cached_block[request_id] = index
+            self.num_cached_block[request_id] = index
 
     def allocate_external_computed_blocks(
         self,
@@ -259,7 +300,7 @@ class SingleTypeKVCacheManager:
         them after this step, which zeroing would race)."""
         if num_external_computed_tokens <= 0:
             return
-        req_blocks = self._req_to_blocks.setdefault(request_id, [])
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
         total = num_local_computed_tokens + num_external_computed_tokens
         num_new = cdiv(total, self._block_size) - len(req_blocks)
         if num_new > 0:
@@ -271,9 +312,9 @@ class SingleTypeKVCacheManager:
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
     ) -> list[KVCacheBlock]:
-        req_blocks = self._req_to_blocks.get(request_id)
+        req_blocks = self.req_to_blocks.get(request_id)
         if req_blocks is None:
-            req_blocks = self._req_to_blocks[request_id] = []
+            req_blocks = self.req_to_blocks[request_id] = []
         copied: list[KVCacheBlock] = []
         if self._partial_hit_reqs and request_id in self._partial_hit_reqs:
             index, source = self._partial_hit_reqs.pop(request_id)
@@ -295,7 +336,7 @@ class SingleTypeKVCacheManager:
         the copy source -> target (``take_block_copies``). Both stay referenced until the engine has run
         the copy: ``source`` keeps the reference the request took at its hit, ``target`` takes one more
         than the request's."""
-        req_blocks = self._req_to_blocks[request_id]
+        req_blocks = self.req_to_blocks[request_id]
         if req_blocks[index] is not source or source.is_null:
             raise SchedulingError(
                 f"copy on write for request {request_id!r}: block {index} is not the shared block "
@@ -316,7 +357,7 @@ class SingleTypeKVCacheManager:
 
     def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         request_id = request.request_id
-        num_cached = self._num_cached_block.get(request_id, 0)
+        num_cached = self.num_cached_block.get(request_id, 0)
         num_full = num_tokens // self._block_size
         if self._partial_hits:
             # Only hashed blocks are published (lookahead hashes lag the tokens); the coordinator leaves
@@ -328,14 +369,14 @@ class SingleTypeKVCacheManager:
             return
         self._pool.cache_full_blocks(
             request,
-            self._req_to_blocks[request_id],
+            self.req_to_blocks[request_id],
             num_cached,
             num_full,
             self._block_size,
             self._group_id,
             block_mask=self.cache_mask(request, num_full),
         )
-        self._num_cached_block[request_id] = num_full
+        self.num_cached_block[request_id] = num_full
 
     def finalize_partial_tail(
         self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
@@ -372,7 +413,7 @@ class SingleTypeKVCacheManager:
         boundary = (limit // hash_block if limit // hash_block < num_hashes else num_hashes) * hash_block
         if boundary <= 0 or boundary > num_tokens or boundary % self._block_size == 0:
             return
-        blocks = self._req_to_blocks.get(request.request_id)
+        blocks = self.req_to_blocks.get(request.request_id)
         index = boundary // self._block_size
         if blocks is None or index >= len(blocks):
             return
@@ -394,6 +435,10 @@ class SingleTypeKVCacheManager:
                 boundaries.append(shared_prefix_boundary - self.block_size)
         return boundaries
 
+    def set_prefix_cache_retention_interval(self, interval: int | None) -> None:
+        """Follow the coordinator's new retention (tokens; None: dense) from the next caching call."""
+        self.context = dataclasses.replace(self.context, prefix_cache_retention_interval=interval)
+
     def cache_mask(self, request: RequestView, num_blocks: int) -> list[bool] | None:
         """The mask ``cache_blocks`` publishes with: ``reachable_block_mask`` unless a manager's caching
         policy also depends on the request (sparse retention reads its prompt length)."""
@@ -404,16 +449,16 @@ class SingleTypeKVCacheManager:
         return None
 
     def free(self, request_id: str) -> None:
-        blocks = self._req_to_blocks.pop(request_id, None)
-        self._num_cached_block.pop(request_id, None)
+        blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
         if self._partial_hit_reqs:
             self._partial_hit_reqs.pop(request_id, None)
         if blocks:
             self._pool.free_blocks(reversed(blocks))
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
-        blocks = self._req_to_blocks.pop(request_id, None)
-        self._num_cached_block.pop(request_id, None)
+        blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
         if self._partial_hit_reqs:
             self._partial_hit_reqs.pop(request_id, None)
         if not blocks:
@@ -433,7 +478,7 @@ class SingleTypeKVCacheManager:
         num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
         if num_skipped_tokens <= 0:
             return
-        blocks = self._req_to_blocks.get(request_id)
+        blocks = self.req_to_blocks.get(request_id)
         if not blocks:
             return
         num_skipped = min(num_skipped_tokens // self._block_size, len(blocks))
@@ -461,7 +506,7 @@ class SingleTypeKVCacheManager:
         put the null block in their place; one ``free_blocks`` call for all of them. For a manager's
         ``remove_skipped_blocks`` that frees a gap rather than a head (vLLM 0.34's
         ``_remove_blocks_in_range``). Units: block indices."""
-        blocks = self._req_to_blocks.get(request_id)
+        blocks = self.req_to_blocks.get(request_id)
         if not blocks or first_block >= last_block:
             return
         null = self._null_block
@@ -484,13 +529,13 @@ class SingleTypeKVCacheManager:
         return 0
 
     def get_blocks(self, request_id: str) -> Sequence[KVCacheBlock]:
-        return self._req_to_blocks.get(request_id, ())
+        return self.req_to_blocks.get(request_id, ())
 
     def new_step_starts(self) -> None:
         return None
 
     def iter_held_blocks(self) -> Iterator[KVCacheBlock]:
-        for blocks in self._req_to_blocks.values():
+        for blocks in self.req_to_blocks.values():
             for block in blocks:
                 if not block.is_null:
                     yield block
@@ -504,7 +549,7 @@ class SingleTypeKVCacheManager:
         blocks."""
         if self._track_new_block_ids:
             self._new_block_ids.extend(
-                [b.block_id for b in self._req_to_blocks.get(request_id, ())[first_block:]]
+                [b.block_id for b in self.req_to_blocks.get(request_id, ())[first_block:]]
             )
 
     def take_new_block_ids(self) -> list[int]:
@@ -532,3 +577,15 @@ def truncate_to_alignment(
     while computed[0] and (len(computed[0]) * block_size) % alignment_tokens:
         for blocks in computed:
             blocks.pop()
+
+
+def skips_blocks(manager_cls: type) -> bool:
+    """Whether ``remove_skipped_blocks`` of ``manager_cls`` may free something: False only for a subclass of
+    ``SingleTypeKVCacheManager`` that keeps its no-op skipping (full attention), so the coordinator need not
+    call it every step. A manager written without the base class is always called."""
+    if not issubclass(manager_cls, SingleTypeKVCacheManager):
+        return True
+    return (
+        manager_cls.get_num_skipped_tokens is not SingleTypeKVCacheManager.get_num_skipped_tokens
+        or manager_cls.remove_skipped_blocks is not SingleTypeKVCacheManager.remove_skipped_blocks
+    )

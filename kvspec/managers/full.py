@@ -7,16 +7,16 @@ from collections.abc import Iterator, Sequence
 from mypy_extensions import mypyc_attr
 
 from kvspec.blocks.pool import KVCacheBlock
-from kvspec.contracts.manager import HitQuery, HitResult
+from kvspec.contracts.manager import SUB_BLOCK_HITS, HitQuery, HitResult
 from kvspec.errors import SpecValidationError
-from kvspec.managers.base import SingleTypeKVCacheManager, truncate_to_alignment
+from kvspec.managers.base import BASE_CAPABILITIES, SingleTypeKVCacheManager, truncate_to_alignment
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass it in plain Python (compiled build)
 class FullAttentionManager(SingleTypeKVCacheManager):
     """Every block is needed until the request ends; hits are a left-to-right prefix of the chain."""
 
-    supports_sub_block_hits = True
+    manager_capabilities = BASE_CAPABILITIES | {SUB_BLOCK_HITS}
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
@@ -53,9 +53,9 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         return HitResult(computed)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
-        num_requests = len(self._req_to_blocks)
+        num_requests = len(self.req_to_blocks)
         count = 0
-        for block in self._req_to_blocks.get(running_request_id, ()):
+        for block in self.req_to_blocks.get(running_request_id, ()):
             if block.ref_cnt != num_requests:
                 break
             count += 1

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from kvspec.blocks.eviction import BlockUse
 from kvspec.blocks.pool import KVCacheBlock, block_use
 from kvspec.blocks.request_view import RequestView
-from kvspec.contracts.manager import BoundaryState, HitQuery, HitResult
+from kvspec.contracts.manager import SUB_BLOCK_HITS, BoundaryState, HitQuery, HitResult
 from kvspec.contracts.spec import MAMBA_CACHE_MODES, MambaCacheMode
 from kvspec.errors import SchedulingError, UnsupportedConfigurationError
 from kvspec.intmath import cdiv
-from kvspec.managers.base import SingleTypeKVCacheManager, shared_prefix_boundary
+from kvspec.managers.base import BASE_CAPABILITIES, SingleTypeKVCacheManager, shared_prefix_boundary
 
 
 class MambaManager(SingleTypeKVCacheManager):
@@ -30,7 +30,7 @@ class MambaManager(SingleTypeKVCacheManager):
     entry moves to a copy at its next allocation; a request that hits it writes into a copy of its own.
     """
 
-    supports_sub_block_hits = True
+    manager_capabilities = BASE_CAPABILITIES | {SUB_BLOCK_HITS}
 
     def setup(self) -> None:
         spec = self.kv_cache_spec
@@ -41,7 +41,8 @@ class MambaManager(SingleTypeKVCacheManager):
                 f"MambaManager runs specs with mamba_cache_mode in {MAMBA_CACHE_MODES} and "
                 f"num_speculative_blocks >= 0; {type(spec).__name__} has {mode!r} and {num_spec_blocks!r}."
             )
-        self.context.profile.check_mamba_cache_mode(mode)  # the release may not run every mode
+        # The release may not run every mode, nor "none" with prefix caching (vLLM 0.34).
+        self.context.profile.check_mamba_cache_mode(mode, self.enable_caching)
         self.mamba_cache_mode: MambaCacheMode = mode
         self.num_speculative_blocks: int = num_spec_blocks
         self.cached_blocks_this_step: set[bytes] = set()
@@ -130,7 +131,7 @@ class MambaManager(SingleTypeKVCacheManager):
         idx = self.last_state_block_idx.get(request_id)
         if idx is None or idx >= cdiv(total, self.block_size) - 1:
             return
-        blocks = self._req_to_blocks[request_id]
+        blocks = self.req_to_blocks[request_id]
         block = blocks[idx]
         if not block.is_null:
             self.block_pool.free_blocks([block])
@@ -141,7 +142,7 @@ class MambaManager(SingleTypeKVCacheManager):
         (states prefill never kept) passed over; freed from the last one back, in one call (unhashed to
         the free queue's head, hashed to its tail)."""
         num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
-        blocks = self._req_to_blocks.get(request_id)
+        blocks = self.req_to_blocks.get(request_id)
         if num_skipped_tokens <= 0 or not blocks:
             return
         last = min(num_skipped_tokens // self.block_size, len(blocks))
@@ -178,7 +179,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 apply_admission_cap,
             )
         required = cdiv(num_tokens_main_model, self.block_size) + self.num_speculative_blocks
-        have = len(self._req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
+        have = len(self.req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
         checkpoint = 0
         if self.has_prefill_checkpoint_blocks:
             checkpoint = self._checkpoint_position(request_id, total_computed_tokens, num_tokens_main_model)
@@ -235,7 +236,7 @@ class MambaManager(SingleTypeKVCacheManager):
             or (position - query_start) % alignment
         ):
             return 0
-        blocks = self._req_to_blocks.get(request_id, ())
+        blocks = self.req_to_blocks.get(request_id, ())
         if (
             index >= len(blocks)
             or blocks[index].is_null
@@ -257,7 +258,7 @@ class MambaManager(SingleTypeKVCacheManager):
         # Lookahead tokens are not counted: a block-aligned chunk plus lookahead would break the alignment
         # (and draft models have no Mamba layers).
         num_spec_blocks = self.num_speculative_blocks
-        blocks = self._req_to_blocks.setdefault(request_id, [])
+        blocks = self.req_to_blocks.setdefault(request_id, [])
         required = cdiv(num_tokens_main_model, self.block_size) + num_spec_blocks
         prev_len = len(blocks)
         # The block before the chunk's last stays real (not null): the backend exports the checkpoint there.
@@ -309,7 +310,7 @@ class MambaManager(SingleTypeKVCacheManager):
         writing that block (a runner's block table is append-only): the cache entry moves to ``target``,
         filled by a queued copy before the next forward pass. Both hold a reference for the copy; a hit on
         the moved entry waits a step (the copy has not run), and the copy is offered to a connector."""
-        if self._req_to_blocks[request_id][index] is not source:
+        if self.req_to_blocks[request_id][index] is not source:
             raise SchedulingError(
                 f"Mamba prompt-boundary state of request {request_id!r}: block {index} is no longer the "
                 f"block {source.block_id} it was keyed in."
@@ -332,9 +333,9 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def cache_blocks(self, request: RequestView, num_tokens: int) -> None:
         request_id = request.request_id
-        num_before = self._num_cached_block.get(request_id, 0)
+        num_before = self.num_cached_block.get(request_id, 0)
         super().cache_blocks(request, num_tokens)
-        blocks = self._req_to_blocks.get(request_id, ())
+        blocks = self.req_to_blocks.get(request_id, ())
         if self._marks_prompt_boundary:
             self._mark_prompt_boundary_state(request, num_tokens, blocks)
         checkpoint = self._checkpoints.get(request_id) if self._checkpoints else None
@@ -348,7 +349,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.cached_blocks_this_step.add(key)
         # After the checkpoint, which may have dropped a key the full-block pass gave its block this call.
         align = self.mamba_cache_mode == "align"
-        for block in blocks[num_before : self._num_cached_block.get(request_id, 0)]:
+        for block in blocks[num_before : self.num_cached_block.get(request_id, 0)]:
             if block.block_hash is not None:
                 self.cached_blocks_this_step.add(block.block_hash)
                 if align:
@@ -384,7 +385,7 @@ class MambaManager(SingleTypeKVCacheManager):
             return None
         index = cdiv(num_tokens, self.block_size) - 1
         request_id = request.request_id
-        blocks = self._req_to_blocks.get(request_id, ())
+        blocks = self.req_to_blocks.get(request_id, ())
         if index >= len(blocks) or blocks[index].is_null:
             return None
         source = blocks[index]
@@ -393,7 +394,7 @@ class MambaManager(SingleTypeKVCacheManager):
         key = self.block_pool.cache_partial_block(request, source, num_tokens, self.kv_cache_group_id)
         if key is not None and num_tokens % self.block_size:
             self._partial_hit_reqs[request_id] = (index, source)
-            self._num_cached_block[request_id] = index
+            self.num_cached_block[request_id] = index
             self._producer_tails[request_id] = (source, num_tokens, block_use(request))
         return key
 
@@ -422,7 +423,7 @@ class MambaManager(SingleTypeKVCacheManager):
         (replacing any key an earlier step or this one gave it), when a later request can reach it: the
         prompt's own checkpoint, a retained segment's end, or the shared-prefix junction. Otherwise the
         state in it is transient, and any key it has is dropped (B stm:2040-2090). Returns a new key."""
-        blocks = self._req_to_blocks[request.request_id]
+        blocks = self.req_to_blocks[request.request_id]
         block = blocks[index]
         prompt_checkpoint = _checkpoint_boundary(
             request.num_prompt_tokens,

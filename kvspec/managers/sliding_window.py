@@ -143,8 +143,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
     def free(self, request_id: str) -> None:
         """Cached blocks join the tail (kept as cache longest); uncached scratch blocks the head."""
-        blocks = self._req_to_blocks.pop(request_id, None)
-        self._num_cached_block.pop(request_id, None)
+        blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
         if not blocks:
             return
         cached: list[KVCacheBlock] = []

@@ -11,10 +11,13 @@ Grouping (vLLM 0.23 rules):
    spec, and buckets are split into groups of ``group_size`` layers with a stride (so pipeline stages
    balance); hidden-state layers each get a group of their own.
 
-Under vLLM 0.32+'s rules (keyword arguments of the functions below): pages that cannot scale are padded
-(``pad_pages``); a block-outermost layout packs pages of several sizes side by side in one block
-(``pack_pages``); pages that cannot be unified beside MLA fall back to one full-allocation group
-(``full_allocation_fallback``); the null block is held back from the checks (``reserve_null_block``).
+Which release's rules apply is one argument, ``profile`` (a ``ReleaseProfile``; None: ``DEFAULT_PROFILE``,
+the current vLLM release), read through its ``planning`` section: under vLLM 0.32+ pages that cannot scale
+are padded, pages that cannot be unified beside MLA fall back to one full-allocation group, and the null
+block is held back from the memory checks; every planned ``KVCacheConfig`` carries the profile's
+prefix-cache retention, which the coordinator then runs. ``profile=VLLM_0_23`` plans as vLLM 0.23.0 does; a
+mix of behaviours is a derived profile (``dataclasses.replace(VLLM_0_34, planning_pads_pages=False)``).
+``pack_pages`` picks a block-outermost tensor layout (pages of several sizes side by side in one block).
 
 The functions are :mod:`kvspec.planning._core`'s (compiled in the compiled build); the public entry
 points that check their arguments with beartype are defined here, in plain Python, around them.
@@ -25,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from kvspec.contracts.checking import check_door
+from kvspec.contracts.release import ReleaseProfile
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.planning import _core
 from kvspec.planning._core import (
@@ -101,33 +105,30 @@ def get_kv_cache_groups(
     *,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
-    pad_pages: bool = False,
+    profile: ReleaseProfile | None = None,
     pack_pages: bool = False,
-    full_allocation_fallback: bool = False,
 ) -> list[KVCacheGroupSpec]:
     """Split layers into KV cache groups (each group shares one block table).
 
     Layers whose traits declare ``own_group`` (hidden-state caches) get one group each, resized to the
-    common page by their ``with_page_size``. With ``pad_pages`` (vLLM 0.34,
-    ``ReleaseProfile.planning_pads_pages``) a ``page_paddable`` layer whose block cannot scale to the common
-    page is padded to it (see ``unify_kv_cache_spec_page_size``), and an ``own_group`` layer's block is the
-    largest that fits the page and divides the other groups' blocks (a hit stays whole in its blocks).
+    common page by their ``with_page_size``. ``profile`` (None: ``DEFAULT_PROFILE``) picks the release's
+    rules (``ReleaseProfile.planning``): where it pads pages (vLLM 0.32 and 0.34) a ``page_paddable`` layer
+    whose block cannot scale to the common page is padded to it (see ``unify_kv_cache_spec_page_size``), and
+    an ``own_group`` layer's block is the largest that fits the page and divides the other groups' blocks (a
+    hit stays whole in its blocks); where it falls back to full allocation (vLLM 0.32+), pages that cannot be
+    unified beside a latent (MLA) layer put every layer in one uniform-type group, the sliding windows
+    allocated as full attention (``full_allocation_groups``), instead of the PageSizeUnificationError.
 
     ``pack_pages`` (a block-outermost layout, where a block holds a page of every layer of its group side by
     side): layers of several page sizes are packed into groups instead of unified
-    (``packed_kv_cache_groups``); the block then costs the widest group's bytes. With
-    ``full_allocation_fallback`` (vLLM 0.32+, ``ReleaseProfile.planning_full_allocation_fallback``), pages
-    that cannot be unified beside a latent (MLA) layer put every layer in one uniform-type group, the
-    sliding windows allocated as full attention (``full_allocation_groups``), instead of the
-    PageSizeUnificationError.
+    (``packed_kv_cache_groups``); the block then costs the widest group's bytes.
     """
     return _core.get_kv_cache_groups(
         layer_specs,
         hybrid=hybrid,
         registry=registry,
-        pad_pages=pad_pages,
+        profile=profile,
         pack_pages=pack_pages,
-        full_allocation_fallback=full_allocation_fallback,
     )
 
 
@@ -150,19 +151,19 @@ def get_kv_cache_configs(
     num_blocks_override: int | None = None,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
-    reserve_null_block: bool = False,
-    pad_pages: bool = False,
+    profile: ReleaseProfile | None = None,
     pack_pages: bool = False,
-    full_allocation_fallback: bool = False,
 ) -> list[KVCacheConfig]:
     """One KVCacheConfig per worker (tensor- or pipeline-parallel), all with the same block count.
 
     The smallest block count over the workers wins (every worker must hold the same block ids); each
     worker's tensors are shrunk to it. With ``num_blocks_override`` every worker gets that many blocks.
-    Raises InsufficientKVCacheMemoryError naming the worker that cannot hold one max-length request; with
-    ``reserve_null_block`` (vLLM 0.34, ``ReleaseProfile.planning_reserves_null_block``) that request must fit
-    in the blocks left beside the null block, which the pool holds back for its lifetime. ``pad_pages``: as
-    :func:`get_kv_cache_groups`.
+    Raises InsufficientKVCacheMemoryError naming the worker that cannot hold one max-length request; under a
+    profile that reserves the null block (vLLM 0.32 and 0.34, ``PlanningRules.reserve_null_block``) that
+    request must fit in the blocks left beside the null block, which the pool holds back for its lifetime.
+    Each config carries the profile's ``prefix_cache_retention_interval`` (0 under 0.34: sparse retention;
+    None under 0.23: dense), which ``KVCacheCoordinator`` runs. ``profile`` (None: ``DEFAULT_PROFILE``):
+    the release whose planning rules apply, as in :func:`get_kv_cache_groups`.
     """
     return _core.get_kv_cache_configs(
         per_worker_specs,
@@ -171,10 +172,8 @@ def get_kv_cache_configs(
         num_blocks_override=num_blocks_override,
         hybrid=hybrid,
         registry=registry,
-        reserve_null_block=reserve_null_block,
-        pad_pages=pad_pages,
+        profile=profile,
         pack_pages=pack_pages,
-        full_allocation_fallback=full_allocation_fallback,
     )
 
 
@@ -202,10 +201,8 @@ def get_kv_cache_config(
     num_blocks_override: int | None = None,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
-    reserve_null_block: bool = False,
-    pad_pages: bool = False,
+    profile: ReleaseProfile | None = None,
     pack_pages: bool = False,
-    full_allocation_fallback: bool = False,
 ) -> KVCacheConfig:
     """The layout for a single worker (see :func:`get_kv_cache_configs`)."""
     return _core.get_kv_cache_config(
@@ -215,10 +212,8 @@ def get_kv_cache_config(
         num_blocks_override=num_blocks_override,
         hybrid=hybrid,
         registry=registry,
-        reserve_null_block=reserve_null_block,
-        pad_pages=pad_pages,
+        profile=profile,
         pack_pages=pack_pages,
-        full_allocation_fallback=full_allocation_fallback,
     )
 
 
@@ -230,21 +225,18 @@ def auto_fit_max_model_len(
     *,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
-    reserve_null_block: bool = False,
-    pad_pages: bool = False,
+    profile: ReleaseProfile | None = None,
     pack_pages: bool = False,
-    full_allocation_fallback: bool = False,
 ) -> int:
-    """The largest max_model_len every worker can serve one request of (vLLM's max_model_len=-1); with
-    ``reserve_null_block`` (vLLM 0.34) in the blocks left beside the null block."""
+    """The largest max_model_len every worker can serve one request of (vLLM's max_model_len=-1); under a
+    profile that reserves the null block (vLLM 0.32 and 0.34; None: the default profile) in the blocks left
+    beside it."""
     return _core.auto_fit_max_model_len(
         per_worker_specs,
         per_worker_available_bytes,
         limits,
         hybrid=hybrid,
         registry=registry,
-        reserve_null_block=reserve_null_block,
-        pad_pages=pad_pages,
+        profile=profile,
         pack_pages=pack_pages,
-        full_allocation_fallback=full_allocation_fallback,
     )

@@ -16,6 +16,7 @@ import logging
 import math
 from collections.abc import Collection, Mapping, Sequence
 
+from kvspec.contracts.release import DEFAULT_PROFILE, ReleaseProfile
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.contracts.traits import full_attention_form, padded_to_page, resized_to_page, traits_of
 from kvspec.errors import (
@@ -129,17 +130,19 @@ def unify_hybrid_kv_cache_specs(
 
 
 def unify_kv_cache_spec_page_size(
-    layer_specs: Mapping[str, KVCacheSpec], *, pad_pages: bool = False
+    layer_specs: Mapping[str, KVCacheSpec], *, profile: ReleaseProfile | None = None
 ) -> dict[str, KVCacheSpec]:
     """Scale the block size of smaller-page layers so every layer's page equals the largest page.
 
-    With ``pad_pages`` (vLLM 0.34), a ``page_paddable`` layer whose page scaling cannot reach the largest
+    Under a profile that pads pages (``PlanningRules.pad_pages``: vLLM 0.32 and 0.34; None: the default
+    profile), a ``page_paddable`` layer whose page scaling cannot reach the largest
     one (it does not divide it, or it does not grow with the block: Mamba) is padded to it instead
     (``page_size_padded``); otherwise that is a PageSizeUnificationError."""
     pages = {spec.page_size_bytes for spec in layer_specs.values()}
     if len(pages) <= 1:
         return dict(layer_specs)
     max_page = max(pages)
+    pad_pages = (DEFAULT_PROFILE if profile is None else profile).planning_pads_pages
     out: dict[str, KVCacheSpec] = {}
     for name, spec in layer_specs.items():
         page = spec.page_size_bytes
@@ -194,12 +197,12 @@ def _bucket_layers(layer_specs: Mapping[str, KVCacheSpec]) -> dict[KVCacheSpec, 
 
 
 def _unify_buckets(
-    buckets: dict[KVCacheSpec, list[str]], order: Mapping[str, int], pad_pages: bool
+    buckets: dict[KVCacheSpec, list[str]], order: Mapping[str, int], profile: ReleaseProfile
 ) -> dict[KVCacheSpec, list[str]]:
     """Page-size unification done once per distinct spec (not per layer); buckets that become equal merge,
     their layers back in model order."""
     unified = unify_kv_cache_spec_page_size(
-        {names[0]: spec for spec, names in buckets.items()}, pad_pages=pad_pages
+        {names[0]: spec for spec, names in buckets.items()}, profile=profile
     )
     if all(unified[names[0]] is spec for spec, names in buckets.items()):
         return buckets
@@ -236,12 +239,13 @@ def get_kv_cache_groups(
     *,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
-    pad_pages: bool = False,
+    profile: ReleaseProfile | None = None,
     pack_pages: bool = False,
-    full_allocation_fallback: bool = False,
 ) -> list[KVCacheGroupSpec]:
     # Documented on kvspec.planning.get_kv_cache_groups, the checked door.
     registry = default_registry if registry is None else registry
+    profile = DEFAULT_PROFILE if profile is None else profile
+    rules = profile.planning
     specs_by_layer = dict(layer_specs)
     if not hybrid:
         specs_by_layer = unify_hybrid_kv_cache_specs(specs_by_layer, registry)
@@ -270,9 +274,11 @@ def get_kv_cache_groups(
     rest = {spec: layers for spec, layers in buckets.items() if spec not in own}
     order = {name: i for i, name in enumerate(specs_by_layer)}
     try:
-        unified = _unify_buckets(rest, order, pad_pages) if rest else {}
+        unified = _unify_buckets(rest, order, profile) if rest else {}
     except PageSizeUnificationError:
-        fallback = full_allocation_groups(specs_by_layer, registry) if full_allocation_fallback else None
+        fallback = (
+            full_allocation_groups(specs_by_layer, registry) if rules.full_allocation_fallback else None
+        )
         if fallback is None:
             raise
         return fallback
@@ -282,7 +288,7 @@ def get_kv_cache_groups(
         # vLLM 0.34: an own-group layer's block divides the other groups' blocks, so every hit (a whole
         # number of their blocks) is a whole number of its blocks too.
         common_block = (
-            math.gcd(*(g.kv_cache_spec.block_size for g in groups)) if pad_pages and groups else None
+            math.gcd(*(g.kv_cache_spec.block_size for g in groups)) if rules.pad_pages and groups else None
         )
         for name in sorted((n for layers in own.values() for n in layers), key=order.__getitem__):
             spec = specs_by_layer[name]
@@ -780,12 +786,11 @@ def get_kv_cache_configs(
     num_blocks_override: int | None = None,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
-    reserve_null_block: bool = False,
-    pad_pages: bool = False,
+    profile: ReleaseProfile | None = None,
     pack_pages: bool = False,
-    full_allocation_fallback: bool = False,
 ) -> list[KVCacheConfig]:
     # Documented on kvspec.planning.get_kv_cache_configs, the checked door.
+    profile = DEFAULT_PROFILE if profile is None else profile
     if len(per_worker_specs) != len(per_worker_available_bytes):
         raise PlanningError(
             f"Got specs for {len(per_worker_specs)} workers but memory for {len(per_worker_available_bytes)}."
@@ -795,12 +800,7 @@ def get_kv_cache_configs(
     registry.check(merged)
     check_layer_values(merged)
     global_groups = get_kv_cache_groups(
-        merged,
-        hybrid=hybrid,
-        registry=registry,
-        pad_pages=pad_pages,
-        pack_pages=pack_pages,
-        full_allocation_fallback=full_allocation_fallback,
+        merged, hybrid=hybrid, registry=registry, profile=profile, pack_pages=pack_pages
     )
     worker_groups = [project_groups_to_worker(global_groups, specs) for specs in per_worker_specs]
     for rank, groups in enumerate(worker_groups):
@@ -813,11 +813,17 @@ def get_kv_cache_configs(
         worker_groups=worker_groups,
         available_bytes=per_worker_available_bytes,
         num_blocks_override=num_blocks_override,
-        reserve_null_block=reserve_null_block,
+        reserve_null_block=profile.planning_reserves_null_block,
     )
     num_blocks = plan_num_blocks(budgets, limits)
+    # The planned retention travels with the config, as vLLM 0.34's planner writes it (the coordinator reads it).
+    retention = profile.prefix_cache_retention_interval
     return [
-        get_kv_cache_config_from_groups(groups, 0, num_blocks_override=num_blocks) for groups in worker_groups
+        dataclasses.replace(
+            get_kv_cache_config_from_groups(groups, 0, num_blocks_override=num_blocks),
+            prefix_cache_retention_interval=retention,
+        )
+        for groups in worker_groups
     ]
 
 
@@ -866,10 +872,8 @@ def get_kv_cache_config(
     num_blocks_override: int | None = None,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
-    reserve_null_block: bool = False,
-    pad_pages: bool = False,
+    profile: ReleaseProfile | None = None,
     pack_pages: bool = False,
-    full_allocation_fallback: bool = False,
 ) -> KVCacheConfig:
     # Documented on kvspec.planning.get_kv_cache_config, the checked door.
     return get_kv_cache_configs(
@@ -879,10 +883,8 @@ def get_kv_cache_config(
         num_blocks_override=num_blocks_override,
         hybrid=hybrid,
         registry=registry,
-        reserve_null_block=reserve_null_block,
-        pad_pages=pad_pages,
+        profile=profile,
         pack_pages=pack_pages,
-        full_allocation_fallback=full_allocation_fallback,
     )[0]
 
 
@@ -919,26 +921,20 @@ def auto_fit_max_model_len(
     *,
     hybrid: bool = True,
     registry: AnyRegistry | None = None,
-    reserve_null_block: bool = False,
-    pad_pages: bool = False,
+    profile: ReleaseProfile | None = None,
     pack_pages: bool = False,
-    full_allocation_fallback: bool = False,
 ) -> int:
     # Documented on kvspec.planning.auto_fit_max_model_len, the checked door.
     registry = default_registry if registry is None else registry
+    profile = DEFAULT_PROFILE if profile is None else profile
     merged = merge_worker_specs(per_worker_specs)
     groups = get_kv_cache_groups(
-        merged,
-        hybrid=hybrid,
-        registry=registry,
-        pad_pages=pad_pages,
-        pack_pages=pack_pages,
-        full_allocation_fallback=full_allocation_fallback,
+        merged, hybrid=hybrid, registry=registry, profile=profile, pack_pages=pack_pages
     )
     budgets = WorkerBudgets(
         worker_groups=[project_groups_to_worker(groups, specs) for specs in per_worker_specs],
         available_bytes=per_worker_available_bytes,
-        reserve_null_block=reserve_null_block,
+        reserve_null_block=profile.planning_reserves_null_block,
     )
     return auto_fit_from_groups(budgets, limits)
 

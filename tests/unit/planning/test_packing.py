@@ -3,6 +3,8 @@ full-allocation fallback for MLA beside a sliding window whose pages cannot be u
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ from kvspec import (
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
 )
+from kvspec.contracts.release import VLLM_0_23, VLLM_0_34
 from kvspec.device.kv_cache import allocate_kv_caches
 from kvspec.errors import PageSizeUnificationError, PlanningError
 from kvspec.planning import (
@@ -36,6 +39,10 @@ from kvspec.planning.config import KVCacheGroupSpec, KVCacheTensor
 from kvspec.registry.builtins import default_registry
 
 BF16, F32, U8 = torch.bfloat16, torch.float32, torch.uint8
+
+
+#: vLLM 0.34 without its full-allocation fallback: a derived profile, as a user mixing rules builds one.
+PADS_ONLY = dataclasses.replace(VLLM_0_34, planning_full_allocation_fallback=False)
 
 
 def mla(
@@ -136,8 +143,8 @@ def test_packing_needs_several_page_sizes_and_is_off_by_default() -> None:
     assert packed_kv_cache_groups(same_page) is None
     mixed = {"mla": mla(), "indexer": indexer(), "swa": swa_mla()}
     with pytest.raises(PageSizeUnificationError, match="does not divide"):
-        get_kv_cache_groups(mixed, pad_pages=True)
-    assert len(get_kv_cache_groups(mixed, pad_pages=True, pack_pages=True)) == 2
+        get_kv_cache_groups(mixed, profile=PADS_ONLY)
+    assert len(get_kv_cache_groups(mixed, profile=PADS_ONLY, pack_pages=True)) == 2
 
 
 def test_mixed_context_parallel_sharding_is_not_one_uniform_type() -> None:
@@ -193,9 +200,11 @@ def test_packed_plans_count_the_widest_groups_bytes_per_block() -> None:
     limits = SchedulerLimits(max_model_len=64)
     (config,) = get_kv_cache_configs([specs], [20 * 73728], limits, pack_pages=True)
     assert config.num_blocks == 20
-    get_kv_cache_configs([specs], [14 * 73728], limits, pack_pages=True)  # 4 + 5 + 5 blocks needed
+    get_kv_cache_configs(
+        [specs], [14 * 73728], limits, pack_pages=True, profile=VLLM_0_23
+    )  # 4 + 5 + 5 blocks needed
     with pytest.raises(PlanningError, match="needed"):
-        get_kv_cache_configs([specs], [14 * 73728 - 1], limits, pack_pages=True)
+        get_kv_cache_configs([specs], [14 * 73728 - 1], limits, pack_pages=True, profile=VLLM_0_23)
 
 
 def incompatible_mla_model(draft: KVCacheSpec) -> dict[str, KVCacheSpec]:
@@ -218,8 +227,10 @@ def test_mla_beside_an_incompatible_window_falls_back_to_one_full_allocation_gro
 ) -> None:
     specs = incompatible_mla_model(draft)
     with pytest.raises(PageSizeUnificationError):
-        get_kv_cache_groups(specs, pad_pages=True)
-    (group,) = get_kv_cache_groups(specs, pad_pages=True, full_allocation_fallback=True)
+        get_kv_cache_groups(specs, profile=PADS_ONLY)
+    with pytest.raises(PageSizeUnificationError):
+        get_kv_cache_groups(specs, profile=VLLM_0_23)
+    (group,) = get_kv_cache_groups(specs)  # the default profile (0.34) falls back
     assert group.layer_names == ("target.0.attn", "target.0.indexer", "draft.0")
     spec = group.kv_cache_spec
     assert isinstance(spec, UniformTypeKVCacheSpecs) and spec.block_size == 64
@@ -250,7 +261,7 @@ def test_the_fallback_needs_mla_and_a_window_and_no_chunked_or_own_group_layer()
 def test_the_fallback_logs_that_window_compute_is_unchanged(caplog: pytest.LogCaptureFixture) -> None:
     window = SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=64, dtype=F32, sliding_window=128)
     with caplog.at_level("WARNING", logger="kvspec.planning"):
-        get_kv_cache_groups(incompatible_mla_model(window), pad_pages=True, full_allocation_fallback=True)
+        get_kv_cache_groups(incompatible_mla_model(window), profile=VLLM_0_34)
     assert "attention compute is unchanged" in caplog.text
 
 

@@ -23,6 +23,7 @@ from kvspec import (
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
 )
+from kvspec.contracts.release import VLLM_0_23, VLLM_0_34
 from kvspec.contracts.traits import traits_of
 from kvspec.errors import (
     ConflictingLayerSpecError,
@@ -171,7 +172,9 @@ class TestOneWorker:
 
     def test_non_divisible_page_sizes(self) -> None:
         with pytest.raises(PageSizeUnificationError, match="does not divide the largest page size"):
-            get_kv_cache_config({"full0": full(96), "sw0": sw(head_size=64)}, PAGE * 100, LIMITS)
+            get_kv_cache_config(
+                {"full0": full(96), "sw0": sw(head_size=64)}, PAGE * 100, LIMITS, profile=VLLM_0_23
+            )
 
     def test_num_blocks_override(self) -> None:
         config = get_kv_cache_config(layers("l", full(), 2), PAGE * 2 * 64, LIMITS, num_blocks_override=16)
@@ -180,17 +183,46 @@ class TestOneWorker:
     def test_hidden_state_layers_get_their_own_groups(self) -> None:
         hidden = HiddenStateCacheSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=F32)
         # with full attention alone it is one uniform-type group (as in vLLM); in a hybrid it stands apart
-        uniform = get_kv_cache_config({"full0": full(), "h0": hidden}, PAGE * 2 * 64, LIMITS)
+        uniform = get_kv_cache_config(
+            {"full0": full(), "h0": hidden}, PAGE * 2 * 64, LIMITS, profile=VLLM_0_23
+        )
         assert isinstance(uniform.kv_cache_groups[0].kv_cache_spec, UniformTypeKVCacheSpecs)
-        config = get_kv_cache_config({"full0": full(), "sw0": sw(), "h0": hidden}, PAGE * 64, LIMITS)
+        config = get_kv_cache_config(
+            {"full0": full(), "sw0": sw(), "h0": hidden}, PAGE * 64, LIMITS, profile=VLLM_0_23
+        )
         assert group_layout(config) == [("full0",), ("sw0",), ("h0",)]
         h = config.kv_cache_groups[2].kv_cache_spec
         assert h.page_size_bytes == PAGE and h.block_size == PAGE // (64 * 4)
         assert config.kv_cache_tensors == (KVCacheTensor(size=PAGE * 64, shared_by=("full0", "sw0", "h0")),)
 
     def test_attention_free(self) -> None:
-        config = get_kv_cache_config({}, 1 << 30, LIMITS)
+        config = get_kv_cache_config({}, 1 << 30, LIMITS, profile=VLLM_0_23)
         assert config == KVCacheConfig(num_blocks=1, kv_cache_tensors=(), kv_cache_groups=())
+
+    def test_the_planned_config_carries_the_profiles_retention(self) -> None:
+        """vLLM 0.34's planner writes its retention (0: sparse) into every config; 0.23 plans dense (None),
+        and a config built by hand keeps the dataclass default (None)."""
+        specs = {"full0": full(), "sw0": sw()}
+        assert get_kv_cache_config(specs, PAGE * 2 * 64, LIMITS).prefix_cache_retention_interval == 0
+        assert (
+            get_kv_cache_config(
+                specs, PAGE * 2 * 64, LIMITS, profile=VLLM_0_23
+            ).prefix_cache_retention_interval
+            is None
+        )
+        every_block = dataclasses.replace(VLLM_0_34, prefix_cache_retention_interval=32)
+        assert (
+            get_kv_cache_config(
+                specs, PAGE * 2 * 64, LIMITS, profile=every_block
+            ).prefix_cache_retention_interval
+            == 32
+        )
+        assert (
+            KVCacheConfig(
+                num_blocks=1, kv_cache_tensors=(), kv_cache_groups=()
+            ).prefix_cache_retention_interval
+            is None
+        )
 
     def test_unregistered_spec_is_reported_with_its_layer(self) -> None:
         with pytest.raises(UnregisteredSpecError, match="layer bad: ForeignSpec"):
@@ -240,30 +272,31 @@ class TestPagePadding:
         wide = sw(head_size=96)  # 24,576 bytes: 16,384 does not divide it
         specs = {"full0": full(), "sw0": wide}
         with pytest.raises(PageSizeUnificationError, match="does not divide the largest page size"):
-            get_kv_cache_groups(specs)
-        groups = get_kv_cache_groups(specs, pad_pages=True)
+            get_kv_cache_groups(specs, profile=VLLM_0_23)
+        groups = get_kv_cache_groups(specs, profile=VLLM_0_34)
         padded = {g.layer_names[0]: g.kv_cache_spec for g in groups}
         assert padded["sw0"] is wide  # the largest page is left alone
         assert padded["full0"] == dataclasses.replace(full(), page_size_padded=wide.page_size_bytes)
         assert padded["full0"].block_size == 16 and padded["full0"].page_size_bytes == 24_576
         # one layer per group, the groups overlaid on one tensor: a block costs one 24,576-byte page
-        config = get_kv_cache_config(specs, PAGE * 2 * 32, LIMITS, pad_pages=True)
+        config = get_kv_cache_config(specs, PAGE * 2 * 32, LIMITS, profile=VLLM_0_34)
         assert config.num_blocks == PAGE * 2 * 32 // 24_576 == 42
 
     def test_a_page_that_divides_is_still_scaled_not_padded(self) -> None:
-        groups = get_kv_cache_groups({"full0": full(), "sw0": sw(head_size=128)}, pad_pages=True)
+        groups = get_kv_cache_groups({"full0": full(), "sw0": sw(head_size=128)}, profile=VLLM_0_34)
         full_spec = next(g.kv_cache_spec for g in groups if g.layer_names == ("full0",))
         assert full_spec.block_size == 32 and getattr(full_spec, "page_size_padded") is None  # noqa: B009
 
     def test_a_mamba_state_is_padded_and_a_latent_page_is_not(self) -> None:
         mamba = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=(F32,))  # 128 bytes, does not scale
-        groups = get_kv_cache_groups({"full0": full(), "m0": mamba}, pad_pages=True)
+        groups = get_kv_cache_groups({"full0": full(), "m0": mamba}, profile=VLLM_0_34)
         state = next(g.kv_cache_spec for g in groups if g.layer_names == ("m0",))
         assert state == dataclasses.replace(mamba, page_size_padded=PAGE) and state.block_size == 16
         latent = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
         assert not traits_of(latent).page_paddable and traits_of(full()).page_paddable
         with pytest.raises(PageSizeUnificationError, match="does not divide"):
-            get_kv_cache_groups({"mla0": latent, "sw0": sw(head_size=96)}, pad_pages=True)
+            no_fallback = dataclasses.replace(VLLM_0_34, planning_full_allocation_fallback=False)
+            get_kv_cache_groups({"mla0": latent, "sw0": sw(head_size=96)}, profile=no_fallback)
 
     def test_a_hidden_state_block_divides_the_other_groups_blocks_under_0_34(self) -> None:
         """vLLM 0.34 (B plan:1222-1240): 544-token groups with a 1,114,112-byte page; a hidden-state layer of
@@ -276,7 +309,7 @@ class TestPagePadding:
         assert full_spec.page_size_bytes == mamba.page_size_bytes == 1_114_112
 
         def hidden_spec(pad: bool) -> KVCacheSpec:
-            groups = get_kv_cache_groups(specs, pad_pages=pad)
+            groups = get_kv_cache_groups(specs, profile=VLLM_0_34 if pad else VLLM_0_23)
             return next(g.kv_cache_spec for g in groups if g.layer_names == ("hidden",))
 
         assert hidden_spec(False).block_size == 181  # 0.23: as many tokens as the page holds
@@ -365,7 +398,9 @@ class TestMemory:
     def test_not_enough_memory_names_the_numbers(self) -> None:
         spec = FullAttentionSpec(block_size=16, num_kv_heads=32, head_size=128, dtype=torch.float16)
         with pytest.raises(InsufficientKVCacheMemoryError) as info:
-            get_kv_cache_config(layers("l", spec, 32), 4 * (1 << 30), SchedulerLimits(max_model_len=16384))
+            get_kv_cache_config(
+                layers("l", spec, 32), 4 * (1 << 30), SchedulerLimits(max_model_len=16384), profile=VLLM_0_23
+            )
         err = info.value
         assert err.needed_bytes == 8 * (1 << 30) and err.available_bytes == 4 * (1 << 30)
         assert err.estimated_max_model_len == 8192
@@ -383,8 +418,8 @@ class TestMemory:
 
     def test_auto_fit(self) -> None:
         specs = layers("l", full(), 2)
-        assert auto_fit_max_model_len([specs], [PAGE * 2 * 1000], LARGE) == 1024
-        fitted = auto_fit_max_model_len([specs], [PAGE * 2 * 10], LARGE)
+        assert auto_fit_max_model_len([specs], [PAGE * 2 * 1000], LARGE, profile=VLLM_0_23) == 1024
+        fitted = auto_fit_max_model_len([specs], [PAGE * 2 * 10], LARGE, profile=VLLM_0_23)
         assert fitted == 160  # 10 blocks of 16 tokens per layer
         hybrid = {"full0": full(), "sw0": sw()}
         assert 0 < auto_fit_max_model_len([hybrid], [PAGE * 20], LARGE) < 1024
@@ -396,20 +431,20 @@ class TestMemory:
         the null block. 128 tokens need 8 blocks of 16: 8 blocks of memory pass without the reservation
         and are refused with it, 9 pass, and the blocks allocated still come from all the memory."""
         specs = layers("l", full(), 2)
-        assert get_kv_cache_config(specs, PAGE * 2 * 8, LIMITS).num_blocks == 8
+        assert get_kv_cache_config(specs, PAGE * 2 * 8, LIMITS, profile=VLLM_0_23).num_blocks == 8
         with pytest.raises(InsufficientKVCacheMemoryError, match="max seq len") as info:
-            get_kv_cache_config(specs, PAGE * 2 * 8, LIMITS, reserve_null_block=True)
+            get_kv_cache_config(specs, PAGE * 2 * 8, LIMITS, profile=VLLM_0_34)
         assert info.value.available_bytes == PAGE * 2 * 7 and info.value.estimated_max_model_len == 112
-        assert get_kv_cache_config(specs, PAGE * 2 * 9, LIMITS, reserve_null_block=True).num_blocks == 9
+        assert get_kv_cache_config(specs, PAGE * 2 * 9, LIMITS, profile=VLLM_0_34).num_blocks == 9
         with pytest.raises(
             InsufficientKVCacheMemoryError, match="max seq len"
         ):  # the override's 8 blocks too
-            get_kv_cache_config(specs, PAGE * 2 * 100, LIMITS, num_blocks_override=8, reserve_null_block=True)
-        assert auto_fit_max_model_len([specs], [PAGE * 2 * 10], LARGE, reserve_null_block=True) == 144
+            get_kv_cache_config(specs, PAGE * 2 * 100, LIMITS, num_blocks_override=8, profile=VLLM_0_34)
+        assert auto_fit_max_model_len([specs], [PAGE * 2 * 10], LARGE, profile=VLLM_0_34) == 144
         with pytest.raises(
             InsufficientKVCacheMemoryError, match="Cannot auto-fit"
         ):  # one block: the null one
-            auto_fit_max_model_len([specs], [PAGE * 2], LARGE, reserve_null_block=True)
+            auto_fit_max_model_len([specs], [PAGE * 2], LARGE, profile=VLLM_0_34)
 
 
 class TestMultipleWorkers:

@@ -482,8 +482,8 @@ class LeakyManager(FullAttentionManager):
     """Forgets the request but never gives its blocks back."""
 
     def free(self, request_id: str) -> None:
-        self._req_to_blocks.pop(request_id, None)
-        self._num_cached_block.pop(request_id, None)
+        self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
 
 
 class WrongHitManager(FullAttentionManager):

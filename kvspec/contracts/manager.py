@@ -276,6 +276,7 @@ BLOCK_COPIES = "block_copies"
 SUB_BLOCK_HITS = "sub_block_hits"
 BOUNDARY_STATES = "boundary_states"
 RETENTION = "retention"
+NEW_BLOCK_RECORDS = "new_block_records"
 
 
 class AttachesExternalBlocks(Protocol):
@@ -351,6 +352,16 @@ class RetentionAware(Protocol):
     def set_prefix_cache_retention_interval(self, interval: int | None) -> None: ...
 
 
+class RecordsNewBlocks(Protocol):
+    """``new_block_records``: the request's blocks from a position on reported for zeroing again (a failed
+    KV load left them unwritten), by a manager whose ``tracks_new_block_ids``."""
+
+    @property
+    def tracks_new_block_ids(self) -> bool: ...
+
+    def record_new_block_ids(self, request_id: str, first_block: int) -> None: ...
+
+
 #: Every capability a manager may declare, and the protocol whose members it then must have.
 MANAGER_CAPABILITIES: dict[str, type] = {
     EXTERNAL_BLOCKS: AttachesExternalBlocks,
@@ -361,6 +372,7 @@ MANAGER_CAPABILITIES: dict[str, type] = {
     SUB_BLOCK_HITS: CopiesBlocks,
     BOUNDARY_STATES: OffersBoundaryStates,
     RETENTION: RetentionAware,
+    NEW_BLOCK_RECORDS: RecordsNewBlocks,
 }
 
 

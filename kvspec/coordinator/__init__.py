@@ -10,19 +10,20 @@ atomicity and how they treat bad counts are documented in :mod:`kvspec.coordinat
 
 from __future__ import annotations
 
-from typing import Any
+from typing_extensions import Unpack
 
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator._core import CoordinatorCore, KVCacheBlocks, as_count
 from kvspec.coordinator.hit_search import shared_prefix_junction
 from kvspec.coordinator.layout import resolve_block_sizes
-from kvspec.coordinator.options import PLANNED, CoordinatorOptions
+from kvspec.coordinator.options import PLANNED, CoordinatorOptions, CoordinatorSettings
 from kvspec.errors import KVSpecTypeError
 from kvspec.planning.config import KVCacheConfig
 
 __all__ = [
     "PLANNED",
     "CoordinatorOptions",
+    "CoordinatorSettings",
     "KVCacheBlocks",
     "KVCacheCoordinator",
     "as_count",
@@ -43,7 +44,7 @@ class KVCacheCoordinator(CoordinatorCore):
         kv_cache_config: KVCacheConfig,
         limits: SchedulerLimits,
         options: CoordinatorOptions | None = None,
-        **settings: Any,
+        **settings: Unpack[CoordinatorSettings],
     ) -> None:
         """Build the coordinator of ``kv_cache_config`` (planned) for a run with ``limits``.
 

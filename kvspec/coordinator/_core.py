@@ -271,18 +271,18 @@ class CoordinatorCore:
         # sized by the encoder input (cross attention) gets num_encoder_tokens when the request is admitted
         # and nothing after (vLLM's one static allocation).
         self._is_cross = tuple(t.allocate_per_encoder_input for t in self.traits)
-        self._decoder_groups: Final = tuple((g, m) for g, m in enumerate(managers) if not self._is_cross[g])
-        self._encoder_groups: Final = tuple((g, m) for g, m in enumerate(managers) if self._is_cross[g])
-        self._decoder_managers: Final = tuple(m for _, m in self._decoder_groups)
+        self._decoder_groups = tuple((g, m) for g, m in enumerate(managers) if not self._is_cross[g])
+        self._encoder_groups = tuple((g, m) for g, m in enumerate(managers) if self._is_cross[g])
+        self._decoder_managers = tuple(m for _, m in self._decoder_groups)
         # Groups that publish blocks to the prefix cache: not encoder-sized, and prefix-cacheable.
-        self._caching_groups: Final = tuple(
+        self._caching_groups = tuple(
             (g, m)
             for g, m in enumerate(managers)
             if not self._is_cross[g] and self.traits[g].prefix_cacheable
         )
         # Groups that register the prompt's tail inside a block as a partial entry (vLLM 0.34): left-closed
         # hits, a block larger than the hash block, and a manager declaring the hook.
-        self._tail_groups: Final[dict[int, Callable[[RequestView, int], None]]] = {
+        self._tail_groups: dict[int, Callable[[RequestView, int], None]] = {
             g: cast(CachesPromptTails, m).cache_prompt_tail
             for g, m in self._caching_groups
             if self.profile.partial_prompt_tail_entries
@@ -293,21 +293,21 @@ class CoordinatorCore:
         # A manager whose cache_blocks acts without a new full block (vLLM 0.32's Mamba "align") turns off
         # the skipping of calls that complete no scheduler block. Sub-block hits publish up to the computed
         # tokens, unaligned: every call may key something.
-        self._cache_every_call: Final = self.partial_hash_hits or any(
+        self._cache_every_call = self.partial_hash_hits or any(
             CACHING_CADENCE in caps[g] and cast(CachingCadence, m).caches_on_every_call
             for g, m in self._caching_groups
         )
         #: Decoder groups whose managers attach external tokens in two phases (every group's hits, then
         #: every group's external blocks); a per-group zeroing choice needs every decoder's.
-        self._external_attachers: Final = tuple(
+        self._external_attachers = tuple(
             (g, cast(AttachesExternalBlocks, m))
             for g, m in self._decoder_groups
             if EXTERNAL_BLOCKS in caps[g]
         )
-        self._base_decoders: Final = len(self._external_attachers) == len(self._decoder_groups)
+        self._base_decoders = len(self._external_attachers) == len(self._decoder_groups)
         # External tokens attach in two phases in hybrids, so an external allocation cannot evict a later
         # group's hit.
-        self._two_phase_external: Final = len(self._decoder_groups) > 1 and self._base_decoders
+        self._two_phase_external = len(self._decoder_groups) > 1 and self._base_decoders
         # Managers that can free blocks early; full attention's remove_skipped_blocks is a no-op.
         self._skipping_managers = [m for m in managers if skips_blocks(type(m))]
         self._prefill_end_managers = [
@@ -315,15 +315,15 @@ class CoordinatorCore:
             for g, m in enumerate(managers)
             if PREFILL_END in caps[g] and cast(NeedsPrefillEnd, m).wants_prefill_end
         ]
-        self._copying_groups: Final = tuple(
+        self._copying_groups = tuple(
             (g, cast(CopiesBlocks, m))
             for g, m in enumerate(managers)
             if BLOCK_COPIES in caps[g] or SUB_BLOCK_HITS in caps[g]
         )
-        self._boundary_managers: Final = tuple(
+        self._boundary_managers = tuple(
             cast(OffersBoundaryStates, m) for g, m in enumerate(managers) if BOUNDARY_STATES in caps[g]
         )
-        self._retention_managers: Final = tuple(
+        self._retention_managers = tuple(
             cast(RetentionAware, m) for g, m in enumerate(managers) if RETENTION in caps[g]
         )
 
@@ -766,10 +766,12 @@ class CoordinatorCore:
         (an event naming no group of this coordinator is warned about on ``log``, kvspec's by default)."""
         return annotate_events(self.block_pool.take_events(), self._event_metadata, log)
 
-    def take_block_copies(self) -> tuple[list[BlockCopy], list[KVCacheBlock]]:
+    def take_block_copies(self, track_endpoints: bool = True) -> tuple[list[BlockCopy], list[KVCacheBlock]]:
         """The block copies queued since the last call (sub-block hits' copy on write), for the engine to
         run before the next forward pass, and their endpoints (one reference each, for the copy): release
-        them with ``release_copied_blocks`` once the copies have run. Empty without sub-block hits."""
+        them with ``release_copied_blocks`` once the copies have run. Empty without sub-block hits.
+        ``track_endpoints`` False: the engine frees the endpoints with the pool itself (vLLM's Scheduler
+        calls ``block_pool.free_blocks``), so the coordinator does not count them as held for a copy."""
         copies: list[BlockCopy] = []
         held: list[KVCacheBlock] = []
         for gid, manager in self._copying_groups:
@@ -781,8 +783,9 @@ class CoordinatorCore:
                 )
                 held.append(source)
                 held.append(target)
-        for block in held:
-            self._copy_held[block.block_id] = self._copy_held.get(block.block_id, 0) + 1
+        if track_endpoints:
+            for block in held:
+                self._copy_held[block.block_id] = self._copy_held.get(block.block_id, 0) + 1
         return copies, held
 
     def release_copied_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:

@@ -62,6 +62,10 @@ def derive_layout(config: KVCacheConfig, limits: SchedulerLimits, options: Coord
         registry.manager_for_group(spec, group.role) for group, spec in zip(groups, specs, strict=True)
     )
     _check_caching_settings(specs, traits, options.enable_caching, options.use_eagle)
+    for spec in specs:
+        mode = getattr(spec, "mamba_cache_mode", None)  # a state spec's mode: the release may not run it
+        if isinstance(mode, str):
+            profile.check_mamba_cache_mode(mode, options.enable_caching)
     scheduler_block_size, hash_block_size = resolve_block_sizes(
         config, limits, options.enable_caching, options.hash_block_size, profile
     )

@@ -9,9 +9,9 @@ list of keywords; a variant is ``dataclasses.replace(options, ...)`` (checked ag
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from kvspec.blocks.eviction import EvictionPolicyFactory
 from kvspec.blocks.hashing import get_hash_constructor
@@ -21,7 +21,7 @@ from kvspec.errors import KVSpecTypeError, UnsupportedConfigurationError
 from kvspec.planning.config import KVCacheConfig
 from kvspec.registry.core import AnyRegistry
 
-__all__ = ["PLANNED", "CoordinatorOptions"]
+__all__ = ["PLANNED", "CoordinatorOptions", "CoordinatorSettings"]
 
 #: ``CoordinatorOptions.prefix_cache_retention_interval``'s default: run the retention the planner wrote into
 #: the ``KVCacheConfig`` (vLLM 0.34's coordinator reads ``kv_cache_config.prefix_cache_retention_interval``).
@@ -100,7 +100,7 @@ class CoordinatorOptions:
     def retention_for(self, kv_cache_config: KVCacheConfig) -> int | None:
         """The retention a coordinator of ``kv_cache_config`` runs: the explicit setting, else the planned one."""
         interval = self.prefix_cache_retention_interval
-        return kv_cache_config.prefix_cache_retention_interval if interval == PLANNED else interval  # type: ignore[return-value]
+        return kv_cache_config.prefix_cache_retention_interval if interval == PLANNED else interval
 
     @classmethod
     def from_settings(
@@ -128,3 +128,27 @@ class CoordinatorOptions:
             except TypeError:
                 pass  # not a sequence: beartype names the wrong type
         return dataclasses.replace(base, **changes)
+
+
+class CoordinatorSettings(TypedDict, total=False):
+    """``CoordinatorOptions``'s fields as keyword arguments (``KVCacheCoordinator(config, limits,
+    eviction_policy="lfu")``), so that mypy checks a caller's keywords; the options object validates them.
+    A test keeps the two in step."""
+
+    enable_caching: bool
+    use_eagle: bool
+    enable_kv_cache_events: bool
+    log_stats: bool
+    hash_block_size: int | None
+    hash_algorithm: str
+    registry: AnyRegistry | None
+    profile: ReleaseProfile | None
+    prefix_cache_retention_interval: int | Literal["planned"] | None
+    hash_lookahead_tokens: int
+    num_reprefillable_tokens: int
+    zero_new_blocks: Sequence[bool] | None
+    eviction_policy: str | EvictionPolicyFactory | None
+    eviction_clock: Callable[[], float] | None
+    allow_partial_hash_hits: bool
+    shared_prefix_checkpoints: bool
+    check_admissions: bool

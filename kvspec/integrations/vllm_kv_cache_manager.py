@@ -29,7 +29,7 @@ import abc
 import functools
 import importlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, cast
 
 from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvspec.blocks.eviction import EvictionPolicyFactory
@@ -37,6 +37,7 @@ from kvspec.blocks.hashing import BlockHash, BlockHasher
 from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
 from kvspec.blocks.request import Request
 from kvspec.blocks.request_view import RequestView
+from kvspec.contracts.manager import NEW_BLOCK_RECORDS, RecordsNewBlocks, declared_capabilities
 from kvspec.contracts.release import VLLM_0_23, VLLM_0_32, VLLM_0_34, ReleaseProfile, profile_for_vllm_version
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.contracts.traits import block_tokens_of
@@ -47,7 +48,6 @@ from kvspec.eviction.registry import resolve_eviction_policy
 from kvspec.integrations.vllm import VLLM_SPECS_MODULE, SpecConverter
 from kvspec.integrations.vllm_names import VllmManagerView
 from kvspec.integrations.vllm_planning import config_from_vllm
-from kvspec.managers.base import SingleTypeKVCacheManager
 from kvspec.registry.core import AnyRegistry
 
 __all__ = [
@@ -1149,8 +1149,11 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
         """Record the request's blocks from ``start_token`` on for zeroing again (a failed load left them
         unwritten), in the groups that record new blocks."""
-        for manager, spec in zip(self.kvspec_coordinator.managers, self._kvspec_specs, strict=True):
-            if not isinstance(manager, SingleTypeKVCacheManager) or not manager.tracks_new_block_ids:
+        for any_manager, spec in zip(self.kvspec_coordinator.managers, self._kvspec_specs, strict=True):
+            if NEW_BLOCK_RECORDS not in declared_capabilities(type(any_manager)):
+                continue
+            manager = cast(RecordsNewBlocks, any_manager)
+            if not manager.tracks_new_block_ids:
                 continue
             block_tokens = block_tokens_of(spec)
             if start_token % block_tokens:
@@ -1165,13 +1168,9 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
         vLLM's Scheduler frees those itself (``block_pool.free_blocks``) once the copy step has run."""
         copy_cls = importlib.import_module("vllm.v1.core.kv_cache_utils").KVCacheBlockCopy
         copies: list[Any] = []
-        held: list[KVCacheBlock] = []
-        for manager in self.kvspec_coordinator.managers:
-            if isinstance(manager, SingleTypeKVCacheManager):
-                for source, target in manager.take_block_copies():
-                    copies.append(copy_cls(src_block_id=source.block_id, dst_block_id=target.block_id))
-                    held.append(source)
-                    held.append(target)
+        block_copies, held = self.kvspec_coordinator.take_block_copies(track_endpoints=False)
+        for copy in block_copies:
+            copies.append(copy_cls(src_block_id=copy.src_block_id, dst_block_id=copy.dst_block_id))
         return copies, held
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:

@@ -65,6 +65,7 @@ from kvspec.contracts.manager import (
     BOUNDARY_STATES,
     CACHING_CADENCE,
     EXTERNAL_BLOCKS,
+    NEW_BLOCK_RECORDS,
     PREFILL_END,
     PROMPT_TAIL,
     RETENTION,
@@ -80,7 +81,16 @@ from kvspec.intmath import cdiv
 
 #: What ``SingleTypeKVCacheManager`` declares: every optional hook but sub-block hits.
 BASE_CAPABILITIES: frozenset[str] = frozenset(
-    {EXTERNAL_BLOCKS, PROMPT_TAIL, CACHING_CADENCE, PREFILL_END, BLOCK_COPIES, BOUNDARY_STATES, RETENTION}
+    {
+        EXTERNAL_BLOCKS,
+        PROMPT_TAIL,
+        CACHING_CADENCE,
+        PREFILL_END,
+        BLOCK_COPIES,
+        BOUNDARY_STATES,
+        RETENTION,
+        NEW_BLOCK_RECORDS,
+    }
 )
 
 

@@ -8,7 +8,9 @@ class, the member and what to do, with its own ``RegistrationError`` subclass, b
   take the protocol's parameters, its optional trait hooks are methods, and it is frozen and hashable;
 - the manager class provides every ``KVCacheManager`` member, each with the protocol's parameters (names,
   order, kinds, defaults) and compatible annotations, ``find_longest_cache_hit`` as a classmethod, and a
-  constructor that takes one ``ManagerContext``.
+  constructor that takes one ``ManagerContext``;
+- every capability the manager class declares (``manager_capabilities``) is a known one, and its hooks are
+  there with that capability protocol's parameters (``kvspec.contracts.manager.MANAGER_CAPABILITIES``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from kvspec.contracts.manager import KVCacheManager
+from kvspec.contracts.manager import MANAGER_CAPABILITIES, KVCacheManager, declared_capabilities
 from kvspec.contracts.spec import KVCacheSpec, missing_members
 from kvspec.errors import (
     KVSpecTypeError,
@@ -140,7 +142,34 @@ def check_manager_class(manager_cls: object, spec_cls: type) -> type:
         )
     for member in sorted(typing_members(KVCacheManager)):
         _check_manager_member(cls, member)
+    check_capabilities(cls)
     return cls
+
+
+def check_capabilities(cls: type) -> None:
+    """ManagerProtocolError unless every capability ``cls`` declares is known and all its hooks are there;
+    ManagerSignatureError when a hook's parameters are not the capability protocol's."""
+    name = qualified_name(cls)
+    declared = declared_capabilities(cls)
+    unknown = sorted(declared - MANAGER_CAPABILITIES.keys())
+    if unknown:
+        raise ManagerProtocolError(
+            f"{name} declares unknown capability(ies) {', '.join(unknown)} in manager_capabilities; the "
+            f"capabilities are: {', '.join(sorted(MANAGER_CAPABILITIES))}."
+        )
+    for capability in sorted(declared):
+        proto = MANAGER_CAPABILITIES[capability]
+        missing = missing_members(cls, proto)
+        if missing:
+            raise ManagerProtocolError(
+                f"{name} declares the {capability!r} capability but lacks {', '.join(sorted(missing))} "
+                f"({proto.__name__}); implement it or drop {capability!r} from manager_capabilities."
+            )
+        for member in sorted(typing_members(proto) - {"__init__"}):
+            if callable(inspect.getattr_static(proto, member, None)) and not isinstance(
+                inspect.getattr_static(proto, member), property
+            ):
+                _check_manager_member(cls, member, proto)
 
 
 def typing_members(proto: type) -> frozenset[str]:
@@ -181,7 +210,7 @@ def _params(cls: type, member: str) -> list[inspect.Parameter]:
     return params
 
 
-def _check_manager_member(cls: type, member: str) -> None:
+def _check_manager_member(cls: type, member: str, proto: type = KVCacheManager) -> None:
     name = qualified_name(cls)
     raw = inspect.getattr_static(cls, member, None)
     if member in CLASSMETHODS_MANAGER and not isinstance(raw, _CLASSMETHODS):
@@ -196,7 +225,7 @@ def _check_manager_member(cls: type, member: str) -> None:
         impl_params = _params(cls, member)
     except (TypeError, ValueError):
         return
-    expected = _params(KVCacheManager, member)
+    expected = _params(proto, member)
     shown = f"{name}.{member}{impl}"
     want = f"({', '.join(p.name for p in expected)})"
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in impl_params):
@@ -205,12 +234,12 @@ def _check_manager_member(cls: type, member: str) -> None:
     required = [p for p in impl_params if p.default is p.empty and p.kind in positional]
     if len(required) > len(expected):
         raise ManagerSignatureError(
-            f"{shown} takes {len(required)} required parameter(s); the KVCacheManager protocol passes "
+            f"{shown} takes {len(required)} required parameter(s); the {proto.__name__} protocol passes "
             f"{len(expected)}: {member}{want}."
         )
     if len(impl_params) < len(expected):
         raise ManagerSignatureError(
-            f"{shown} takes {len(impl_params)} parameter(s); the KVCacheManager protocol passes "
+            f"{shown} takes {len(impl_params)} parameter(s); the {proto.__name__} protocol passes "
             f"{len(expected)}: {member}{want}."
         )
     for i, (got, exp) in enumerate(zip(impl_params, expected)):
@@ -229,7 +258,7 @@ def _check_manager_member(cls: type, member: str) -> None:
             raise ManagerSignatureError(
                 f"{shown}: extra parameter {extra.name!r} has no default; the protocol passes only {member}{want}."
             )
-    _check_annotations(cls, member, shown)
+    _check_annotations(cls, member, shown, proto)
 
 
 def _hints(fn: Callable[..., Any], owner: type) -> dict[str, Any] | None:
@@ -256,12 +285,12 @@ def _related(a: type, b: type) -> bool:
         return True
 
 
-def _check_annotations(cls: type, member: str, shown: str) -> None:
+def _check_annotations(cls: type, member: str, shown: str, proto: type = KVCacheManager) -> None:
     """Annotations that name unrelated classes (``int`` where the protocol says ``str``, ``int`` where it
     returns ``list``): the coordinator would pass or receive the wrong thing."""
     impl_fn = getattr(cls, member)
-    proto_fn = getattr(KVCacheManager, member)
-    got, want = _hints(impl_fn, cls), _hints(proto_fn, KVCacheManager)
+    proto_fn = getattr(proto, member)
+    got, want = _hints(impl_fn, cls), _hints(proto_fn, proto)
     if not got or not want:
         return
     for key, expected in want.items():

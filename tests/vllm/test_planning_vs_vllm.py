@@ -60,8 +60,7 @@ def test_plan_matches_vllm_0_34(preset: str, memory: int) -> None:
             [specs],
             [memory],
             limits,
-            reserve_null_block=VLLM_0_34.planning_reserves_null_block,
-            pad_pages=VLLM_0_34.planning_pads_pages,
+            profile=VLLM_0_34,
         )
     except InsufficientKVCacheMemoryError:
         ours = None

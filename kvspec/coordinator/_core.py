@@ -53,7 +53,7 @@ from kvspec.contracts.manager import (
 )
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.contracts.traits import SpecTraits, traits_of
-from kvspec.coordinator.hit_search import PrefixHitSearch, split_spec_groups
+from kvspec.coordinator.hit_search import PrefixHitSearch, shared_prefix_junction, split_spec_groups
 from kvspec.coordinator.layout import (
     GroupLayout,
     _check_retention_interval,
@@ -350,10 +350,18 @@ class CoordinatorCore:
     def get_computed_blocks(self, request: RequestView) -> tuple[KVCacheBlocks, int]:
         """The longest cached prefix of ``request`` (blocks per group, tokens).
 
-        The last token is never a hit (its logits must be computed), so at most num_tokens - 1.
+        The last token is never a hit (its logits must be computed), so at most num_tokens - 1. The lookup's
+        shared-prefix junction (``shared_prefix_junction``; 0: none) is pinned on the request
+        (``shared_prefix_boundary``, where it can be set) as vLLM 0.34's Scheduler pins it after every lookup:
+        sparse retention then keeps the junction cached. An engine that schedules chunks ends the request's
+        first chunk there (``Request.shared_prefix_boundary``).
         """
-        blocks, num_hit_tokens, _ = self.lookup_prefix(request, request.num_tokens - 1)
+        blocks, num_hit_tokens, uncached = self.lookup_prefix(request, request.num_tokens - 1)
         self.record_prefix_hit(request, num_hit_tokens)
+        try:
+            setattr(request, "shared_prefix_boundary", shared_prefix_junction(num_hit_tokens, uncached))  # noqa: B010
+        except AttributeError:
+            pass  # a read-only view: its engine pins the junction itself (vLLM's Scheduler)
         return blocks, num_hit_tokens
 
     def lookup_prefix(self, request: RequestView, max_length: int) -> tuple[KVCacheBlocks, int, int]:

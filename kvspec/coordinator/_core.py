@@ -63,7 +63,7 @@ from kvspec.coordinator.options import CoordinatorOptions
 from kvspec.coordinator.stats import PrefixCacheStats, annotate_events, group_event_metadata
 from kvspec.errors import InvariantError, KVSpecTypeError, SchedulingError
 from kvspec.eviction.registry import resolve_eviction_policy
-from kvspec.managers.base import skips_blocks
+from kvspec.managers.base import SingleTypeKVCacheManager, base_managers, skips_blocks
 from kvspec.planning.config import KVCacheConfig
 
 
@@ -326,6 +326,16 @@ class CoordinatorCore:
         self._retention_managers = tuple(
             cast(RetentionAware, m) for g, m in enumerate(managers) if RETENTION in caps[g]
         )
+        # The per-step paths' managers typed as the base class when all are built on it (native calls in the
+        # compiled build; None: the protocol's calls).
+        self._base_all: list[SingleTypeKVCacheManager] | None = base_managers(managers)
+        self._base_decoder_list: list[SingleTypeKVCacheManager] | None = base_managers(self._decoder_managers)
+        caching_base = base_managers([m for _, m in self._caching_groups])
+        self._base_caching: list[tuple[int, SingleTypeKVCacheManager]] | None = (
+            None
+            if caching_base is None
+            else [(g, m) for (g, _), m in zip(self._caching_groups, caching_base, strict=True)]
+        )
 
     # -- helpers for engines ------------------------------------------------------------------
 
@@ -526,8 +536,13 @@ class CoordinatorCore:
             # A running request's step: _count_new_blocks inline (no hits, no encoder tokens), since a call
             # with eight arguments costs the pure build a tenth of the step.
             num_blocks = 0
-            for manager in self._decoder_managers:
-                num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
+            base = self._base_decoder_list
+            if base is not None:
+                for base_manager in base:
+                    num_blocks += base_manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
+            else:
+                for manager in self._decoder_managers:
+                    num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
         if num_blocks + watermark > self.block_pool.free_block_queue.num_free_blocks - reserved:
             return None
         if attach:
@@ -556,9 +571,15 @@ class CoordinatorCore:
         if not num_blocks:
             result = self._empty
         elif not self._encoder_groups:
-            result = KVCacheBlocks(
-                tuple([manager.allocate_new_blocks(request_id, need, main) for manager in self.managers])
-            )
+            base_all = self._base_all
+            if base_all is not None:
+                result = KVCacheBlocks(
+                    tuple([m.allocate_new_blocks(request_id, need, main) for m in base_all])
+                )
+            else:
+                result = KVCacheBlocks(
+                    tuple([manager.allocate_new_blocks(request_id, need, main) for manager in self.managers])
+                )
         else:
             cross = self._is_cross
             result = KVCacheBlocks(
@@ -910,7 +931,11 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
         coord._cached_tokens[request.request_id] = aligned
     groups = coord._caching_groups
     if single:
-        if groups:
+        base = coord._base_caching
+        if base is not None:
+            if base:
+                base[0][1].cache_blocks(request, num_computed_tokens)
+        elif groups:
             groups[0][1].cache_blocks(request, num_computed_tokens)
         return
     finalized = num_computed_tokens - reprefillable if num_computed_tokens > reprefillable else 0
@@ -971,5 +996,10 @@ def _not_a_request(method: str, request: object) -> KVSpecTypeError:
 def _free_request_id(coord: CoordinatorCore, request_id: str) -> None:
     coord._admitted.pop(request_id, None)
     coord._cached_tokens.pop(request_id, None)
+    base = coord._base_all
+    if base is not None:
+        for base_manager in base:
+            base_manager.free(request_id)
+        return
     for manager in coord.managers:
         manager.free(request_id)

@@ -599,3 +599,17 @@ def skips_blocks(manager_cls: type) -> bool:
         manager_cls.get_num_skipped_tokens is not SingleTypeKVCacheManager.get_num_skipped_tokens
         or manager_cls.remove_skipped_blocks is not SingleTypeKVCacheManager.remove_skipped_blocks
     )
+
+
+def base_managers(managers: Sequence[object]) -> list[SingleTypeKVCacheManager] | None:
+    """``managers`` typed as ``SingleTypeKVCacheManager`` when every one is built on it, else None.
+
+    The coordinator calls the same protocol members on them either way; typed as the base class, the
+    compiled build makes those per-step calls native calls instead of Python method calls (a plugin
+    subclass written in Python is still dispatched to its own overrides)."""
+    out: list[SingleTypeKVCacheManager] = []
+    for manager in managers:
+        if not isinstance(manager, SingleTypeKVCacheManager):
+            return None
+        out.append(manager)
+    return out

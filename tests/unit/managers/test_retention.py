@@ -131,9 +131,13 @@ def _third_request_hit(
     _, hit, uncached = coord.lookup_prefix(second, second.num_tokens - 1)
     if interval == 0:  # the window's group lags: the junction is at 64 (48: EAGLE drops a block everywhere)
         assert (hit, hit + uncached) == (0, 48 if use_eagle else 64)
-    if pin:
-        second.shared_prefix_boundary = shared_prefix_junction(hit, uncached)
-    schedule(coord, second)
+    if pin:  # get_computed_blocks pins the junction on the request, as vLLM 0.34's Scheduler does
+        schedule(coord, second)
+        assert second.shared_prefix_boundary == shared_prefix_junction(hit, uncached)
+    else:  # an engine that looks up its hit without pinning the junction
+        blocks, num_hit, _ = coord.lookup_prefix(second, second.num_tokens - 1)
+        assert coord.allocate_slots(second, second.num_tokens - num_hit, num_hit, blocks) is not None
+        assert second.shared_prefix_boundary == 0
     _, hit = coord.get_computed_blocks(make_request(coord, "2", [*shared, *[70] * 64]))
     return hit
 

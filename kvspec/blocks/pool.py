@@ -359,9 +359,18 @@ class BlockHashToBlockMap:
         BlockRemoved events; None when none was). One pass: every full block a request completes runs it."""
         cache = self._cache
         promoted: list[bytes] | None = None
-        for i, block, block_hash in zip(range(start, end), blocks[start:end], hashes[start:end]):
+        # Lists indexed directly (the common case: a request's block list and its hash list); one dict
+        # operation per block: this runs for every full block a request completes.
+        block_list: list[KVCacheBlock] = blocks if isinstance(blocks, list) else list(blocks)
+        hash_list: list[bytes] = hashes if isinstance(hashes, list) else list(hashes[start:end])
+        offset = 0 if isinstance(hashes, list) else start
+        # As far as both lists reach (a zip of the two slices before).
+        stop = min(end, len(block_list), offset + len(hash_list))
+        for i in range(start, stop):
+            block = block_list[i]
             if block.is_null or (block_mask is not None and not block_mask[i]):
                 continue
+            block_hash = hash_list[i - offset]
             if block.block_hash is not None:
                 covered = block.block_hash_num_tokens
                 if covered is None or covered >= (i + 1) * block_tokens:
@@ -374,13 +383,21 @@ class BlockHashToBlockMap:
             key = block_hash + suffix
             block.block_hash = key
             block.block_hash_num_tokens = (i + 1) * block_tokens
-            if key in cache:
-                self.insert(key, block)  # a duplicate of cached content: kept beside it
-            else:
-                cache[key] = block
+            held = cache.setdefault(key, block)
+            if held is not block:
+                self._add_duplicate(key, held, block)  # a duplicate of cached content: kept beside it
             if stored is not None:
                 stored.append(block_hash)
         return promoted
+
+    def _add_duplicate(
+        self, key: bytes, held: KVCacheBlock | dict[int, KVCacheBlock], block: KVCacheBlock
+    ) -> None:
+        """Keep ``block`` under ``key`` beside what is already there (``held``)."""
+        if isinstance(held, KVCacheBlock):
+            self._cache[key] = {held.block_id: held, block.block_id: block}
+        else:
+            held[block.block_id] = block
 
     def contains(self, key: bytes, block_id: int) -> bool:
         """Whether block ``block_id`` is cached under ``key`` (as its hash or a secondary key)."""

@@ -154,18 +154,30 @@ class KvspecAdapter:
         )
 
     def plan(self, specs: dict[str, Any], memory: int) -> Any:
-        return get_kv_cache_configs([specs], [memory], self.limits())
+        try:
+            return get_kv_cache_configs([specs], [memory], self.limits(), profile=PROFILE)
+        except TypeError:  # a baseline build from before the one-profile planner
+            return get_kv_cache_configs([specs], [memory], self.limits())
 
     def build(self, model: str, num_blocks: int) -> None:
-        (config,) = get_kv_cache_configs(
-            [self.specs(model)], [1 << 50], self.limits(), num_blocks_override=num_blocks
-        )
+        # As README builds it: the profile plans the config, which carries the planned retention (vLLM 0.34:
+        # sparse, 0; 0.23: dense, None) that the coordinator runs. A baseline build from before the one-profile
+        # planner (issue 35) plans without a profile and is given the retention explicitly.
+        try:
+            (config,) = get_kv_cache_configs(
+                [self.specs(model)], [1 << 50], self.limits(), num_blocks_override=num_blocks, profile=PROFILE
+            )
+            retention: dict[str, Any] = {}
+        except TypeError:
+            (config,) = get_kv_cache_configs(
+                [self.specs(model)], [1 << 50], self.limits(), num_blocks_override=num_blocks
+            )
+            retention = {"prefix_cache_retention_interval": PROFILE.prefix_cache_retention_interval}
         self.kv = kvspec.KVCacheCoordinator(
             generate_scheduler_kv_cache_config([config]),
             self.limits(),
             profile=PROFILE,
-            # vLLM 0.34 plans sparse retention (0) into every config; 0.23 caches densely (None).
-            prefix_cache_retention_interval=PROFILE.prefix_cache_retention_interval,
+            **retention,
             # Only when asked: a worker may run a kvspec from before eviction policies (a baseline build).
             **(
                 {}

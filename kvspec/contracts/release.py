@@ -71,11 +71,11 @@ class ReleaseProfile:
       0: sparse, the latest replay boundary only, 0.34).
     - ``mamba_cache_modes``: the Mamba cache modes the release runs (0.34 dropped "all").
     - ``coarse_hash_is_last_fine``: a block of a multiple of the hash block size (mixed block sizes) is
-      keyed by its last fine hash (0.34, B utils:1245-1248) rather than the concatenation of its fine hashes.
+      keyed by its last fine hash (0.34, ``vllm/v1/core/kv_cache_utils.py``: ``BlockHashListWithBlockSize._get_value_at`` (0.34.0)) rather than the concatenation of its fine hashes.
     - ``sink_reserves_blocks``: the sink manager takes ``sink_len // block_size`` blocks out of the pool for
-      its lifetime (0.23, A stm:1308); 0.34's does not (B stm:2204-2225).
+      its lifetime (0.23, ``vllm/v1/core/single_type_kv_cache_manager.py``: ``SinkFullAttentionManager.__init__`` (0.23.0)); 0.34's does not (``vllm/v1/core/single_type_kv_cache_manager.py``: ``SinkFullAttentionManager`` (0.34.0)).
     - ``eagle_margin_within_hashes``: in a hybrid hit search an EAGLE group looks one block past the
-      candidate length, capped by the request's hashed tokens (0.34, B coord:875-885), which may pass the
+      candidate length, capped by the request's hashed tokens (0.34, ``vllm/v1/core/kv_cache_coordinator.py``: ``HybridKVCacheCoordinator.find_longest_cache_hit`` (0.34.0)), which may pass the
       search's maximum (the last token); 0.23 caps it by that maximum.
     - ``publish_only_hashed_blocks``: a block is published to the prefix cache only once the request has its
       hash (0.34: the engine may hash later, e.g. EAGLE lookahead hashes wait for the tokens after the
@@ -83,24 +83,24 @@ class ReleaseProfile:
     - ``mamba_boundary_recache_defers_hits``: Mamba "align" re-keys the block at the prompt's last hash
       boundary whenever it caches exactly up to it, and so marks it cached this step even when it was keyed
       before: a request whose hit ends on that state waits a step (0.32, its ``_cache_partial_tail_block``;
-      0.34 skips a block already keyed there, B stm:2117-2120).
+      0.34 skips a block already keyed there, ``vllm/v1/core/single_type_kv_cache_manager.py``: ``MambaManager._cache_partial_tail_block`` (0.34.0)).
     - ``eagle_block_before_junction``: with EAGLE, sparse retention also keeps the blocks a hit ending one
-      block before a shared-prefix junction needs (0.34, B stm:519-525: a sibling diverging right after the
+      block before a shared-prefix junction needs (0.34, ``vllm/v1/core/single_type_kv_cache_manager.py``: ``SingleTypeKVCacheManager.cache_blocks`` (0.34.0): a sibling diverging right after the
       junction cannot use the block past it as its EAGLE peek); 0.32 keeps the junction only.
     - ``mixed_full_attention_kind``: a uniform-type group whose layers are full attention of different kinds
       (full, sink, MLA, hidden-state: one uniform base) reports ``full_attention`` in its KV events (0.34,
-      B iface:1464-1472); 0.23 reports ``unknown`` for any group whose layers' kinds differ.
+      ``vllm/v1/kv_cache_interface.py``: ``get_kv_cache_spec_kind`` (0.34.0)); 0.23 reports ``unknown`` for any group whose layers' kinds differ.
     - ``planning_reserves_null_block``: the planner's memory check and max_model_len auto-fit count one
       block less than the memory holds, the null block the pool keeps for its lifetime, so a max-length
-      request always fits the usable blocks (0.32 and 0.34, B plan:1638); 0.23 counts every block.
+      request always fits the usable blocks (0.32 and 0.34, ``vllm/v1/core/kv_cache_planning.py``: ``get_kv_cache_configs`` (0.34.0)); 0.23 counts every block.
     - ``planning_pads_pages``: unifying page sizes, a layer whose block cannot scale to the common page (a
       page that does not divide it, or a Mamba state) is padded to it when its spec is ``page_paddable``
-      (0.32 and 0.34, B plan:392-454), and a hidden-state (own-group) layer holds the largest number of
-      tokens that fits the page and divides the other groups' blocks (B plan:1222-1240); 0.23 refuses a page
+      (0.32 and 0.34, ``vllm/v1/core/kv_cache_planning.py``: ``unify_kv_cache_spec_page_size`` (0.34.0)), and a hidden-state (own-group) layer holds the largest number of
+      tokens that fits the page and divides the other groups' blocks (``vllm/v1/core/kv_cache_planning.py``: ``get_kv_cache_groups`` (0.34.0)); 0.23 refuses a page
       that does not divide the largest one and fills a hidden-state page.
     - ``planning_full_allocation_fallback``: page sizes that cannot be unified beside a latent (MLA) layer
       put every layer in one uniform-type group, the sliding windows allocated as full attention
-      (``kvspec.planning.full_allocation_groups``; 0.32 and 0.34, B plan:859-894, 1212-1219); 0.23 refuses
+      (``kvspec.planning.full_allocation_groups``; 0.32 and 0.34, ``vllm/v1/core/kv_cache_planning.py``: ``_try_get_full_allocation_fallback_groups, get_kv_cache_groups`` (0.34.0)); 0.23 refuses
       them.
     - ``mamba_caching_requires_align``: prefix caching with a Mamba group needs mode "align"; "none" with
       caching on is refused (0.34, ``vllm/v1/core/single_type_kv_cache_manager.py: MambaManager.__init__``);

@@ -20,7 +20,7 @@ import logging
 import operator
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, SupportsIndex, cast
+from typing import Final, NamedTuple, SupportsIndex, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -131,6 +131,19 @@ def _build_pool(config: KVCacheConfig, layout: GroupLayout, options: Coordinator
         hash_lookahead_tokens=options.hash_lookahead_tokens,
         eviction_policy=policy,
     )
+
+
+class _Counts(NamedTuple):
+    """``allocate_slots``'s counts on the admission path, each checked (``as_count``)."""
+
+    new_tokens: int
+    new_computed: int
+    lookahead: int
+    external: int
+    encoder: int
+    reserved: int
+    in_flight: int
+    watermark: int
 
 
 def as_count(name: str, value: SupportsIndex) -> int:
@@ -420,6 +433,7 @@ class CoordinatorCore:
         num_new_computed_tokens: SupportsIndex = 0,
         new_computed_blocks: KVCacheBlocks | None = None,
         num_lookahead_tokens: SupportsIndex = 0,
+        *,
         num_external_computed_tokens: SupportsIndex = 0,
         delay_cache_blocks: bool = False,
         num_encoder_tokens: SupportsIndex = 0,
@@ -432,21 +446,25 @@ class CoordinatorCore:
         """Blocks for ``num_new_tokens`` more tokens of ``request``, or None if they do not fit.
 
         ``new_computed_blocks`` / ``num_new_computed_tokens`` come from ``get_computed_blocks`` for a
-        request being admitted. ``num_lookahead_tokens`` reserves room for speculative tokens.
-        ``full_sequence_must_fit`` admits the request only if its whole prompt fits now.
-        ``reserved_blocks`` must stay free after this allocation; ``watermark_blocks`` too, and the
-        admission check of ``full_sequence_must_fit`` keeps them as well (vLLM 0.34's watermark).
-        ``num_in_flight_tokens`` of the computed tokens are scheduled but not yet processed (asynchronous
-        scheduling): blocks out of a window are freed only behind the processed ones. Counts are ints >= 0
-        (any integer type; anything else is a SchedulingError before anything changes).
-        ``skip_zeroing_group_ids``: groups whose blocks for external tokens are not reported for zeroing
-        (an asynchronous load writes them later; vLLM 0.34); needs managers built on the base class.
+        request being admitted. ``num_lookahead_tokens`` reserves room for speculative tokens. The rarer
+        counts are keyword-only: ``num_external_computed_tokens`` (a KV connector's tokens),
+        ``num_encoder_tokens`` (cross attention's encoder input, at admission), ``full_sequence_must_fit``
+        (admit the request only if its whole prompt fits now), ``reserved_blocks`` (must stay free after
+        this allocation; ``watermark_blocks`` too, and the admission check of ``full_sequence_must_fit``
+        keeps them as well: vLLM 0.34's watermark), ``num_in_flight_tokens`` (of the computed tokens,
+        scheduled but not yet processed, asynchronous scheduling: blocks out of a window are freed only
+        behind the processed ones), ``skip_zeroing_group_ids`` (groups whose blocks for external tokens are
+        not reported for zeroing: an asynchronous load writes them later; vLLM 0.34), ``delay_cache_blocks``.
+        Counts are ints >= 0 (any integer type; anything else is a SchedulingError before anything changes).
+
+        Two paths: a running request's step (``_allocate_running``: the call made every step, its counts
+        tested without a call per count) and everything else (``_admit``: every count checked, hits and
+        external tokens attached).
         """
         try:
             request_id = request.request_id
         except AttributeError:
             raise _not_a_request("allocate_slots", request) from None
-        computed: tuple[Sequence[KVCacheBlock], ...]
         if (
             type(num_new_tokens) is int
             and num_new_tokens > 0
@@ -463,45 +481,98 @@ class CoordinatorCore:
             and num_encoder_tokens == 0
             and not full_sequence_must_fit
         ):
-            # A running request's step, the call made every step: its counts are tested above without a
-            # call per count (the pure build pays for every Python call here) and narrowed to int.
-            new_tokens, lookahead, reserved = num_new_tokens, num_lookahead_tokens, reserved_blocks
-            new_computed = external = encoder = in_flight = watermark = 0
-            computed = self._empty.blocks
-            attach = False
+            return self._allocate_running(
+                request, request_id, num_new_tokens, num_lookahead_tokens, reserved_blocks, delay_cache_blocks
+            )
+        return self._admit(
+            request,
+            request_id,
+            _Counts(
+                new_tokens=as_count("num_new_tokens", num_new_tokens),
+                new_computed=as_count("num_new_computed_tokens", num_new_computed_tokens),
+                lookahead=as_count("num_lookahead_tokens", num_lookahead_tokens),
+                external=as_count("num_external_computed_tokens", num_external_computed_tokens),
+                encoder=as_count("num_encoder_tokens", num_encoder_tokens),
+                reserved=as_count("reserved_blocks", reserved_blocks),
+                in_flight=as_count("num_in_flight_tokens", num_in_flight_tokens),
+                watermark=as_count("watermark_blocks", watermark_blocks),
+            ),
+            new_computed_blocks,
+            full_sequence_must_fit,
+            delay_cache_blocks,
+            skip_zeroing_group_ids,
+        )
+
+    def _allocate_running(
+        self,
+        request: RequestView,
+        request_id: str,
+        new_tokens: int,
+        lookahead: int,
+        reserved: int,
+        delay_cache_blocks: bool,
+    ) -> KVCacheBlocks | None:
+        """A running request's step: no hit, no external or encoder tokens, nothing in flight; the block
+        counts inline (a call with eight arguments costs the pure build a tenth of the step)."""
+        max_len = self.max_model_len
+        total = request.num_computed_tokens
+        if total > max_len:
+            total = max_len
+        main = total + new_tokens
+        need = main + lookahead
+        if need > max_len:
+            need = max_len
+        self._note_prefill_end(request, request_id)
+        self._remove_skipped(request, request_id, total, 0)
+        num_blocks = 0
+        base = self._base_decoder_list
+        if base is not None:
+            for base_manager in base:
+                num_blocks += base_manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
         else:
-            # Admission, or counts of another integer type: every count checked before anything changes.
-            new_tokens = as_count("num_new_tokens", num_new_tokens)
-            new_computed = as_count("num_new_computed_tokens", num_new_computed_tokens)
-            lookahead = as_count("num_lookahead_tokens", num_lookahead_tokens)
-            external = as_count("num_external_computed_tokens", num_external_computed_tokens)
-            encoder = as_count("num_encoder_tokens", num_encoder_tokens)
-            reserved = as_count("reserved_blocks", reserved_blocks)
-            in_flight = as_count("num_in_flight_tokens", num_in_flight_tokens)
-            watermark = as_count("watermark_blocks", watermark_blocks)
-            owner = self._admitted.get(request_id)
-            if owner is not None and owner is not request:
-                if self.check_admissions:
-                    raise SchedulingError(
-                        f"Request id {request_id!r} is in use by a live request (another Request object): free "
-                        "that one first, or give this one its own id."
-                    )
-                self._admitted[request_id] = request  # the engine's new object for the same request
-            attach = owner is None or new_computed_blocks is not None
-            if owner is None and self.check_admissions:
-                self._check_admission(request, new_computed, new_computed_blocks)
-            if attach and self.enable_caching and owner is None:
-                self._check_hasher(request)
-            if new_computed_blocks is not None:
-                self._check_blocks_are_ours(new_computed_blocks)
-            if new_tokens == 0 and external == 0 and new_computed == 0:
-                # A step may schedule no token of its own and still adopt computed ones: an external load,
-                # or a prefix hit whose first chunk ends inside the range the engine replays.
+            for manager in self._decoder_managers:
+                num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
+        if num_blocks > self.block_pool.free_block_queue.num_free_blocks - reserved:
+            return None
+        return self._allocate_and_cache(request, request_id, num_blocks, need, main, 0, delay_cache_blocks)
+
+    def _admit(
+        self,
+        request: RequestView,
+        request_id: str,
+        counts: _Counts,
+        new_computed_blocks: KVCacheBlocks | None,
+        full_sequence_must_fit: bool,
+        delay_cache_blocks: bool,
+        skip_zeroing_group_ids: tuple[int, ...],
+    ) -> KVCacheBlocks | None:
+        """A request's admission (its prefix hit, external and encoder tokens attached), or a call with any
+        of the rarer counts: every check before anything changes."""
+        new_tokens, new_computed, external = counts.new_tokens, counts.new_computed, counts.external
+        encoder, watermark = counts.encoder, counts.watermark
+        owner = self._admitted.get(request_id)
+        if owner is not None and owner is not request:
+            if self.check_admissions:
                 raise SchedulingError(
-                    "num_new_tokens must be greater than 0 when there are no computed tokens to adopt "
-                    "(a prefix hit or external tokens)."
+                    f"Request id {request_id!r} is in use by a live request (another Request object): free "
+                    "that one first, or give this one its own id."
                 )
-            computed = self._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
+            self._admitted[request_id] = request  # the engine's new object for the same request
+        attach = owner is None or new_computed_blocks is not None
+        if owner is None and self.check_admissions:
+            self._check_admission(request, new_computed, new_computed_blocks)
+        if attach and self.enable_caching and owner is None:
+            self._check_hasher(request)
+        if new_computed_blocks is not None:
+            self._check_blocks_are_ours(new_computed_blocks)
+        if new_tokens == 0 and external == 0 and new_computed == 0:
+            # A step may schedule no token of its own and still adopt computed ones: an external load,
+            # or a prefix hit whose first chunk ends inside the range the engine replays.
+            raise SchedulingError(
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt "
+                "(a prefix hit or external tokens)."
+            )
+        computed = self._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
         # The token targets, computed once for every group (see _count_new_blocks for encoder groups).
         max_len = self.max_model_len
         local = request.num_computed_tokens + new_computed
@@ -509,65 +580,95 @@ class CoordinatorCore:
         if total > max_len:
             total = max_len
         main = total + new_tokens
-        need = main + lookahead
+        need = main + counts.lookahead
         if need > max_len:
             need = max_len
-        if self._prefill_end_managers:
-            # Where the scheduler's prefill ends: `num_tokens - 1` covers a request resuming its output.
-            prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
-            for noting in self._prefill_end_managers:
-                noting.note_prefill_end(request_id, prefill_end)
+        self._note_prefill_end(request, request_id)
         if full_sequence_must_fit:
             whole = min(request.num_tokens, max_len)
             free = self.block_pool.free_block_queue.num_free_blocks
             needed = _count_new_blocks(self, request_id, whole, whole, computed, total, encoder, True, local)
             if needed + watermark > free:
                 return None
-        if self._skipping_managers:
-            prompt = request.num_prompt_tokens
-            processed = total - in_flight if total > in_flight else 0
-            for manager in self._skipping_managers:
-                manager.remove_skipped_blocks(request_id, processed, prompt)
+        self._remove_skipped(request, request_id, total, counts.in_flight)
         if attach or encoder:
             num_blocks = _count_new_blocks(
                 self, request_id, need, main, computed, total, encoder, False, local
             )
         else:
-            # A running request's step: _count_new_blocks inline (no hits, no encoder tokens), since a call
-            # with eight arguments costs the pure build a tenth of the step.
             num_blocks = 0
-            base = self._base_decoder_list
-            if base is not None:
-                for base_manager in base:
-                    num_blocks += base_manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
-            else:
-                for manager in self._decoder_managers:
-                    num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
-        if num_blocks + watermark > self.block_pool.free_block_queue.num_free_blocks - reserved:
+            for manager in self._decoder_managers:
+                num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
+        if num_blocks + watermark > self.block_pool.free_block_queue.num_free_blocks - counts.reserved:
             return None
         if attach:
-            if (
-                external
-                and (self._two_phase_external or (skip_zeroing_group_ids and self._base_decoders))
-                and request_id not in self._admitted
-            ):
-                # Every group's hit blocks are taken before any group allocates for external tokens, or
-                # that allocation could evict a later group's hit and hand one block out twice.
-                for gid, attacher in self._external_attachers:
-                    attacher.add_local_computed_blocks(request_id, computed[gid], local, external)
-                for gid, attacher in self._external_attachers:
-                    attacher.allocate_external_computed_blocks(
-                        request_id, local, external, gid not in skip_zeroing_group_ids
-                    )
-            else:
-                for gid, manager in self._decoder_groups:
-                    manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)
-            for _, manager in self._encoder_groups:
-                manager.allocate_new_computed_blocks(request_id, (), 0, 0)
-            self._admitted[request_id] = request
-            if self.block_pool.eviction_policy is not None and new_computed:
-                for group_blocks in computed:
-                    self.block_pool.note_hit(request, group_blocks)
+            self._attach(request, request_id, computed, local, external, new_computed, skip_zeroing_group_ids)
+        return self._allocate_and_cache(
+            request, request_id, num_blocks, need, main, encoder, delay_cache_blocks
+        )
+
+    def _note_prefill_end(self, request: RequestView, request_id: str) -> None:
+        """Tell the managers that reserve by it where the request's prefill ends (before they count)."""
+        if self._prefill_end_managers:
+            # Where the scheduler's prefill ends: `num_tokens - 1` covers a request resuming its output.
+            prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+            for noting in self._prefill_end_managers:
+                noting.note_prefill_end(request_id, prefill_end)
+
+    def _remove_skipped(self, request: RequestView, request_id: str, total: int, in_flight: int) -> None:
+        """Free the blocks that fell out of a window, behind the processed tokens (before counting)."""
+        if self._skipping_managers:
+            prompt = request.num_prompt_tokens
+            processed = total - in_flight if total > in_flight else 0
+            for manager in self._skipping_managers:
+                manager.remove_skipped_blocks(request_id, processed, prompt)
+
+    def _attach(
+        self,
+        request: RequestView,
+        request_id: str,
+        computed: tuple[Sequence[KVCacheBlock], ...],
+        local: int,
+        external: int,
+        new_computed: int,
+        skip_zeroing_group_ids: tuple[int, ...],
+    ) -> None:
+        """Take the prefix hit's blocks and blocks for external tokens in every group; the request is
+        admitted from here on."""
+        if (
+            external
+            and (self._two_phase_external or (skip_zeroing_group_ids and self._base_decoders))
+            and request_id not in self._admitted
+        ):
+            # Every group's hit blocks are taken before any group allocates for external tokens, or
+            # that allocation could evict a later group's hit and hand one block out twice.
+            for gid, attacher in self._external_attachers:
+                attacher.add_local_computed_blocks(request_id, computed[gid], local, external)
+            for gid, attacher in self._external_attachers:
+                attacher.allocate_external_computed_blocks(
+                    request_id, local, external, gid not in skip_zeroing_group_ids
+                )
+        else:
+            for gid, manager in self._decoder_groups:
+                manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)
+        for _, manager in self._encoder_groups:
+            manager.allocate_new_computed_blocks(request_id, (), 0, 0)
+        self._admitted[request_id] = request
+        if self.block_pool.eviction_policy is not None and new_computed:
+            for group_blocks in computed:
+                self.block_pool.note_hit(request, group_blocks)
+
+    def _allocate_and_cache(
+        self,
+        request: RequestView,
+        request_id: str,
+        num_blocks: int,
+        need: int,
+        main: int,
+        encoder: int,
+        delay_cache_blocks: bool,
+    ) -> KVCacheBlocks:
+        """Take the ``num_blocks`` counted (they fit) and publish the blocks the request completed."""
         if not num_blocks:
             result = self._empty
         elif not self._encoder_groups:

@@ -19,564 +19,64 @@ kvspec's:
   ``block_hash``, ``is_null`` as vLLM's do), stats vLLM's ``PrefixCacheStats``, events vLLM's
   ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``.
 
+The request view (``vllm_request_view``), the coordinator and pool facades (``vllm_facades``) and the event
+conversion (``vllm_events``) live in their own modules; this one holds the three release adapters and
+``install``.
+
 ``install()`` makes vLLM's scheduler build this class instead of its own (``uninstall()`` undoes it).
 Importing this module does not import vLLM; constructing the adapter does.
 """
 
 from __future__ import annotations
 
-import abc
-import functools
 import importlib
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final, NamedTuple, cast
+from collections.abc import Iterable
+from typing import Any, Final, cast
 
-from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvspec.blocks.eviction import EvictionPolicyFactory
-from kvspec.blocks.hashing import BlockHash, BlockHasher
-from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
-from kvspec.blocks.request import Request
-from kvspec.blocks.request_view import RequestView
+from kvspec.blocks.hashing import BlockHasher
+from kvspec.blocks.pool import BlockId, KVCacheBlock
 from kvspec.contracts.manager import NEW_BLOCK_RECORDS, RecordsNewBlocks, declared_capabilities
-from kvspec.contracts.release import VLLM_0_23, VLLM_0_32, VLLM_0_34, ReleaseProfile, profile_for_vllm_version
+from kvspec.contracts.release import VLLM_0_23, VLLM_0_32, ReleaseProfile, profile_for_vllm_version
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.contracts.traits import block_tokens_of
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator, shared_prefix_junction
 from kvspec.coordinator.stats import PrefixCacheStats
-from kvspec.errors import BlockPoolError, SchedulingError, UnsupportedConfigurationError
+from kvspec.errors import SchedulingError, UnsupportedConfigurationError
 from kvspec.eviction.registry import resolve_eviction_policy
-from kvspec.integrations.vllm import VLLM_SPECS_MODULE, SpecConverter
-from kvspec.integrations.vllm_names import VllmManagerView
+from kvspec.integrations.vllm import SpecConverter
+from kvspec.integrations.vllm_events import event_to_vllm
+from kvspec.integrations.vllm_facades import (
+    Vllm034BlockPool,
+    VllmBlockPool,
+    _BlockPoolFacade,
+    _coordinator_facade,
+    _retention_interval,
+    _zeroed_groups_034,
+    zeroed_by_vllm_034,
+)
 from kvspec.integrations.vllm_planning import config_from_vllm
+from kvspec.integrations.vllm_request_view import VllmRequestView, as_kvspec_request
 from kvspec.registry.core import AnyRegistry
 
 __all__ = [
-    "VllmBlockPool",
-    "event_to_vllm",
-    "VllmKVCacheManager",
+    "Vllm032KVCacheManager",
+    "Vllm034BlockPool",
     "Vllm034KVCacheManager",
+    "VllmBlockPool",
+    "VllmKVCacheManager",
     "VllmRequestView",
+    "adapter_class",
+    "as_kvspec_request",
+    "event_to_vllm",
     "install",
     "uninstall",
+    "zeroed_by_vllm_034",
 ]
 
 # The modules whose ``KVCacheManager`` name vLLM's scheduler resolves at construction time.
 _PATCHED_MODULES: Final = ("vllm.v1.core.sched.scheduler", "vllm.v1.core.kv_cache_manager")
 _originals: dict[str, Any] = {}
-
-
-class VllmRequestView:
-    """What kvspec's coordinator reads from a request (``kvspec.RequestView``), read from a vLLM
-    ``Request`` in place (no copies): every member is a property over the vLLM object. The hasher is a
-    marker with vLLM's hash block size: vLLM's engine hashes the request, kvspec only checks the size.
-    """
-
-    __slots__ = ("_hasher_marker", "vllm_request")
-
-    def __init__(self, vllm_request: Any, hasher: BlockHasher) -> None:
-        # The token lists and hashes stay vLLM's own.
-        self.vllm_request = vllm_request
-        self._hasher_marker = hasher
-
-    @property
-    def request_id(self) -> str:
-        return str(self.vllm_request.request_id)
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.vllm_request.all_token_ids  # type: ignore[no-any-return]
-
-    @property
-    def block_hashes(self) -> list[BlockHash]:
-        return self.vllm_request.block_hashes  # type: ignore[no-any-return]
-
-    @property
-    def num_computed_tokens(self) -> int:
-        return int(self.vllm_request.num_computed_tokens)
-
-    @property
-    def num_preemptions(self) -> int:
-        return int(self.vllm_request.num_preemptions)
-
-    @property
-    def skip_reading_prefix_cache(self) -> bool:
-        request = self.vllm_request
-        skip = getattr(request, "skip_reading_prefix_cache", None)
-        if skip is None:  # vLLM 0.34: a hit limit of 0 turns the lookup off
-            return getattr(request, "prefix_cache_hit_limit", None) == 0
-        return bool(skip)
-
-    @property
-    def cache_salt(self) -> str | None:
-        return self.vllm_request.cache_salt  # type: ignore[no-any-return]
-
-    @property
-    def priority(self) -> int:
-        """vLLM's scheduling priority (lower first), which an eviction policy may weigh (``BlockUse``)."""
-        return int(getattr(self.vllm_request, "priority", 0))
-
-    @property
-    def shared_prefix_boundary(self) -> int:
-        """vLLM 0.34's junction the scheduler pinned (tokens; 0: none; 0.23's requests have none)."""
-        return int(getattr(self.vllm_request, "shared_prefix_boundary", 0) or 0)
-
-    @property
-    def session_id(self) -> str | None:
-        """vLLM 0.34's request session (0.23's requests have none)."""
-        return getattr(self.vllm_request, "session_id", None)
-
-    @property
-    def lora_name(self) -> str | None:
-        lora = self.vllm_request.lora_request
-        return None if lora is None else str(lora.lora_name)
-
-    @property
-    def lora_id(self) -> int | None:
-        lora = self.vllm_request.lora_request
-        return None if lora is None else int(lora.adapter_id)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return int(self.vllm_request.num_prompt_tokens)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.vllm_request.num_tokens)
-
-    @property
-    def block_hasher(self) -> BlockHasher | None:
-        return self._hasher_marker
-
-    @property
-    def needs_extra_keys(self) -> bool:
-        r = self.vllm_request
-        return bool(
-            r.lora_request is not None
-            or r.cache_salt is not None
-            or r.mm_features
-            or getattr(r, "prompt_embeds", None) is not None
-        )
-
-    @property
-    def block_extra_keys(self) -> list[tuple[Any, ...] | None]:
-        return []
-
-    def extra_keys_for_block(self, start: int, end: int) -> tuple[Any, ...] | None:
-        return None  # vLLM's engine hashes its requests; kvspec never hashes a view
-
-    def extra_keys_for_range(self, start: int, end: int) -> tuple[Any, ...] | None:
-        """vLLM's own extra keys of tokens [start, end) (LoRA name, multimodal hashes, salt, embeddings), as
-        vLLM's block pool puts them in ``BlockStored`` events."""
-        keys, _ = _vllm_extra_keys()(self.vllm_request, start, end, 0)
-        return keys  # type: ignore[no-any-return]
-
-    def __repr__(self) -> str:
-        return f"VllmRequestView({self.request_id!r})"
-
-
-def _retention_interval(kv_cache_config: Any) -> int | None:
-    """vLLM 0.34 plans the retention into the config (``KVCacheConfig.prefix_cache_retention_interval``);
-    0.23 reads the ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL`` environment setting."""
-    if hasattr(kv_cache_config, "prefix_cache_retention_interval"):
-        planned: int | None = kv_cache_config.prefix_cache_retention_interval
-        return planned
-    envs = importlib.import_module("vllm.envs")
-    from_env: int | None = envs.VLLM_PREFIX_CACHE_RETENTION_INTERVAL
-    return from_env
-
-
-def _zeroed_groups_034(kv_cache_config: Any) -> tuple[bool, ...]:
-    """vLLM 0.34's zeroing policy, read off its config: when the model needs zeroing (Mamba layers or mixed
-    precision, ``KVCacheConfig.needs_kv_cache_zeroing``) every attention group except a ring reports its new
-    blocks, otherwise none does. (0.23's managers report the full-attention families' blocks always: the
-    specs' ``zero_new_blocks`` traits.)"""
-    needs = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
-    return tuple(needs and zeroed_by_vllm_034(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups)
-
-
-def zeroed_by_vllm_034(vllm_spec: Any) -> bool:
-    """Whether vLLM 0.34 zeroes a group of ``vllm_spec`` when its model needs zeroing: attention, not a
-    ring."""
-    return _vllm_spec_is(vllm_spec, "AttentionSpec") and not _vllm_spec_is(vllm_spec, "CircularBufferSpec")
-
-
-def _vllm_spec_is(spec: Any, class_name: str) -> bool:
-    """Whether vLLM's ``spec`` derives from vLLM's spec class ``class_name`` (its own module's class, read by
-    name: vLLM's policy is stated over its classes, which kvspec's code never tests for)."""
-    return any(c.__name__ == class_name and c.__module__ == VLLM_SPECS_MODULE for c in type(spec).__mro__)
-
-
-@functools.cache
-def _vllm_extra_keys() -> Any:
-    return importlib.import_module("vllm.v1.core.kv_cache_utils").generate_block_hash_extra_keys
-
-
-def as_kvspec_request(request: Any, hash_block_size: int) -> RequestView:
-    """``request`` if it is kvspec's, else a view of vLLM's (for callers that hand the pool a vLLM request)."""
-    if isinstance(request, (Request, VllmRequestView)):
-        return request
-    return VllmRequestView(request, BlockHasher(hash_block_size))
-
-
-class VllmSpecGroup(NamedTuple):
-    """One entry of vLLM 0.34's ``coordinator.attention_groups``."""
-
-    spec: Any
-    group_ids: list[int]
-    manager_cls: type
-    use_eagle: bool
-
-
-class _CoordinatorFacade:
-    """``kv_cache_manager.coordinator`` as vLLM's scheduler uses it (its remaining-blocks estimate)."""
-
-    __slots__ = ("_coordinator", "_vllm_specs")
-
-    def __init__(self, coordinator: KVCacheCoordinator, vllm_specs: Sequence[Any] = ()) -> None:
-        self._coordinator = coordinator
-        # vLLM's own spec of each group: vLLM code reading a manager's kv_cache_spec type-checks it.
-        self._vllm_specs = tuple(vllm_specs)
-
-    def get_num_blocks_to_allocate(
-        self,
-        request_id: str,
-        num_tokens: int,
-        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
-        num_encoder_tokens: int,
-        total_computed_tokens: int,
-        num_tokens_main_model: int,
-        apply_admission_cap: bool = False,
-        num_local_computed_tokens: int | None = None,
-        prefill_end: int = 0,
-    ) -> int:
-        """vLLM's estimate (0.23's arguments; 0.34 adds ``num_local_computed_tokens``, which only matters
-        for sub-block partial hits kvspec does not make, and ``prefill_end``, where Mamba "align" reserves
-        a prefill checkpoint)."""
-        return self._coordinator.get_num_blocks_to_allocate(
-            request_id,
-            num_tokens,
-            new_computed_blocks,
-            total_computed_tokens,
-            num_tokens_main_model,
-            num_encoder_tokens,
-            apply_admission_cap,
-            prefill_end=prefill_end,
-        )
-
-    @property
-    def attention_groups(self) -> list[VllmSpecGroup]:
-        """vLLM 0.34's hit-search groups (equal specs searched together, groups never cached left out), each
-        with vLLM's spec of its first group when known."""
-        specs = self._vllm_specs
-        return [
-            VllmSpecGroup(
-                spec=specs[g.group_ids[0]] if specs else g.spec,
-                group_ids=list(g.group_ids),
-                manager_cls=g.manager_cls,
-                use_eagle=g.use_eagle,
-            )
-            for g in self._coordinator.hit_search.spec_groups
-        ]
-
-    @property
-    def single_type_managers(self) -> list[Any]:
-        """vLLM's name for the per-group managers, each seen with vLLM's state names (``req_to_blocks``,
-        ``num_cached_block``: private fields on kvspec's managers)."""
-        specs = self._vllm_specs or (None,) * len(self._coordinator.managers)
-        return [VllmManagerView(m, s) for m, s in zip(self._coordinator.managers, specs, strict=True)]
-
-    # vLLM 0.34's coordinator state the Scheduler and its tests read.
-    @property
-    def retention_interval(self) -> int | None:
-        """The sparse retention interval in effect (tokens; None: dense)."""
-        return self._coordinator.prefix_cache_retention_interval
-
-    @retention_interval.setter
-    def retention_interval(self, interval: int | None) -> None:
-        # vLLM 0.34's coordinator keeps it as a plain attribute its tests set after construction.
-        self._coordinator.set_prefix_cache_retention_interval(interval)
-
-    @property
-    def enable_partial_hash_hits(self) -> bool:
-        """Whether sub-block prefix hits apply (vLLM 0.34's name; kvspec's ``partial_hash_hits``)."""
-        return self._coordinator.partial_hash_hits
-
-    @property
-    def _cache_hit_alignment_tokens(self) -> int:
-        """Tokens every prefix hit is a multiple of (vLLM 0.34's name): the hash block with sub-block hits,
-        else the scheduler block."""
-        return self._coordinator.cache_hit_alignment_tokens
-
-    @property
-    def group_block_sizes(self) -> tuple[int, ...]:
-        """Each group's block in tokens (context parallelism included), as vLLM 0.34's coordinator lists it."""
-        return self._coordinator.group_block_sizes
-
-    @property
-    def eagle_group_ids(self) -> tuple[int, ...]:
-        return tuple(sorted(self._coordinator._eagle_group_ids))
-
-    @property
-    def full_attention_group_id(self) -> int | None:
-        """The first group of the first spec group searched when that is full attention (left-closed
-        hits), else None: vLLM 0.34's reference group for per-group lookups."""
-        groups = self._coordinator.hit_search.spec_groups
-        if not groups or not groups[0].left_closed:
-            return None
-        return groups[0].group_ids[0]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._coordinator, name)
-
-
-def _cache_partial_block_for_vllm(
-    pool_cache_partial_block: Callable[[RequestView, KVCacheBlock, int, int, bool], bytes | None],
-    hash_block: int,
-    request: Any,
-    block: KVCacheBlock,
-    num_tokens: int,
-    kv_cache_group_id: int,
-    block_size: int | None,
-    replace_existing_hashes: bool,
-) -> bytes | None:
-    """vLLM 0.34's ``cache_partial_block(request, block, num_tokens, kv_cache_group_id, block_size,
-    replace_existing_hashes)`` on a kvspec pool of ``hash_block`` tokens per hash (its ``cache_partial_block``
-    given): the vLLM request read in place; ``block_size`` is the owning group's block, a multiple of the
-    hash block."""
-    if block_size is not None and block_size % hash_block:
-        raise BlockPoolError(
-            f"A partial entry's group block size ({block_size} tokens) must be a multiple of the hash "
-            f"block ({hash_block} tokens)."
-        )
-    return pool_cache_partial_block(
-        as_kvspec_request(request, hash_block), block, num_tokens, kv_cache_group_id, replace_existing_hashes
-    )
-
-
-class _BlockPoolFacade:
-    """kvspec's block pool, taking vLLM requests where it takes a request (everything else passes through)."""
-
-    def __init__(self, pool: BlockPool) -> None:
-        object.__setattr__(self, "_pool", pool)
-
-    def cache_full_blocks(
-        self,
-        request: Any,
-        blocks: Sequence[KVCacheBlock],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
-        kv_cache_group_id: int,
-        block_mask: Sequence[bool] | None = None,
-    ) -> None:
-        self._pool.cache_full_blocks(
-            as_kvspec_request(request, self._pool.hash_block_size),
-            blocks,
-            num_cached_blocks,
-            num_full_blocks,
-            block_size,
-            kv_cache_group_id,
-            block_mask,
-        )
-
-    def cache_partial_block(
-        self,
-        request: Any,
-        block: KVCacheBlock,
-        num_tokens: int,
-        kv_cache_group_id: int,
-        block_size: int | None = None,
-        replace_existing_hashes: bool = False,
-    ) -> bytes | None:
-        """vLLM 0.34's ``cache_partial_block`` on kvspec's pool (see ``_cache_partial_block_for_vllm``)."""
-        pool: BlockPool = self._pool
-        return _cache_partial_block_for_vllm(
-            pool.cache_partial_block,
-            pool.hash_block_size,
-            request,
-            block,
-            num_tokens,
-            kv_cache_group_id,
-            block_size,
-            replace_existing_hashes,
-        )
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._pool, name, value)
-
-
-@functools.cache
-def _vllm_event_api() -> tuple[Any, Any, Any]:
-    """vLLM's event module, its external-hash conversion, and (vLLM 0.34) its conversion of the tagged
-    extra keys to the untagged form events publish, or None (0.23 publishes them as hashed)."""
-    events = importlib.import_module("vllm.distributed.kv_events")
-    utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
-    return events, utils.maybe_convert_block_hash, getattr(utils, "to_event_extra_keys", None)
-
-
-def event_to_vllm(event: object) -> Any:
-    """vLLM's KV event for kvspec's (same fields; hashes in vLLM's external form, an int of the low 64 bits
-    unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is off); anything else (already vLLM's) is returned as is."""
-    ev, external, event_keys = _vllm_event_api()
-    if isinstance(event, BlockStored):
-        parent = event.parent_block_hash
-        # vLLM 0.34's event also carries the EAGLE lookahead tokens and the session (0.23's has neither).
-        optional: dict[str, Any] = {}
-        if event.lookahead_token_ids is not None:
-            optional["lookahead_token_ids"] = event.lookahead_token_ids
-        if event.session_id is not None:  # vLLM 0.34's field too
-            optional["session_id"] = event.session_id
-        return ev.BlockStored(
-            **optional,
-            block_hashes=[external(h) for h in event.block_hashes],
-            parent_block_hash=None if parent is None else external(parent),
-            token_ids=list(event.token_ids),
-            block_size=event.block_size,
-            lora_id=event.lora_id,
-            medium=event.medium,
-            lora_name=event.lora_name,
-            extra_keys=event.extra_keys if event_keys is None else event_keys(event.extra_keys),
-            group_idx=event.group_idx,
-            kv_cache_spec_kind=event.kv_cache_spec_kind,
-            kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,
-        )
-    if isinstance(event, BlockRemoved):
-        return ev.BlockRemoved(
-            block_hashes=[external(h) for h in event.block_hashes],
-            medium=event.medium,
-            group_idx=event.group_idx,
-        )
-    if isinstance(event, AllBlocksCleared):
-        return ev.AllBlocksCleared()
-    return event
-
-
-# vLLM picks one of three coordinator classes; the facade carries the name vLLM's choice would have.
-_FACADE_CLASSES: dict[str, type[_CoordinatorFacade]] = {
-    name: type(name, (_CoordinatorFacade,), {"__slots__": ()})
-    for name in ("KVCacheCoordinatorNoPrefixCache", "UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator")
-}
-
-
-def _coordinator_facade(
-    coordinator: KVCacheCoordinator, enable_caching: bool, vllm_config: Any = None
-) -> _CoordinatorFacade:
-    if not enable_caching:
-        name = "KVCacheCoordinatorNoPrefixCache"
-    elif coordinator.num_groups == 1:
-        name = "UnitaryKVCacheCoordinator"
-    else:
-        name = "HybridKVCacheCoordinator"
-    groups = getattr(vllm_config, "kv_cache_groups", None) or ()
-    facade_cls = _FACADE_CLASSES[name]
-    _register_with_vllm(name)
-    return facade_cls(coordinator, [g.kv_cache_spec for g in groups])
-
-
-@functools.cache
-def _register_with_vllm(name: str) -> None:
-    """Make the facade an instance of vLLM's coordinator class of the same name, as vLLM's code checks it
-    (0.34's ``get_computed_blocks_for_connector`` asks ``isinstance(coordinator, HybridKVCacheCoordinator)``):
-    vLLM's coordinators are ABCs, so the facade is registered as a virtual subclass. Nothing without vLLM."""
-    try:
-        module = importlib.import_module("vllm.v1.core.kv_cache_coordinator")
-    except ImportError:
-        return
-    vllm_cls = getattr(module, name, None)
-    if isinstance(vllm_cls, abc.ABCMeta):
-        vllm_cls.register(_FACADE_CLASSES[name])
-
-
-class VllmBlockPool(BlockPool):
-    """kvspec's ``BlockPool`` that also takes vLLM requests in ``cache_full_blocks`` (read through a view)."""
-
-    def cache_full_blocks(
-        self,
-        request: Any,
-        blocks: Sequence[KVCacheBlock],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
-        kv_cache_group_id: int,
-        block_mask: Sequence[bool] | None = None,
-    ) -> None:
-        super().cache_full_blocks(
-            as_kvspec_request(request, self.hash_block_size),
-            blocks,
-            num_cached_blocks,
-            num_full_blocks,
-            block_size,
-            kv_cache_group_id,
-            block_mask,
-        )
-
-    def cache_partial_block(  # type: ignore[override]  # vLLM's order: block_size 5th; kvspec's keyword too
-        self,
-        request: Any,
-        block: KVCacheBlock,
-        num_tokens: int,
-        kv_cache_group_id: int,
-        block_size: int | None = None,
-        replace_existing_hashes: bool = False,
-        *,
-        replace_existing: bool = False,
-    ) -> bytes | None:
-        """kvspec's partial prompt-tail entry for a vLLM request (see ``_cache_partial_block_for_vllm``);
-        ``replace_existing`` is kvspec's name of vLLM's ``replace_existing_hashes`` (kvspec's managers pass it
-        by that name)."""
-        return _cache_partial_block_for_vllm(
-            super().cache_partial_block,
-            self.hash_block_size,
-            request,
-            block,
-            num_tokens,
-            kv_cache_group_id,
-            block_size,
-            replace_existing_hashes or replace_existing,
-        )
-
-    @property
-    def cached_block_hashes_by_block(self) -> dict[int, set[bytes]]:
-        """vLLM 0.34's name for the keys a block is cached under besides its own hash (block id -> keys;
-        only blocks that have such keys). A copy: the map is the pool's to change."""
-        return {
-            block_id: set(keys)
-            for block_id, keys in self.cached_block_hash_to_block.secondary_keys_by_block().items()
-        }
-
-    def take_events(self) -> list[Any]:
-        """The queued events as vLLM's event objects."""
-        return [event_to_vllm(e) for e in super().take_events()]
-
-
-class Vllm034BlockPool(VllmBlockPool):
-    """``VllmBlockPool`` behind vLLM 0.34.0's constructor, with that release's pool rules (the ``VLLM_0_34``
-    profile: unhashed frees first, a coarse block keyed by its last fine hash)."""
-
-    def __init__(
-        self,
-        num_gpu_blocks: int,
-        enable_caching: bool,
-        hash_block_size: int,
-        enable_kv_cache_events: bool = False,
-        metrics_collector: Any = None,
-        num_hash_lookahead_tokens: int = 0,
-        medium: str = "GPU",
-    ) -> None:
-        super().__init__(
-            num_gpu_blocks,
-            enable_caching,
-            hash_block_size,
-            enable_kv_cache_events,
-            medium,
-            metrics_collector,
-            free_unhashed_first=VLLM_0_34.free_unhashed_first,
-            coarse_hash_is_last_fine=VLLM_0_34.coarse_hash_is_last_fine,
-            hash_lookahead_tokens=num_hash_lookahead_tokens,
-        )
 
 
 class VllmKVCacheManager:
@@ -758,14 +258,14 @@ class VllmKVCacheManager:
             new[1],
             computed,
             lookahead,
-            external,
-            delay_cache_blocks,
-            encoder,
-            full_sequence_must_fit,
-            reserved,
-            in_flight,
-            watermark,
-            tuple(skip_zeroing_group_ids),
+            num_external_computed_tokens=external,
+            delay_cache_blocks=delay_cache_blocks,
+            num_encoder_tokens=encoder,
+            full_sequence_must_fit=full_sequence_must_fit,
+            reserved_blocks=reserved,
+            num_in_flight_tokens=in_flight,
+            watermark_blocks=watermark,
+            skip_zeroing_group_ids=tuple(skip_zeroing_group_ids),
         )
         return self._to_vllm(result)
 

@@ -22,8 +22,9 @@ from kvspec.contracts.manager import HitQuery, ManagerContext
 from kvspec.contracts.release import VLLM_0_34
 from kvspec.contracts.traits import block_tokens_of, traits_of
 from kvspec.integrations.vllm import as_kvspec
-from kvspec.integrations.vllm_kv_cache_manager import as_kvspec_request, zeroed_by_vllm_034
+from kvspec.integrations.vllm_facades import zeroed_by_vllm_034
 from kvspec.integrations.vllm_names import VLLM_STATE_NAMES, VllmManagerView
+from kvspec.integrations.vllm_request_view import as_kvspec_request
 from kvspec.managers.base import SingleTypeKVCacheManager
 
 __all__ = ["VLLM_STATE_NAMES", "Vllm034StyleManager", "VllmManagerView", "VllmStyleManager", "vllm_style"]

@@ -76,7 +76,7 @@ def _grouped(vllm_config: Any, layer_specs: Mapping[str, KVCacheSpec]) -> Sequen
 
 def _packs_pages(vllm_config: Any, layer_specs: Mapping[str, KVCacheSpec]) -> bool:
     """Whether the resolved KV cache layout is block-outermost (a block holds a page of every layer of its
-    group side by side, so pages of several sizes pack into one block; vLLM 0.34 B plan:975-977). Asked
+    group side by side, so pages of several sizes pack into one block; vLLM 0.34 ``vllm/v1/core/kv_cache_planning.py``: ``_get_packed_kv_cache_groups`` (0.34.0)). Asked
     only where vLLM asks it: of a hybrid-managed model of several page sizes that one group cannot hold
     (the layout may not be resolved before then, and vLLM raises when it is read too early)."""
     if not uses_hybrid_manager(vllm_config) or len({s.page_size_bytes for s in layer_specs.values()}) <= 1:
@@ -240,7 +240,7 @@ def _projected_to_vllm(
 def _placed_block_bytes(builder: Any, vllm_config: Any, groups: list[Any]) -> int:
     """What one block id costs a worker under the builder's placement: the builder's own answer when it
     gives one (placements with several allocations), else the size of a one-block placement's single
-    device backing, as vLLM 0.34's core reads it (B plan:311-350). 0 for a worker without layers."""
+    device backing, as vLLM 0.34's core reads it (``vllm/v1/core/kv_cache_planning.py``: ``_pool_bytes_per_block_from_builder`` (0.34.0)). 0 for a worker without layers."""
     if not any(g.layer_names for g in groups):
         return 0
     declared = builder._get_pool_bytes_per_block(vllm_config, groups)

@@ -209,7 +209,7 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def _checkpoint_position(self, request_id: str, query_start: int, query_end: int) -> int:
         """The token position whose state this chunk [query_start, query_end) exports into a reserved block
-        (0: none; vLLM 0.34 B stm:1664-1696, B iface:1203-1251). Only a chunk reaching the prefill's end
+        (0: none; vLLM 0.34 ``vllm/v1/core/single_type_kv_cache_manager.py``: ``MambaManager._needs_internal_checkpoint`` (0.34.0), ``vllm/v1/kv_cache_interface.py``: ``get_mamba_prefill_checkpoint_position`` (0.34.0)). Only a chunk reaching the prefill's end
         under sparse retention 0 (every chunk otherwise), starting on a hash boundary, and at least a hash
         block below the last boundary a later request can hit, which lies strictly inside the chunk, in a
         block after the one the chunk starts from, and a whole number of alignments from its start."""
@@ -364,7 +364,7 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def _cache_prompt_boundary_state(self, request: RequestView, num_tokens: int) -> bytes | None:
         """Sub-block hits: caching exactly up to the prompt's last hash boundary a resend can hit keys the
-        state there, even inside a block (B stm:2092-2142). Inside a block, the request's next allocation
+        state there, even inside a block (``vllm/v1/core/single_type_kv_cache_manager.py``: ``MambaManager._cache_partial_tail_block`` (0.34.0)). Inside a block, the request's next allocation
         moves the entry to a copy (the request goes on writing the block). Returns a new key."""
         hash_block = self.block_pool.hash_block_size
         if num_tokens <= 0 or num_tokens % hash_block:
@@ -422,7 +422,7 @@ class MambaManager(SingleTypeKVCacheManager):
         """Key the block reserved at ``index`` by the state it holds, the one at ``position`` tokens
         (replacing any key an earlier step or this one gave it), when a later request can reach it: the
         prompt's own checkpoint, a retained segment's end, or the shared-prefix junction. Otherwise the
-        state in it is transient, and any key it has is dropped (B stm:2040-2090). Returns a new key."""
+        state in it is transient, and any key it has is dropped (``vllm/v1/core/single_type_kv_cache_manager.py``: ``MambaManager._cache_partial_tail_block`` (0.34.0)). Returns a new key."""
         blocks = self.req_to_blocks[request.request_id]
         block = blocks[index]
         prompt_checkpoint = _checkpoint_boundary(
@@ -525,7 +525,7 @@ def _checkpoint_boundary(
 ) -> int:
     """The last boundary (tokens, a multiple of ``hash_block_size``) a later request can hit in a prefix of
     ``num_tokens`` tokens: one token is left to recompute for the logits, or the lookahead tokens the
-    boundary's hash reads; EAGLE's block drop takes one more hash block off (vLLM 0.34 B iface:1203-1220)."""
+    boundary's hash reads; EAGLE's block drop takes one more hash block off (vLLM 0.34 ``vllm/v1/kv_cache_interface.py``: ``get_mamba_prefill_checkpoint_position`` (0.34.0))."""
     limit = num_tokens if drop_eagle_block else num_tokens - max(1, hash_lookahead)
     boundary = limit // hash_block_size * hash_block_size
     if drop_eagle_block:

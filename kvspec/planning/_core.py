@@ -342,7 +342,7 @@ def packed_kv_cache_groups(
 ) -> list[KVCacheGroupSpec] | None:
     """Groups for a block-outermost layout, where one block id addresses one contiguous block holding a
     page of every layer of a group side by side, so pages of several sizes share a block (vLLM 0.32+'s
-    packed groups, B plan:958-1085). None when every layer has one page size (nothing to pack).
+    packed groups, ``vllm/v1/core/kv_cache_planning.py``: ``_get_packed_kv_cache_groups`` (0.34.0)). None when every layer has one page size (nothing to pack).
 
     Layers are bucketed greedily by uniform type (``Registry.is_uniform_type``), in model order. A bucket
     with as many layers of each page size is a repeating layer pattern; the patterns of such buckets are
@@ -417,7 +417,7 @@ def full_allocation_groups(
 ) -> list[KVCacheGroupSpec] | None:
     """vLLM 0.32+'s fallback when page sizes cannot be unified beside a latent (MLA) layer: the windowed
     layers are allocated as full attention (every block kept; their attention compute is the engine's and
-    unchanged) so every layer shares one uniform-type group and block table (B plan:859-894). A sliding
+    unchanged) so every layer shares one uniform-type group and block table (``vllm/v1/core/kv_cache_planning.py``: ``_try_get_full_allocation_fallback_groups`` (0.34.0)). A sliding
     window's own group would pay every layer's page for each block id anyway, so nothing is lost.
 
     None (the caller raises its unification error) unless the model has a latent full-attention layer and a
@@ -601,7 +601,7 @@ def usable_bytes(
 ) -> int:
     """The bytes of ``available_memory`` requests can use: with ``reserve_null_block`` one block less (the
     pool holds block 0 back as the null block for its lifetime; vLLM 0.34 plans its checks and auto-fit
-    against the usable blocks, B plan:1638). The blocks allocated still come from all of it. ``block_bytes``:
+    against the usable blocks, ``vllm/v1/core/kv_cache_planning.py``: ``get_kv_cache_configs`` (0.34.0)). The blocks allocated still come from all of it. ``block_bytes``:
     what one block costs under the engine's placement (None: ``bytes_per_block(groups)``)."""
     if not reserve_null_block or not groups:
         return available_memory
@@ -731,7 +731,7 @@ def mark_eagle_groups(
 ) -> tuple[KVCacheGroupSpec, ...]:
     """The groups with ``is_eagle_group`` set on exactly those that hold a layer of ``draft_layers``, the
     draft model's (EAGLE / MTP) layers: the groups whose hits EAGLE's one-block drop applies to (vLLM 0.34,
-    B plan:1755-1762; 0.23 flags every group). Layer names and specs are unchanged."""
+    ``vllm/v1/core/kv_cache_planning.py``: ``get_global_kv_cache_groups`` (0.34.0); 0.23 flags every group). Layer names and specs are unchanged."""
     drafts = frozenset(draft_layers)
     return tuple(dataclasses.replace(g, is_eagle_group=not drafts.isdisjoint(g.layer_names)) for g in groups)
 
@@ -739,7 +739,7 @@ def mark_eagle_groups(
 def draft_groups_unidentified(groups: Sequence[KVCacheGroupSpec]) -> bool:
     """No group is flagged as the draft model's although some group holds state (Mamba) layers: EAGLE's
     block drop then misses the draft's groups, and a state group's hit is not extended (vLLM 0.34 warns,
-    B plan:1088-1115). Tag the draft model's layers so ``mark_eagle_groups`` can find them."""
+    ``vllm/v1/core/kv_cache_planning.py``: ``_warn_if_unannotated_eagle_mamba`` (0.34.0)). Tag the draft model's layers so ``mark_eagle_groups`` can find them."""
     if any(g.is_eagle_group for g in groups):
         return False
     return any(traits_of(spec).kind == "mamba" for g in groups for spec in _layer_specs(g))

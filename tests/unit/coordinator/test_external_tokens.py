@@ -29,7 +29,7 @@ def test_external_blocks_never_take_another_groups_hit_blocks() -> None:
     hits = KVCacheBlocks((head[:5], head[5:]))
     request = make_request(coord, "r", [0] * (8 * 16))
     free_before = coord.num_free_blocks
-    new = coord.allocate_slots(request, 16, 5 * 16, hits, 0, 2 * 16)
+    new = coord.allocate_slots(request, 16, 5 * 16, hits, 0, num_external_computed_tokens=2 * 16)
     assert new is not None
     flat = _flat(coord, "r")
     assert len(set(flat)) == len(flat) == 16, coord.get_block_ids("r")
@@ -51,7 +51,9 @@ def test_a_ring_group_takes_one_block_and_the_hybrid_still_attaches_in_two_phase
     head = coord.block_pool.free_block_queue.get_all_free_blocks()[:10]
     request = make_request(coord, "r", [0] * (8 * 16))
     free_before = coord.num_free_blocks
-    new = coord.allocate_slots(request, 16, 5 * 16, KVCacheBlocks((head[:5], head[5:], [])), 0, 2 * 16)
+    new = coord.allocate_slots(
+        request, 16, 5 * 16, KVCacheBlocks((head[:5], head[5:], [])), 0, num_external_computed_tokens=2 * 16
+    )
     assert new is not None
     full, window, ring_blocks = coord.get_block_ids("r")
     flat = full + window + ring_blocks
@@ -68,7 +70,12 @@ def test_a_single_group_takes_its_hit_then_its_external_blocks() -> None:
     coord = make_coordinator([full_spec()], 20)
     head = coord.block_pool.free_block_queue.get_all_free_blocks()[:3]
     request = make_request(coord, "r", [0] * (6 * 16))
-    assert coord.allocate_slots(request, 16, 3 * 16, KVCacheBlocks((head,)), 0, 2 * 16) is not None
+    assert (
+        coord.allocate_slots(
+            request, 16, 3 * 16, KVCacheBlocks((head,)), 0, num_external_computed_tokens=2 * 16
+        )
+        is not None
+    )
     (blocks,) = coord.get_block_ids("r")
     assert blocks[:3] == [b.block_id for b in head] and len(set(blocks)) == len(blocks) == 6
     coord.check_invariants()
@@ -90,7 +97,9 @@ def test_blocks_for_an_asynchronous_load_are_not_reported_for_zeroing(skip: tupl
         (True, True)
     )  # every attention group zeroes, as 0.34 when the model needs it
     request = make_request(coord, "r", [0] * (4 * 16))
-    new = coord.allocate_slots(request, 16, 0, None, 0, 2 * 16, skip_zeroing_group_ids=skip)
+    new = coord.allocate_slots(
+        request, 16, 0, None, 0, num_external_computed_tokens=2 * 16, skip_zeroing_group_ids=skip
+    )
     assert new is not None
     reported = set(coord.take_new_block_ids())
     for gid, ids in enumerate(coord.get_block_ids("r")):

@@ -21,6 +21,7 @@ from kvspec import (
     HitResult,
     KVCacheBlock,
     ManagerContext,
+    MLAAttentionSpec,
     Registry,
     RequestView,
     SchedulerLimits,
@@ -36,7 +37,7 @@ from kvspec.contracts.manager import (
     declared_capabilities,
 )
 from kvspec.coordinator import KVCacheCoordinator
-from kvspec.errors import ManagerProtocolError, ManagerSignatureError
+from kvspec.errors import ManagerProtocolError, ManagerSignatureError, PluginContractError
 from kvspec.intmath import cdiv
 from kvspec.managers.base import BASE_CAPABILITIES, SingleTypeKVCacheManager
 from kvspec.planning import get_kv_cache_config
@@ -463,3 +464,42 @@ def test_the_architecture_check_finds_a_class_test() -> None:
         assert len(_class_tests(probe)) == 2
     finally:
         probe.unlink()
+
+
+# -- what the kit catches in a vLLM-shaped port: vllm-ascend's AscendMLAAttentionSpec.merge ------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MergeDropsModelVersion(MLAAttentionSpec):
+    """vllm-ascend's ``AscendMLAAttentionSpec.merge`` shape: it rebuilds the merged spec from the first spec's
+    fields it knows and so forgets ``model_version`` (DeepSeek V4's 584-byte fp8 token)."""
+
+    scale_dim: int = 0
+
+    @classmethod
+    def merge(cls, specs: Sequence[MLAAttentionSpec]) -> MergeDropsModelVersion:
+        first = specs[0]
+        return cls(
+            block_size=first.block_size,
+            num_kv_heads=first.num_kv_heads,
+            head_size=first.head_size,
+            dtype=first.dtype,
+            cache_dtype_str=first.cache_dtype_str,
+            compress_ratio=first.compress_ratio,
+        )
+
+
+def test_the_kit_refuses_a_merge_that_drops_model_version() -> None:
+    """The merged spec of one group would size DeepSeek V4's pages as V3's (656 bytes a token, not 584): the
+    kit refuses it, naming the merge (docs/PLUGINS.md's worked example)."""
+    spec = MergeDropsModelVersion(
+        block_size=64,
+        num_kv_heads=1,
+        head_size=512,
+        dtype=torch.bfloat16,
+        cache_dtype_str="fp8_ds_mla",
+        model_version="deepseek_v4",
+    )
+    assert MergeDropsModelVersion.merge([spec]).page_size_bytes != spec.page_size_bytes
+    with pytest.raises(PluginContractError, match=r"MergeDropsModelVersion\.merge"):
+        check_plugin(spec, FullAttentionManager, uniform_type_base_spec=MLAAttentionSpec)

@@ -50,12 +50,13 @@ class MambaManager(SingleTypeKVCacheManager):
         self._allocated_block_reqs: set[str] = set()
         # vLLM 0.34's align frees (ReleaseProfile.mamba_align_frees_across_nulls): blocks below this index
         # are retired (freed or never kept) per request.
-        self._frees_across_nulls = self.context.profile.mamba_align_frees_across_nulls
+        rules = self.context.profile.mamba  # the profile's Mamba section, read once
+        #: Sparse retention thins the states cached (vLLM 0.34's rule; ``MambaRules.sparse_retention``).
+        self._sparse_retention = rules.sparse_retention
+        self._frees_across_nulls = rules.align_frees_across_nulls
         self._num_retired_blocks: dict[str, int] = {}
         # vLLM 0.32's re-keying of the prompt-boundary state (ReleaseProfile.mamba_boundary_recache_defers_hits).
-        self._marks_prompt_boundary = (
-            mode == "align" and self.context.profile.mamba_boundary_recache_defers_hits
-        )
+        self._marks_prompt_boundary = mode == "align" and rules.boundary_recache_defers_hits
         # vLLM 0.34's prefill checkpoints ("align", num_prefill_checkpoint_blocks > 0): the prompt's final chunk
         # may run past the last boundary a later request can hit; the backend then exports the state at that
         # boundary into a block reserved here (the one before the chunk's last), which is cached there.
@@ -447,7 +448,7 @@ class MambaManager(SingleTypeKVCacheManager):
         """Whether sparse retention keeps the state block ``block_index`` as a segment's end (dense: yes;
         interval 0: no segments)."""
         interval = self.context.prefix_cache_retention_interval
-        if interval is None or not self.context.profile.mamba_sparse_retention:
+        if interval is None or not self._sparse_retention:
             return True
         if interval == 0:
             return False
@@ -481,7 +482,7 @@ class MambaManager(SingleTypeKVCacheManager):
         the shared-prefix junction, aligned down to the scheduler block). Units: blocks from the first."""
         context = self.context
         interval = context.prefix_cache_retention_interval
-        if interval is None or self.mamba_cache_mode != "align" or not context.profile.mamba_sparse_retention:
+        if interval is None or self.mamba_cache_mode != "align" or not self._sparse_retention:
             return None
         block_size = self.block_size
         mask = [False] * num_blocks

@@ -90,7 +90,8 @@ class CoordinatorOptions:
         interval = self.prefix_cache_retention_interval
         if isinstance(interval, int) and interval < 0:
             raise UnsupportedConfigurationError(
-                f"prefix_cache_retention_interval must be >= 0 (tokens), None (dense) or PLANNED, got {interval}."
+                f"prefix_cache_retention_interval ({interval!r}) must be a non-negative int (tokens), None "
+                "(dense) or PLANNED (the config's)."
             )
         if isinstance(self.eviction_policy, str):
             from kvspec.eviction import resolve_eviction_policy

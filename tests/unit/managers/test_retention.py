@@ -64,7 +64,7 @@ def test_interval_keeps_one_tail_per_segment_plus_the_replay_tail() -> None:
     ("specs", "interval", "message"),
     [
         ([full_spec(16)], 64, "no sliding-window or Mamba KV cache group"),
-        ([sw_spec(32, 16)], -16, "must be >= 0"),
+        ([sw_spec(32, 16)], -16, "non-negative int"),
         ([full_spec(32), sw_spec(32, 16)], 48, "multiple of scheduler_block_size \\(32\\)"),
     ],
 )

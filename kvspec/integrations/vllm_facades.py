@@ -53,7 +53,6 @@ def _vllm_spec_is(spec: Any, class_name: str) -> bool:
     return any(c.__name__ == class_name and c.__module__ == VLLM_SPECS_MODULE for c in type(spec).__mro__)
 
 
-@functools.cache
 class VllmSpecGroup(NamedTuple):
     """One entry of vLLM 0.34's ``coordinator.attention_groups``."""
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
@@ -120,6 +121,7 @@ class VllmRequestView:
         return f"VllmRequestView({self.request_id!r})"
 
 
+@functools.cache
 def _vllm_extra_keys() -> Any:
     return importlib.import_module("vllm.v1.core.kv_cache_utils").generate_block_hash_extra_keys
 

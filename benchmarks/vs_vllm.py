@@ -437,7 +437,8 @@ def _loop(
             found = kv.get_computed_blocks(req)  # vLLM 0.34 adds a third value (the shared-prefix boundary)
             dt = clock() - t0
             computed, hit = found[0], found[1]
-            if len(found) > 2:  # vLLM 0.34's Scheduler pins the shared-prefix junction (kvspec's lookup pins it)
+            # vLLM 0.34's Scheduler pins the shared-prefix junction (kvspec's lookup pins it itself).
+            if len(found) > 2:
                 req.shared_prefix_boundary = found[2]
             calls["get_computed_blocks"].append(dt)
             n = min(req.num_tokens - hit, CHUNK, budget)

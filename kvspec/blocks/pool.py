@@ -383,21 +383,11 @@ class BlockHashToBlockMap:
             key = block_hash + suffix
             block.block_hash = key
             block.block_hash_num_tokens = (i + 1) * block_tokens
-            held = cache.setdefault(key, block)
-            if held is not block:
-                self._add_duplicate(key, held, block)  # a duplicate of cached content: kept beside it
+            if cache.setdefault(key, block) is not block:
+                self.insert(key, block)  # a duplicate of cached content: kept beside it
             if stored is not None:
                 stored.append(block_hash)
         return promoted
-
-    def _add_duplicate(
-        self, key: bytes, held: KVCacheBlock | dict[int, KVCacheBlock], block: KVCacheBlock
-    ) -> None:
-        """Keep ``block`` under ``key`` beside what is already there (``held``)."""
-        if isinstance(held, KVCacheBlock):
-            self._cache[key] = {held.block_id: held, block.block_id: block}
-        else:
-            held[block.block_id] = block
 
     def contains(self, key: bytes, block_id: int) -> bool:
         """Whether block ``block_id`` is cached under ``key`` (as its hash or a secondary key)."""

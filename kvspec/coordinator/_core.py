@@ -56,7 +56,7 @@ from kvspec.contracts.traits import SpecTraits, traits_of
 from kvspec.coordinator.hit_search import PrefixHitSearch, shared_prefix_junction, split_spec_groups
 from kvspec.coordinator.layout import (
     GroupLayout,
-    _check_retention_interval,
+    check_retention_interval,
     derive_layout,
 )
 from kvspec.coordinator.options import CoordinatorOptions
@@ -317,10 +317,10 @@ class CoordinatorCore:
             for g, m in self._decoder_groups
             if EXTERNAL_BLOCKS in caps[g]
         )
-        self._base_decoders = len(self._external_attachers) == len(self._decoder_groups)
+        self._every_decoder_attaches_external = len(self._external_attachers) == len(self._decoder_groups)
         # External tokens attach in two phases in hybrids, so an external allocation cannot evict a later
         # group's hit.
-        self._two_phase_external = len(self._decoder_groups) > 1 and self._base_decoders
+        self._two_phase_external = len(self._decoder_groups) > 1 and self._every_decoder_attaches_external
         # Managers that can free blocks early; full attention's remove_skipped_blocks is a no-op.
         self._skipping_managers = [m for m in managers if skips_blocks(type(m))]
         self._prefill_end_managers = [
@@ -343,12 +343,10 @@ class CoordinatorCore:
         # compiled build; None: the protocol's calls).
         self._base_all: list[SingleTypeKVCacheManager] | None = base_managers(managers)
         self._base_decoder_list: list[SingleTypeKVCacheManager] | None = base_managers(self._decoder_managers)
-        caching_base = base_managers([m for _, m in self._caching_groups])
-        self._base_caching: list[tuple[int, SingleTypeKVCacheManager]] | None = (
-            None
-            if caching_base is None
-            else [(g, m) for (g, _), m in zip(self._caching_groups, caching_base, strict=True)]
-        )
+        # A one-group model's caching manager, typed as the base class when built on it (the per-step
+        # caching call; a hybrid's groups are called through the protocol).
+        caching_base = base_managers([m for _, m in self._caching_groups[:1]])
+        self._single_caching_base: SingleTypeKVCacheManager | None = caching_base[0] if caching_base else None
 
     # -- helpers for engines ------------------------------------------------------------------
 
@@ -637,7 +635,9 @@ class CoordinatorCore:
         admitted from here on."""
         if (
             external
-            and (self._two_phase_external or (skip_zeroing_group_ids and self._base_decoders))
+            and (
+                self._two_phase_external or (skip_zeroing_group_ids and self._every_decoder_attaches_external)
+            )
             and request_id not in self._admitted
         ):
             # Every group's hit blocks are taken before any group allocates for external tokens, or
@@ -865,7 +865,7 @@ class CoordinatorCore:
         caching call on; blocks already cached stay cached. Checked as the constructor checks it
         (``UnsupportedConfigurationError``); nothing changes when it is refused. Every manager declaring the
         ``retention`` capability is told (``set_prefix_cache_retention_interval``)."""
-        _check_retention_interval(interval, self.scheduler_block_size, self.traits)
+        check_retention_interval(interval, self.scheduler_block_size, self.traits)
         self.prefix_cache_retention_interval = interval
         for manager in self._retention_managers:
             manager.set_prefix_cache_retention_interval(interval)
@@ -1032,10 +1032,9 @@ def _cache_blocks(coord: CoordinatorCore, request: RequestView, num_computed_tok
         coord._cached_tokens[request.request_id] = aligned
     groups = coord._caching_groups
     if single:
-        base = coord._base_caching
+        base = coord._single_caching_base
         if base is not None:
-            if base:
-                base[0][1].cache_blocks(request, num_computed_tokens)
+            base.cache_blocks(request, num_computed_tokens)
         elif groups:
             groups[0][1].cache_blocks(request, num_computed_tokens)
         return

@@ -21,7 +21,7 @@ from kvspec.errors import UnsupportedConfigurationError
 from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec, scheduler_spec
 from kvspec.registry.builtins import default_registry
 
-__all__ = ["GroupLayout", "derive_layout", "resolve_block_sizes"]
+__all__ = ["GroupLayout", "check_retention_interval", "derive_layout", "resolve_block_sizes"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,7 +83,7 @@ def derive_layout(config: KVCacheConfig, limits: SchedulerLimits, options: Coord
                     f"Group block size {block_tokens} is not a multiple of hash_block_size {hash_block_size}."
                 )
     retention = options.retention_for(config)
-    _check_retention_interval(retention, scheduler_block_size, traits)
+    check_retention_interval(retention, scheduler_block_size, traits)
     eagle_group_ids = _eagle_groups(groups, specs, options.use_eagle)
     reprefillable = options.num_reprefillable_tokens
     if options.enable_caching and eagle_group_ids and scheduler_block_size <= reprefillable:
@@ -206,9 +206,12 @@ def _eagle_groups(
     )
 
 
-def _check_retention_interval(
+def check_retention_interval(
     interval: object, scheduler_block_size: int, traits: Sequence[SpecTraits]
 ) -> None:
+    """UnsupportedConfigurationError unless ``interval`` (tokens; None: dense) is a retention a model of
+    ``traits`` runs: a non-negative multiple of the scheduler block, positive only beside a windowed or
+    state group (0, vLLM 0.34's planned default, is a no-op anywhere)."""
     if interval is None:
         return
     # Retention thins the caches of windowed and state (Mamba-like) groups; 0 (vLLM 0.34's planned default)

@@ -123,7 +123,7 @@ class CoordinatorOptions:
         if "profile" in changes and changes["profile"] is None:
             changes["profile"] = DEFAULT_PROFILE
         zero = changes.get("zero_new_blocks")
-        if zero is not None and not isinstance(zero, tuple) and not isinstance(zero, (str, bytes)):
+        if zero is not None and not isinstance(zero, (tuple, str, bytes)):
             try:
                 changes["zero_new_blocks"] = tuple(zero)
             except TypeError:

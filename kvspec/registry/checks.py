@@ -166,9 +166,7 @@ def check_capabilities(cls: type) -> None:
                 f"({proto.__name__}); implement it or drop {capability!r} from manager_capabilities."
             )
         for member in sorted(typing_members(proto) - {"__init__"}):
-            if callable(inspect.getattr_static(proto, member, None)) and not isinstance(
-                inspect.getattr_static(proto, member), property
-            ):
+            if callable(inspect.getattr_static(proto, member, None)):  # a method, not a property or field
                 _check_manager_member(cls, member, proto)
 
 

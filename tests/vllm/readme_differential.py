@@ -387,12 +387,13 @@ def run_workload(w: Workload, verbose: bool = False) -> Outcome:
                 "when a plain window layer comes first, and not in the other order; kvspec's answer does not "
                 "depend on the order (tests/unit/registry/test_registry.py)"
             )
-        if isinstance(stock_plan, Exception) or isinstance(our_plan, Exception):
-            _same(
-                "the plan refuses the budget",
-                stock_plan if isinstance(stock_plan, Exception) else False,
-                our_plan if isinstance(our_plan, Exception) else False,
-            ) if isinstance(stock_plan, Exception) != isinstance(our_plan, Exception) else None
+        stock_refused, we_refused = isinstance(stock_plan, Exception), isinstance(our_plan, Exception)
+        if stock_refused != we_refused:  # one planner refused: its message against the other's False
+            raise Divergence(
+                f"the plan refuses the budget: vLLM {str(stock_plan)[:500] if stock_refused else False} != "
+                f"kvspec {str(our_plan)[:500] if we_refused else False}"
+            )
+        if stock_refused:
             outcome.refused_budget = True  # both planners refuse the layers or the budget
             return outcome
         stock_groups = [sorted(g.layer_names) for g in stock_plan.kv_cache_groups]

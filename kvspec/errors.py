@@ -181,6 +181,16 @@ class BlockTableError(KVSpecError, ValueError):
     """A block table was given sizes or rows that do not fit it."""
 
 
+class VllmPluginSettingsError(KVSpecError, ValueError):
+    """The kvspec vLLM plugin's environment variables (``KVSPEC_VLLM*``) ask for something kvspec cannot run:
+    the message names the variable, its value and what it accepts."""
+
+
+class EventWireError(KVSpecError, ValueError):
+    """A payload that is not a vLLM KV event batch (the message says what was found where), or the pieces to
+    read one (msgspec, pyzmq) missing."""
+
+
 class VllmRegistrationError(RegistrationError, AssertionError):
     """A registration vLLM refuses with an assertion (kvspec's message, vLLM's exception base)."""
 

@@ -432,12 +432,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from kvspec.build_info import build_info
+    from kvspec.errors import VllmPluginSettingsError
+    from kvspec.integrations.vllm_plugin import active_settings
     from kvspec.registry.builtins import default_registry
 
     try:
         loaded = load_installed_plugins(args)
     except PluginError as exc:
         _fail(str(exc), 2)
+    try:
+        vllm_plugin = active_settings()
+    except VllmPluginSettingsError as exc:
+        _fail(f"the vLLM plugin's settings: {exc}", 2)
+    plugin_row: dict[str, Any] = {"enabled": vllm_plugin is not None}
+    if vllm_plugin is not None:
+        plugin_row.update(
+            eviction_policy=vllm_plugin.eviction_policy,
+            default_retention_seconds=vllm_plugin.default_retention_seconds,
+            strict_release=vllm_plugin.strict_release,
+            imports=list(vllm_plugin.imports),
+        )
     rows: list[dict[str, Any]] = []
     for entry in default_registry.registrations():
         caps = entry.capabilities
@@ -461,6 +475,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                     "compiled_modules": list(build.compiled),
                     "strict": default_registry.strict,
                     "plugins_loaded": loaded,
+                    "vllm_plugin": plugin_row,
                     "registrations": rows,
                 },
                 indent=2,
@@ -484,6 +499,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print_table(title, columns, table_rows, left=columns)
     compiled = f" (mypyc: {', '.join(build.compiled)})" if build.compiled else ""
     print(f"build: {build.build}{compiled}")
+    if vllm_plugin is None:
+        print("vLLM plugin: off (KVSPEC_VLLM unset or 0: a vLLM started here runs its own KV cache manager)")
+    else:
+        retention = vllm_plugin.default_retention_seconds
+        print(
+            "vLLM plugin: on (a vLLM started here runs on kvspec): eviction policy "
+            f"{vllm_plugin.eviction_policy!r}, default retention {'none' if retention is None else f'{retention:g} s'}"
+            f", strict release check {'on' if vllm_plugin.strict_release else 'off'}"
+        )
     return 0
 
 
@@ -569,6 +593,9 @@ def make_parser() -> argparse.ArgumentParser:
     )
     add_plugin_options(inspect)
     inspect.set_defaults(func=cmd_inspect)
+    from kvspec.cli.events import add_events_parser
+
+    add_events_parser(sub)
     try:
         from kvspec.cli.simulate import add_simulate_parser
     except ImportError:  # pragma: no cover - the engine ships with kvspec

@@ -30,7 +30,8 @@ Importing this module does not import vLLM; constructing the adapter does.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import Any, Final, cast
 
 from kvspec.blocks.eviction import EvictionPolicyFactory
@@ -57,6 +58,7 @@ from kvspec.integrations.vllm_facades import (
 )
 from kvspec.integrations.vllm_planning import config_from_vllm
 from kvspec.integrations.vllm_request_view import VllmRequestView, as_kvspec_request
+from kvspec.integrations.vllm_retention import parse_retention_seconds
 from kvspec.registry.core import AnyRegistry
 
 __all__ = [
@@ -70,6 +72,7 @@ __all__ = [
     "as_kvspec_request",
     "event_to_vllm",
     "install",
+    "installed",
     "uninstall",
     "zeroed_by_vllm_034",
 ]
@@ -105,6 +108,7 @@ class VllmKVCacheManager:
         eviction_policy: str | EvictionPolicyFactory | None = None,
         allow_partial_hash_hits: bool = False,
         shared_prefix_checkpoints: bool = False,
+        default_retention_seconds: float | None = None,
     ) -> None:
         vllm_manager_module = importlib.import_module("vllm.v1.core.kv_cache_manager")
         self._vllm_blocks_cls: Any = vllm_manager_module.KVCacheBlocks
@@ -156,6 +160,38 @@ class VllmKVCacheManager:
         self.num_kv_cache_groups = len(config.kv_cache_groups)
         self.empty_kv_cache_blocks = self._vllm_blocks_cls(tuple(() for _ in range(self.num_kv_cache_groups)))
         self._views: dict[str, VllmRequestView] = {}
+        #: The retention of requests that name none (seconds; None: none), for the ``retention`` policy.
+        self.default_retention_seconds = default_retention_seconds
+        self.eviction_policy = eviction_policy
+
+    def _release_adapter_name(self) -> str:
+        """The release adapter this object is (not ``install``'s binding subclass)."""
+        for cls in type(self).__mro__:
+            if cls.__module__ == __name__ and not cls.__name__.startswith("Bound"):
+                return cls.__name__
+        return type(self).__name__
+
+    def describe(self) -> str:
+        """One line: that kvspec manages this engine's KV cache, under which release profile and policy."""
+        coordinator = self.kvspec_coordinator
+        policy = self.eviction_policy
+        policy_name = (
+            "lru"
+            if policy is None
+            else policy
+            if isinstance(policy, str)
+            else getattr(policy, "__name__", repr(policy))
+        )
+        retention = self.default_retention_seconds
+        counts = Counter(type(g.kv_cache_spec).__name__ for g in coordinator.kv_cache_config.kv_cache_groups)
+        kinds = ", ".join(f"{n} x {name}" for name, n in counts.items())
+        return (
+            f"kvspec {_kvspec_version()} manages the KV cache: {self._release_adapter_name()} under release "
+            f"profile {coordinator.profile.name}, eviction policy {policy_name!r}, default retention "
+            f"{'none' if retention is None else f'{retention:g} s'}, prefix caching "
+            f"{'on' if self.enable_caching else 'off'}, {coordinator.kv_cache_config.num_blocks} blocks, "
+            f"{sum(counts.values())} groups: {kinds}"
+        )
 
     # -- translation helpers ------------------------------------------------------------------
 
@@ -165,7 +201,7 @@ class VllmKVCacheManager:
     def _view(self, request: Any) -> VllmRequestView:
         view = self._views.get(request.request_id)
         if view is None or view.vllm_request is not request:
-            view = self.view_class(request, self._hasher)
+            view = self.view_class(request, self._hasher, self.default_retention_seconds)
             self._views[request.request_id] = view
         return view
 
@@ -313,6 +349,12 @@ class VllmKVCacheManager:
         self.kvspec_coordinator.new_step_starts()
 
 
+def _kvspec_version() -> str:
+    from kvspec import __version__
+
+    return __version__
+
+
 def adapter_class() -> type[VllmKVCacheManager]:
     """The adapter speaking the installed vLLM's interface: ``Vllm034KVCacheManager`` for 0.34 and later,
     ``Vllm032KVCacheManager`` for 0.32 and 0.33, ``VllmKVCacheManager`` before."""
@@ -327,15 +369,22 @@ def install(
     spec_converter: SpecConverter | None = None,
     registry: AnyRegistry | None = None,
     eviction_policy: str | EvictionPolicyFactory | None = None,
+    default_retention_seconds: float | None = None,
+    announce: Callable[[VllmKVCacheManager], None] | None = None,
 ) -> None:
     """Make vLLM's scheduler (and ``vllm.v1.core.kv_cache_manager.KVCacheManager``) kvspec's adapter.
 
-    ``spec_converter`` (a plugin's conversion of its vLLM-side specs), ``registry`` and ``eviction_policy``
-    (``kvspec.eviction``: a name or a factory; None: vLLM's LRU order) are passed to every adapter the
-    scheduler builds; without them the class installed is the adapter class itself."""
+    ``spec_converter`` (a plugin's conversion of its vLLM-side specs), ``registry``, ``eviction_policy``
+    (``kvspec.eviction``: a name or a factory; None: vLLM's LRU order) and ``default_retention_seconds`` (the
+    retention of requests that name none) are passed to every adapter the scheduler builds; ``announce`` is
+    called with each adapter once built (the vLLM plugin logs what manages the cache). Without any of them
+    the class installed is the adapter class itself."""
     manager_cls: type[VllmKVCacheManager] = adapter_class()
-    if spec_converter is not None or registry is not None or eviction_policy is not None:
+    bound = (spec_converter, registry, eviction_policy, default_retention_seconds, announce)
+    if any(value is not None for value in bound):
         resolve_eviction_policy(eviction_policy)  # an unknown name fails here, not inside vLLM's engine
+        if default_retention_seconds is not None:
+            parse_retention_seconds(default_retention_seconds)
 
         class BoundVllmKVCacheManager(manager_cls):  # type: ignore[valid-type,misc]
             def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -343,7 +392,11 @@ def install(
                 kwargs.setdefault("registry", registry)
                 if eviction_policy is not None:
                     kwargs.setdefault("eviction_policy", eviction_policy)
+                if default_retention_seconds is not None:
+                    kwargs.setdefault("default_retention_seconds", default_retention_seconds)
                 super().__init__(*args, **kwargs)
+                if announce is not None:
+                    announce(self)
 
         manager_cls = BoundVllmKVCacheManager
     for name in _PATCHED_MODULES:
@@ -351,6 +404,11 @@ def install(
         if name not in _originals:
             _originals[name] = getattr(module, "KVCacheManager")  # noqa: B009
         setattr(module, "KVCacheManager", manager_cls)  # noqa: B010
+
+
+def installed() -> bool:
+    """Whether ``install()`` is in effect in this process (vLLM's scheduler builds kvspec's adapter)."""
+    return bool(_originals)
 
 
 def uninstall() -> None:
@@ -403,6 +461,7 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
         spec_converter: SpecConverter | None = None,
         profile: ReleaseProfile | None = None,
         eviction_policy: str | EvictionPolicyFactory | None = None,
+        default_retention_seconds: float | None = None,
     ) -> None:
         if not 0.0 <= watermark <= 1.0:
             raise UnsupportedConfigurationError(f"watermark must be within [0, 1], got {watermark!r}.")
@@ -430,6 +489,7 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
             # vLLM 0.34's Scheduler runs the block copies of sub-block hits (take_kv_cache_block_copies).
             allow_partial_hash_hits=True,
             shared_prefix_checkpoints=enable_mamba_shared_prefix_checkpoint,
+            default_retention_seconds=default_retention_seconds,
         )
         self.enable_kv_cache_events = enable_kv_cache_events
         self._live_stats: Any = self._vllm_stats_cls() if log_stats else None

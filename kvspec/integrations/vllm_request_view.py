@@ -10,20 +10,28 @@ from typing import Any
 from kvspec.blocks.hashing import BlockHash, BlockHasher
 from kvspec.blocks.request import Request
 from kvspec.blocks.request_view import RequestView
+from kvspec.integrations.vllm_retention import RETENTION_XARG, parse_retention_seconds
 
 
 class VllmRequestView:
     """What kvspec's coordinator reads from a request (``kvspec.RequestView``), read from a vLLM
     ``Request`` in place (no copies): every member is a property over the vLLM object. The hasher is a
     marker with vLLM's hash block size: vLLM's engine hashes the request, kvspec only checks the size.
+
+    ``default_retention_seconds``: the retention of a request whose sampling parameters name none (seconds;
+    None: no retention). A request names its own in ``extra_args["kv_retention_seconds"]`` (the OpenAI API's
+    ``vllm_xargs``).
     """
 
-    __slots__ = ("_hasher_marker", "vllm_request")
+    __slots__ = ("_default_retention", "_hasher_marker", "vllm_request")
 
-    def __init__(self, vllm_request: Any, hasher: BlockHasher) -> None:
+    def __init__(
+        self, vllm_request: Any, hasher: BlockHasher, default_retention_seconds: float | None = None
+    ) -> None:
         # The token lists and hashes stay vLLM's own.
         self.vllm_request = vllm_request
         self._hasher_marker = hasher
+        self._default_retention = default_retention_seconds
 
     @property
     def request_id(self) -> str:
@@ -61,6 +69,21 @@ class VllmRequestView:
     def priority(self) -> int:
         """vLLM's scheduling priority (lower first), which an eviction policy may weigh (``BlockUse``)."""
         return int(getattr(self.vllm_request, "priority", 0))
+
+    @property
+    def retention_seconds(self) -> float | None:
+        """How long this request's prefix should stay cached (seconds; ``BlockUse``): its own
+        ``extra_args["kv_retention_seconds"]``, else the adapter's default. The API server refuses a bad
+        value (``kvspec.integrations.vllm_plugin``); one that reaches the engine anyway counts as the default
+        rather than failing a step."""
+        params = getattr(self.vllm_request, "sampling_params", None)
+        extra = getattr(params, "extra_args", None)
+        if extra and RETENTION_XARG in extra:
+            try:
+                return parse_retention_seconds(extra[RETENTION_XARG])
+            except ValueError:
+                return self._default_retention
+        return self._default_retention
 
     @property
     def shared_prefix_boundary(self) -> int:

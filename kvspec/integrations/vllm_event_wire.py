@@ -173,7 +173,7 @@ def receive_batches(
         raise EventWireError(
             "subscribing to vLLM's KV events needs pyzmq: pip install 'kvspec[vllm]'"
         ) from exc
-    context = zmq.Context.instance()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     socket = context.socket(zmq.SUB)
     try:
         socket.connect(endpoint)

@@ -59,7 +59,8 @@ class EventCollector:
     def __init__(self, endpoint: str) -> None:
         import zmq
 
-        self._socket = zmq.Context.instance().socket(zmq.SUB)
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._socket = context.socket(zmq.SUB)
         self._socket.connect(endpoint)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")
         self._stop = threading.Event()
@@ -123,6 +124,35 @@ def run_bench(server: Server, directory: Path, out: Path, num_prompts: int) -> d
     return {k: result[k] for k in keep if k in result}
 
 
+def retention_probes(base_url: str) -> list[dict[str, Any]]:
+    """Requests with a retention kvspec must refuse or take: each value, the HTTP status and the error's
+    ``param`` (a refusal must be a 400 naming the field, the server still serving afterwards)."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="kvspec", max_retries=0, timeout=60)
+    found = []
+    for value in (-1, "ten minutes", 600):
+        try:
+            client.completions.create(
+                model=SERVED_NAME,
+                prompt="probe",
+                max_tokens=1,
+                extra_body={"vllm_xargs": {"kv_retention_seconds": value}},
+            )
+            found.append({"value": value, "status": 200, "param": None})
+        except openai.APIStatusError as exc:
+            body = exc.body if isinstance(exc.body, dict) else {}
+            found.append(
+                {
+                    "value": value,
+                    "status": exc.status_code,
+                    "param": body.get("param"),
+                    "message": body.get("message"),
+                }
+            )
+    return found
+
+
 def run_config(name: str, model: str, work_dir: Path, out: Path, bench_prompts: int) -> dict[str, Any]:
     config = CONFIGS[name]
     directory = model_dir(work_dir, model)
@@ -140,9 +170,13 @@ def run_config(name: str, model: str, work_dir: Path, out: Path, bench_prompts: 
             ),
         )
         bench = run_bench(server, directory, out, bench_prompts) if bench_prompts else None
+        probes = retention_probes(server.base_url) if name != "stock" else []
         log = server.log_text()
+        pgid = server.process.pid
     return {
         "config": name,
+        "pgid": pgid,
+        "retention_probes": probes,
         "plugin_env": dict(config.plugin_env),
         "kvspec_manages": MANAGES_LINE in log,
         "manages_line": next((line for line in log.splitlines() if MANAGES_LINE in line), None),

@@ -350,9 +350,12 @@ class VllmKVCacheManager:
 
 
 def _kvspec_version() -> str:
-    from kvspec import __version__
+    from importlib.metadata import PackageNotFoundError, version
 
-    return __version__
+    try:
+        return version("kvspec")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "(source)"
 
 
 def adapter_class() -> type[VllmKVCacheManager]:

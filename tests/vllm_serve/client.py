@@ -10,8 +10,8 @@ Workloads (text prompts from a seeded word list, about 2.7 tokens a word with te
   of each, then enough unrelated long prompts to evict;
 - :func:`pressure_workload`: three popular prompts sent again and again, each round followed by one-off long
   prompts that push the cache past its size; the first popular prompt may carry a retention
-  (``vllm_xargs={"kv_retention_seconds": S}``) and the one-offs a scheduling priority (vLLM's ``priority``,
-  a larger number is less important; needs ``--scheduling-policy priority``).
+  (``vllm_xargs={"kv_retention_seconds": S}``) and a scheduling priority of its own, the one-offs another
+  (vLLM's ``priority``, a larger number is less important; needs ``--scheduling-policy priority``).
 """
 
 from __future__ import annotations
@@ -95,7 +95,12 @@ def api_workload(seed: int = 0) -> list[Ask]:
 
 
 def pressure_workload(
-    seed: int = 1, *, rounds: int = 5, retention_s: float | None = None, oneoff_priority: int = 0
+    seed: int = 1,
+    *,
+    rounds: int = 5,
+    retention_s: float | None = None,
+    oneoff_priority: int = 0,
+    pinned_priority: int = 0,
 ) -> list[Ask]:
     rng = random.Random(seed)
     # Three popular prompts (a system prompt and its usual question, sent verbatim: about 215, 160 and 120
@@ -111,6 +116,7 @@ def pressure_workload(
                         kind="completion",
                         prompt=prompt,
                         retention_s=retention_s if i == 0 else None,
+                        priority=pinned_priority if i == 0 else 0,
                         tag=f"popular{i}",
                     )
                 )

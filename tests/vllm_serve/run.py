@@ -3,8 +3,8 @@
     python -m tests.vllm_serve.run --model gemma3-tiny --out DIR [--bench-prompts N] [--configs stock,lru,...]
 
 For each server configuration (:data:`CONFIGS`: stock vLLM; kvspec with LRU; with LFU; with the retention
-policy, the first popular prompt pinned for ten minutes and the one-off prompts at a lower priority, under
-vLLM's priority scheduling) it starts ``vllm serve``, subscribes to its KV
+policy, the first popular prompt pinned for ten minutes at the least important priority and the one-off
+prompts less important than the other popular ones, under vLLM's priority scheduling) it starts ``vllm serve``, subscribes to its KV
 events, runs the API workload then the pressure workload (tests/vllm_serve/client.py), reads the prefix-cache
 counters from ``/metrics``, runs ``vllm bench serve`` on a shared-prefix dataset, and stops the server. It
 writes ``DIR/<model>.json``: per configuration the answers, the events (decoded by kvspec's wire reader, as
@@ -43,6 +43,9 @@ CONFIGS: dict[str, ServerConfig] = {
 }
 #: The one-off prompts' scheduling priority in the retention configuration (less important than the default 0).
 ONEOFF_PRIORITY = 5
+#: The pinned prompt's priority there: the least important of all, so only its pin keeps it (the unpinned
+#: popular prompts, at 0, outlast the one-offs by priority alone).
+PINNED_PRIORITY = 9
 #: The line the plugin logs where kvspec's adapter is built (kvspec.integrations.vllm_plugin).
 MANAGES_LINE = "manages the KV cache"
 METRICS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
@@ -166,7 +169,9 @@ def run_config(name: str, model: str, work_dir: Path, out: Path, bench_prompts: 
         pressure = run_workload(
             server.base_url,
             pressure_workload(
-                retention_s=PIN_SECONDS if pins else None, oneoff_priority=ONEOFF_PRIORITY if pins else 0
+                retention_s=PIN_SECONDS if pins else None,
+                oneoff_priority=ONEOFF_PRIORITY if pins else 0,
+                pinned_priority=PINNED_PRIORITY if pins else 0,
             ),
         )
         bench = run_bench(server, directory, out, bench_prompts) if bench_prompts else None

@@ -222,7 +222,37 @@ def test_inspect() -> None:
     assert table.returncode == 0 and "SlidingWindowMLASpec" in table.stdout
 
 
-@pytest.mark.parametrize("command", [[], ["plan"], ["inspect"], ["simulate"]])
+def test_inspect_says_whether_a_vllm_started_here_runs_on_kvspec(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("KVSPEC_VLLM", raising=False)
+    assert main(["inspect", "--no-plugins"]) == 0
+    assert "vLLM plugin: off" in capsys.readouterr().out
+    monkeypatch.setenv("KVSPEC_VLLM", "1")
+    monkeypatch.setenv("KVSPEC_VLLM_EVICTION", "retention")
+    monkeypatch.setenv("KVSPEC_VLLM_RETENTION_SECONDS", "600")
+    assert main(["inspect", "--no-plugins", "--json"]) == 0
+    plugin = json.loads(capsys.readouterr().out)["vllm_plugin"]
+    assert plugin == {
+        "enabled": True,
+        "eviction_policy": "retention",
+        "default_retention_seconds": 600.0,
+        "strict_release": False,
+        "imports": [],
+    }
+    assert main(["inspect", "--no-plugins"]) == 0
+    assert (
+        "vLLM plugin: on (a vLLM started here runs on kvspec): eviction policy 'retention', default retention 600 s"
+        in capsys.readouterr().out
+    )
+    monkeypatch.setenv("KVSPEC_VLLM_EVICTION", "nope")
+    with pytest.raises(SystemExit) as info:
+        main(["inspect", "--no-plugins"])
+    assert info.value.code == 2
+    assert "KVSPEC_VLLM_EVICTION='nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [[], ["plan"], ["inspect"], ["simulate"], ["events"]])
 def test_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main([*command, "--help"])

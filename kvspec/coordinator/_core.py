@@ -377,8 +377,8 @@ class CoordinatorCore:
         sparse retention then keeps the junction cached. An engine that schedules chunks ends the request's
         first chunk there (``Request.shared_prefix_boundary``).
         """
-        blocks, num_hit_tokens, uncached = self.lookup_prefix(request, request.num_tokens - 1)
-        self.record_prefix_hit(request, num_hit_tokens)
+        blocks, num_hit_tokens, uncached = _lookup_prefix(self, request, request.num_tokens - 1)
+        _record_prefix_hit(self, request, num_hit_tokens)
         try:
             setattr(request, "shared_prefix_boundary", shared_prefix_junction(num_hit_tokens, uncached))  # noqa: B010
         except AttributeError:
@@ -390,24 +390,12 @@ class CoordinatorCore:
         engine records what it admits with ``record_prefix_hit``): (blocks per group, hit tokens, uncached
         shared prefix tokens: how far one group's hit reached past the common one, 0 if none; see
         ``PrefixHitSearch.find_with_uncached``). Nothing when caching is off or the request skips reads."""
-        if not self.enable_caching or request.skip_reading_prefix_cache or not self.specs:
-            return self._empty, 0, 0
-        blocks, num_hit_tokens, uncached = self.hit_search.find_with_uncached(
-            request.block_hashes, max_length
-        )
-        return KVCacheBlocks(blocks), num_hit_tokens, uncached
+        return _lookup_prefix(self, request, max_length)
 
     def record_prefix_hit(self, request: RequestView, num_hit_tokens: int) -> None:
         """Count one prefix-cache query of ``request`` that hit ``num_hit_tokens`` tokens (with log_stats;
         a request that skips cache reads is not counted)."""
-        if (
-            self.prefix_cache_stats is None
-            or not self.enable_caching
-            or request.skip_reading_prefix_cache
-            or not self.specs
-        ):
-            return
-        self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
+        _record_prefix_hit(self, request, num_hit_tokens)
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_length: int
@@ -479,10 +467,17 @@ class CoordinatorCore:
             and num_encoder_tokens == 0
             and not full_sequence_must_fit
         ):
-            return self._allocate_running(
-                request, request_id, num_new_tokens, num_lookahead_tokens, reserved_blocks, delay_cache_blocks
+            return _allocate_running(
+                self,
+                request,
+                request_id,
+                num_new_tokens,
+                num_lookahead_tokens,
+                reserved_blocks,
+                delay_cache_blocks,
             )
-        return self._admit(
+        return _admit(
+            self,
             request,
             request_id,
             _Counts(
@@ -500,266 +495,6 @@ class CoordinatorCore:
             delay_cache_blocks,
             skip_zeroing_group_ids,
         )
-
-    def _allocate_running(
-        self,
-        request: RequestView,
-        request_id: str,
-        new_tokens: int,
-        lookahead: int,
-        reserved: int,
-        delay_cache_blocks: bool,
-    ) -> KVCacheBlocks | None:
-        """A running request's step: no hit, no external or encoder tokens, nothing in flight; the block
-        counts inline (a call with eight arguments costs the pure build a tenth of the step)."""
-        max_len = self.max_model_len
-        total = request.num_computed_tokens
-        if total > max_len:
-            total = max_len
-        main = total + new_tokens
-        need = main + lookahead
-        if need > max_len:
-            need = max_len
-        self._note_prefill_end(request, request_id)
-        self._remove_skipped(request, request_id, total, 0)
-        num_blocks = 0
-        base = self._base_decoder_list
-        if base is not None:
-            for base_manager in base:
-                num_blocks += base_manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
-        else:
-            for manager in self._decoder_managers:
-                num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
-        if num_blocks > self.block_pool.free_block_queue.num_free_blocks - reserved:
-            return None
-        return self._allocate_and_cache(request, request_id, num_blocks, need, main, 0, delay_cache_blocks)
-
-    def _admit(
-        self,
-        request: RequestView,
-        request_id: str,
-        counts: _Counts,
-        new_computed_blocks: KVCacheBlocks | None,
-        full_sequence_must_fit: bool,
-        delay_cache_blocks: bool,
-        skip_zeroing_group_ids: tuple[int, ...],
-    ) -> KVCacheBlocks | None:
-        """A request's admission (its prefix hit, external and encoder tokens attached), or a call with any
-        of the rarer counts: every check before anything changes."""
-        new_tokens, new_computed, external = counts.new_tokens, counts.new_computed, counts.external
-        encoder, watermark = counts.encoder, counts.watermark
-        owner = self._admitted.get(request_id)
-        if owner is not None and owner is not request:
-            if self.check_admissions:
-                raise SchedulingError(
-                    f"Request id {request_id!r} is in use by a live request (another Request object): free "
-                    "that one first, or give this one its own id."
-                )
-            self._admitted[request_id] = request  # the engine's new object for the same request
-        attach = owner is None or new_computed_blocks is not None
-        if owner is None and self.check_admissions:
-            self._check_admission(request, new_computed, new_computed_blocks)
-        if attach and self.enable_caching and owner is None:
-            self._check_hasher(request)
-        if new_computed_blocks is not None:
-            self._check_blocks_are_ours(new_computed_blocks)
-        if new_tokens == 0 and external == 0 and new_computed == 0:
-            # A step may schedule no token of its own and still adopt computed ones: an external load,
-            # or a prefix hit whose first chunk ends inside the range the engine replays.
-            raise SchedulingError(
-                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt "
-                "(a prefix hit or external tokens)."
-            )
-        computed = self._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
-        # The token targets, computed once for every group (see _count_new_blocks for encoder groups).
-        max_len = self.max_model_len
-        local = request.num_computed_tokens + new_computed
-        total = local + external
-        if total > max_len:
-            total = max_len
-        main = total + new_tokens
-        need = main + counts.lookahead
-        if need > max_len:
-            need = max_len
-        self._note_prefill_end(request, request_id)
-        if full_sequence_must_fit:
-            whole = min(request.num_tokens, max_len)
-            free = self.block_pool.free_block_queue.num_free_blocks
-            needed = _count_new_blocks(self, request_id, whole, whole, computed, total, encoder, True, local)
-            if needed + watermark > free:
-                return None
-        self._remove_skipped(request, request_id, total, counts.in_flight)
-        if attach or encoder:
-            num_blocks = _count_new_blocks(
-                self, request_id, need, main, computed, total, encoder, False, local
-            )
-        else:
-            num_blocks = 0
-            for manager in self._decoder_managers:
-                num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
-        if num_blocks + watermark > self.block_pool.free_block_queue.num_free_blocks - counts.reserved:
-            return None
-        if attach:
-            self._attach(request, request_id, computed, local, external, new_computed, skip_zeroing_group_ids)
-        return self._allocate_and_cache(
-            request, request_id, num_blocks, need, main, encoder, delay_cache_blocks
-        )
-
-    def _note_prefill_end(self, request: RequestView, request_id: str) -> None:
-        """Tell the managers that reserve by it where the request's prefill ends (before they count)."""
-        if self._prefill_end_managers:
-            # Where the scheduler's prefill ends: `num_tokens - 1` covers a request resuming its output.
-            prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
-            for noting in self._prefill_end_managers:
-                noting.note_prefill_end(request_id, prefill_end)
-
-    def _remove_skipped(self, request: RequestView, request_id: str, total: int, in_flight: int) -> None:
-        """Free the blocks that fell out of a window, behind the processed tokens (before counting)."""
-        if self._skipping_managers:
-            prompt = request.num_prompt_tokens
-            processed = total - in_flight if total > in_flight else 0
-            for manager in self._skipping_managers:
-                manager.remove_skipped_blocks(request_id, processed, prompt)
-
-    def _attach(
-        self,
-        request: RequestView,
-        request_id: str,
-        computed: tuple[Sequence[KVCacheBlock], ...],
-        local: int,
-        external: int,
-        new_computed: int,
-        skip_zeroing_group_ids: tuple[int, ...],
-    ) -> None:
-        """Take the prefix hit's blocks and blocks for external tokens in every group; the request is
-        admitted from here on."""
-        if (
-            external
-            and (
-                self._two_phase_external or (skip_zeroing_group_ids and self._every_decoder_attaches_external)
-            )
-            and request_id not in self._admitted
-        ):
-            # Every group's hit blocks are taken before any group allocates for external tokens, or
-            # that allocation could evict a later group's hit and hand one block out twice.
-            for gid, attacher in self._external_attachers:
-                attacher.add_local_computed_blocks(request_id, computed[gid], local, external)
-            for gid, attacher in self._external_attachers:
-                attacher.allocate_external_computed_blocks(
-                    request_id, local, external, gid not in skip_zeroing_group_ids
-                )
-        else:
-            for gid, manager in self._decoder_groups:
-                manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)
-        for _, manager in self._encoder_groups:
-            manager.allocate_new_computed_blocks(request_id, (), 0, 0)
-        self._admitted[request_id] = request
-        if self.block_pool.eviction_policy is not None and new_computed:
-            for group_blocks in computed:
-                self.block_pool.note_hit(request, group_blocks)
-
-    def _allocate_and_cache(
-        self,
-        request: RequestView,
-        request_id: str,
-        num_blocks: int,
-        need: int,
-        main: int,
-        encoder: int,
-        delay_cache_blocks: bool,
-    ) -> KVCacheBlocks:
-        """Take the ``num_blocks`` counted (they fit) and publish the blocks the request completed."""
-        if not num_blocks:
-            result = self._empty
-        elif not self._encoder_groups:
-            base_all = self._base_all
-            if base_all is not None:
-                result = KVCacheBlocks(
-                    tuple([m.allocate_new_blocks(request_id, need, main) for m in base_all])
-                )
-            else:
-                result = KVCacheBlocks(
-                    tuple([manager.allocate_new_blocks(request_id, need, main) for manager in self.managers])
-                )
-        else:
-            cross = self._is_cross
-            result = KVCacheBlocks(
-                tuple(
-                    [
-                        (manager.allocate_new_blocks(request_id, encoder, encoder) if encoder else [])
-                        if cross[gid]
-                        else manager.allocate_new_blocks(request_id, need, main)
-                        for gid, manager in enumerate(self.managers)
-                    ]
-                )
-            )
-        if self.enable_caching and not delay_cache_blocks:
-            num_tokens = len(request.all_token_ids)
-            if main < num_tokens:
-                num_tokens = main
-            scheduler_block = self.scheduler_block_size
-            # Most decode steps complete no block: skip the call (cache_blocks would return at once).
-            if (
-                self._eagle_group_ids
-                or self._cache_every_call
-                or self._cached_tokens.get(request_id, -1) < num_tokens // scheduler_block * scheduler_block
-            ):
-                _cache_blocks(self, request, num_tokens)
-        return result
-
-    def _check_admission(
-        self, request: RequestView, new_computed: int, new_computed_blocks: KVCacheBlocks | None
-    ) -> None:
-        """A request's first allocation: its prompt fits max_model_len, and the computed tokens it claims are
-        backed by hit blocks in every per-token decoder group (what ``get_computed_blocks`` returned: a block
-        per hit block, null blocks standing for those a window dropped). Once per request,
-        never on the per-step path."""
-        if request.num_prompt_tokens > self.max_model_len:
-            raise SchedulingError(
-                f"Request {request.request_id!r} has a prompt of {request.num_prompt_tokens:,} tokens, over "
-                f"max_model_len {self.max_model_len:,}; an engine refuses it before it reaches the cache."
-            )
-        if not new_computed:
-            return
-        blocks = () if new_computed_blocks is None else new_computed_blocks.blocks
-        for gid, _ in self._decoder_groups:
-            traits = self.traits[gid]
-            if traits.fixed_state_per_request or not traits.prefix_cacheable:
-                continue  # a state or ring group's hit is one state; a never-cached group has no hit
-            held = len(blocks[gid]) * self.group_block_sizes[gid] if gid < len(blocks) else 0
-            if held < new_computed:
-                raise SchedulingError(
-                    f"Request {request.request_id!r} claims {new_computed:,} computed tokens, but group {gid}'s "
-                    f"hit blocks hold {held:,}; pass the blocks and token count get_computed_blocks returned."
-                )
-
-    def _check_hasher(self, request: RequestView) -> None:
-        """A request is hashed with this coordinator's block size (with prefix caching, hashes are read)."""
-        hasher = request.block_hasher
-        if hasher is None or hasher.block_size != self.hash_block_size:
-            got = "no block_hasher" if hasher is None else f"a block_hasher of {hasher.block_size} tokens"
-            raise SchedulingError(
-                f"Request {request.request_id!r} has {got}, but this coordinator hashes blocks of "
-                f"{self.hash_block_size} tokens; build it with block_hasher=coordinator.make_block_hasher()."
-            )
-
-    def _check_blocks_are_ours(self, new_computed_blocks: KVCacheBlocks) -> None:
-        """Blocks handed back to allocate_slots come from this pool. One block per group is tested: a hit
-        list is one coordinator's or another's, and any block of another pool fails the identity test."""
-        groups = new_computed_blocks.blocks
-        if len(groups) != len(self.specs):
-            raise SchedulingError(
-                f"new_computed_blocks has {len(groups)} groups; this coordinator has {len(self.specs)}."
-            )
-        blocks = self.block_pool.blocks
-        for group in groups:
-            if group:
-                block = group[-1]
-                if not (0 <= block.block_id < len(blocks)) or blocks[block.block_id] is not block:
-                    raise SchedulingError(
-                        f"new_computed_blocks holds block {block.block_id}, which is not a block of this "
-                        "coordinator's pool; pass what this coordinator's get_computed_blocks returned."
-                    )
 
     def get_num_blocks_to_allocate(
         self,
@@ -966,6 +701,296 @@ class CoordinatorCore:
             if not block.is_null and block.ref_cnt != holders[block.block_id]:
                 raise InvariantError(
                     f"block {block.block_id} has ref_cnt {block.ref_cnt} but {holders[block.block_id]} holders"
+                )
+
+
+# The per-step helpers are module functions, not methods: KVCacheCoordinator is a Python subclass of the
+# compiled CoordinatorCore, and a method call on its instance from compiled code goes through Python
+# (attribute lookup, argument parsing, boxing); a function call on it is a direct C call.
+
+
+def _lookup_prefix(
+    core: CoordinatorCore, request: RequestView, max_length: int
+) -> tuple[KVCacheBlocks, int, int]:
+    """``CoordinatorCore.lookup_prefix``."""
+    if not core.enable_caching or request.skip_reading_prefix_cache or not core.specs:
+        return core._empty, 0, 0
+    blocks, num_hit_tokens, uncached = core.hit_search.find_with_uncached(request.block_hashes, max_length)
+    return KVCacheBlocks(blocks), num_hit_tokens, uncached
+
+
+def _record_prefix_hit(core: CoordinatorCore, request: RequestView, num_hit_tokens: int) -> None:
+    """``CoordinatorCore.record_prefix_hit``."""
+    if (
+        core.prefix_cache_stats is None
+        or not core.enable_caching
+        or request.skip_reading_prefix_cache
+        or not core.specs
+    ):
+        return
+    core.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
+
+
+def _allocate_running(
+    core: CoordinatorCore,
+    request: RequestView,
+    request_id: str,
+    new_tokens: int,
+    lookahead: int,
+    reserved: int,
+    delay_cache_blocks: bool,
+) -> KVCacheBlocks | None:
+    """A running request's step: no hit, no external or encoder tokens, nothing in flight; the block
+    counts inline (a call with eight arguments costs the pure build a tenth of the step)."""
+    max_len = core.max_model_len
+    total = request.num_computed_tokens
+    if total > max_len:
+        total = max_len
+    main = total + new_tokens
+    need = main + lookahead
+    if need > max_len:
+        need = max_len
+    _note_prefill_end(core, request, request_id)
+    _remove_skipped(core, request, request_id, total, 0)
+    num_blocks = 0
+    base = core._base_decoder_list
+    if base is not None:
+        for base_manager in base:
+            num_blocks += base_manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
+    else:
+        for manager in core._decoder_managers:
+            num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
+    if num_blocks > core.block_pool.free_block_queue.num_free_blocks - reserved:
+        return None
+    return _allocate_and_cache(core, request, request_id, num_blocks, need, main, 0, delay_cache_blocks)
+
+
+def _admit(
+    core: CoordinatorCore,
+    request: RequestView,
+    request_id: str,
+    counts: _Counts,
+    new_computed_blocks: KVCacheBlocks | None,
+    full_sequence_must_fit: bool,
+    delay_cache_blocks: bool,
+    skip_zeroing_group_ids: tuple[int, ...],
+) -> KVCacheBlocks | None:
+    """A request's admission (its prefix hit, external and encoder tokens attached), or a call with any
+    of the rarer counts: every check before anything changes."""
+    new_tokens, new_computed, external = counts.new_tokens, counts.new_computed, counts.external
+    encoder, watermark = counts.encoder, counts.watermark
+    owner = core._admitted.get(request_id)
+    if owner is not None and owner is not request:
+        if core.check_admissions:
+            raise SchedulingError(
+                f"Request id {request_id!r} is in use by a live request (another Request object): free "
+                "that one first, or give this one its own id."
+            )
+        core._admitted[request_id] = request  # the engine's new object for the same request
+    attach = owner is None or new_computed_blocks is not None
+    if owner is None and core.check_admissions:
+        _check_admission(core, request, new_computed, new_computed_blocks)
+    if attach and core.enable_caching and owner is None:
+        _check_hasher(core, request)
+    if new_computed_blocks is not None:
+        _check_blocks_are_ours(core, new_computed_blocks)
+    if new_tokens == 0 and external == 0 and new_computed == 0:
+        # A step may schedule no token of its own and still adopt computed ones: an external load,
+        # or a prefix hit whose first chunk ends inside the range the engine replays.
+        raise SchedulingError(
+            "num_new_tokens must be greater than 0 when there are no computed tokens to adopt "
+            "(a prefix hit or external tokens)."
+        )
+    computed = core._empty.blocks if new_computed_blocks is None else new_computed_blocks.blocks
+    # The token targets, computed once for every group (see _count_new_blocks for encoder groups).
+    max_len = core.max_model_len
+    local = request.num_computed_tokens + new_computed
+    total = local + external
+    if total > max_len:
+        total = max_len
+    main = total + new_tokens
+    need = main + counts.lookahead
+    if need > max_len:
+        need = max_len
+    _note_prefill_end(core, request, request_id)
+    if full_sequence_must_fit:
+        whole = min(request.num_tokens, max_len)
+        free = core.block_pool.free_block_queue.num_free_blocks
+        needed = _count_new_blocks(core, request_id, whole, whole, computed, total, encoder, True, local)
+        if needed + watermark > free:
+            return None
+    _remove_skipped(core, request, request_id, total, counts.in_flight)
+    if attach or encoder:
+        num_blocks = _count_new_blocks(core, request_id, need, main, computed, total, encoder, False, local)
+    else:
+        num_blocks = 0
+        for manager in core._decoder_managers:
+            num_blocks += manager.get_num_blocks_to_allocate(request_id, need, (), total, main)
+    if num_blocks + watermark > core.block_pool.free_block_queue.num_free_blocks - counts.reserved:
+        return None
+    if attach:
+        _attach(core, request, request_id, computed, local, external, new_computed, skip_zeroing_group_ids)
+    return _allocate_and_cache(core, request, request_id, num_blocks, need, main, encoder, delay_cache_blocks)
+
+
+def _note_prefill_end(core: CoordinatorCore, request: RequestView, request_id: str) -> None:
+    """Tell the managers that reserve by it where the request's prefill ends (before they count)."""
+    if core._prefill_end_managers:
+        # Where the scheduler's prefill ends: `num_tokens - 1` covers a request resuming its output.
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        for noting in core._prefill_end_managers:
+            noting.note_prefill_end(request_id, prefill_end)
+
+
+def _remove_skipped(
+    core: CoordinatorCore, request: RequestView, request_id: str, total: int, in_flight: int
+) -> None:
+    """Free the blocks that fell out of a window, behind the processed tokens (before counting)."""
+    if core._skipping_managers:
+        prompt = request.num_prompt_tokens
+        processed = total - in_flight if total > in_flight else 0
+        for manager in core._skipping_managers:
+            manager.remove_skipped_blocks(request_id, processed, prompt)
+
+
+def _attach(
+    core: CoordinatorCore,
+    request: RequestView,
+    request_id: str,
+    computed: tuple[Sequence[KVCacheBlock], ...],
+    local: int,
+    external: int,
+    new_computed: int,
+    skip_zeroing_group_ids: tuple[int, ...],
+) -> None:
+    """Take the prefix hit's blocks and blocks for external tokens in every group; the request is
+    admitted from here on."""
+    if (
+        external
+        and (core._two_phase_external or (skip_zeroing_group_ids and core._every_decoder_attaches_external))
+        and request_id not in core._admitted
+    ):
+        # Every group's hit blocks are taken before any group allocates for external tokens, or
+        # that allocation could evict a later group's hit and hand one block out twice.
+        for gid, attacher in core._external_attachers:
+            attacher.add_local_computed_blocks(request_id, computed[gid], local, external)
+        for gid, attacher in core._external_attachers:
+            attacher.allocate_external_computed_blocks(
+                request_id, local, external, gid not in skip_zeroing_group_ids
+            )
+    else:
+        for gid, manager in core._decoder_groups:
+            manager.allocate_new_computed_blocks(request_id, computed[gid], local, external)
+    for _, manager in core._encoder_groups:
+        manager.allocate_new_computed_blocks(request_id, (), 0, 0)
+    core._admitted[request_id] = request
+    if core.block_pool.eviction_policy is not None and new_computed:
+        for group_blocks in computed:
+            core.block_pool.note_hit(request, group_blocks)
+
+
+def _allocate_and_cache(
+    core: CoordinatorCore,
+    request: RequestView,
+    request_id: str,
+    num_blocks: int,
+    need: int,
+    main: int,
+    encoder: int,
+    delay_cache_blocks: bool,
+) -> KVCacheBlocks:
+    """Take the ``num_blocks`` counted (they fit) and publish the blocks the request completed."""
+    if not num_blocks:
+        result = core._empty
+    elif not core._encoder_groups:
+        base_all = core._base_all
+        if base_all is not None:
+            result = KVCacheBlocks(tuple([m.allocate_new_blocks(request_id, need, main) for m in base_all]))
+        else:
+            result = KVCacheBlocks(
+                tuple([manager.allocate_new_blocks(request_id, need, main) for manager in core.managers])
+            )
+    else:
+        cross = core._is_cross
+        result = KVCacheBlocks(
+            tuple(
+                [
+                    (manager.allocate_new_blocks(request_id, encoder, encoder) if encoder else [])
+                    if cross[gid]
+                    else manager.allocate_new_blocks(request_id, need, main)
+                    for gid, manager in enumerate(core.managers)
+                ]
+            )
+        )
+    if core.enable_caching and not delay_cache_blocks:
+        num_tokens = len(request.all_token_ids)
+        if main < num_tokens:
+            num_tokens = main
+        scheduler_block = core.scheduler_block_size
+        # Most decode steps complete no block: skip the call (cache_blocks would return at once).
+        if (
+            core._eagle_group_ids
+            or core._cache_every_call
+            or core._cached_tokens.get(request_id, -1) < num_tokens // scheduler_block * scheduler_block
+        ):
+            _cache_blocks(core, request, num_tokens)
+    return result
+
+
+def _check_admission(
+    core: CoordinatorCore, request: RequestView, new_computed: int, new_computed_blocks: KVCacheBlocks | None
+) -> None:
+    """A request's first allocation: its prompt fits max_model_len, and the computed tokens it claims are
+    backed by hit blocks in every per-token decoder group (what ``get_computed_blocks`` returned: a block
+    per hit block, null blocks standing for those a window dropped). Once per request,
+    never on the per-step path."""
+    if request.num_prompt_tokens > core.max_model_len:
+        raise SchedulingError(
+            f"Request {request.request_id!r} has a prompt of {request.num_prompt_tokens:,} tokens, over "
+            f"max_model_len {core.max_model_len:,}; an engine refuses it before it reaches the cache."
+        )
+    if not new_computed:
+        return
+    blocks = () if new_computed_blocks is None else new_computed_blocks.blocks
+    for gid, _ in core._decoder_groups:
+        traits = core.traits[gid]
+        if traits.fixed_state_per_request or not traits.prefix_cacheable:
+            continue  # a state or ring group's hit is one state; a never-cached group has no hit
+        held = len(blocks[gid]) * core.group_block_sizes[gid] if gid < len(blocks) else 0
+        if held < new_computed:
+            raise SchedulingError(
+                f"Request {request.request_id!r} claims {new_computed:,} computed tokens, but group {gid}'s "
+                f"hit blocks hold {held:,}; pass the blocks and token count get_computed_blocks returned."
+            )
+
+
+def _check_hasher(core: CoordinatorCore, request: RequestView) -> None:
+    """A request is hashed with this coordinator's block size (with prefix caching, hashes are read)."""
+    hasher = request.block_hasher
+    if hasher is None or hasher.block_size != core.hash_block_size:
+        got = "no block_hasher" if hasher is None else f"a block_hasher of {hasher.block_size} tokens"
+        raise SchedulingError(
+            f"Request {request.request_id!r} has {got}, but this coordinator hashes blocks of "
+            f"{core.hash_block_size} tokens; build it with block_hasher=coordinator.make_block_hasher()."
+        )
+
+
+def _check_blocks_are_ours(core: CoordinatorCore, new_computed_blocks: KVCacheBlocks) -> None:
+    """Blocks handed back to allocate_slots come from this pool. One block per group is tested: a hit
+    list is one coordinator's or another's, and any block of another pool fails the identity test."""
+    groups = new_computed_blocks.blocks
+    if len(groups) != len(core.specs):
+        raise SchedulingError(
+            f"new_computed_blocks has {len(groups)} groups; this coordinator has {len(core.specs)}."
+        )
+    blocks = core.block_pool.blocks
+    for group in groups:
+        if group:
+            block = group[-1]
+            if not (0 <= block.block_id < len(blocks)) or blocks[block.block_id] is not block:
+                raise SchedulingError(
+                    f"new_computed_blocks holds block {block.block_id}, which is not a block of this "
+                    "coordinator's pool; pass what this coordinator's get_computed_blocks returned."
                 )
 
 

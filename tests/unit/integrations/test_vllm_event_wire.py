@@ -33,8 +33,9 @@ class Batch(msgspec.Struct, array_like=True, omit_defaults=True):
     data_parallel_rank: int | None = None
 
 
-# vLLM 0.23: positional, tagged.
-class Stored023(msgspec.Struct, array_like=True, omit_defaults=True, tag="BlockStored"):
+class _Stored(msgspec.Struct, omit_defaults=True):
+    """BlockStored's fields common to every release (each release below adds its encoding)."""
+
     block_hashes: list[Hash]
     parent_block_hash: Hash | None
     token_ids: list[int]
@@ -46,6 +47,11 @@ class Stored023(msgspec.Struct, array_like=True, omit_defaults=True, tag="BlockS
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+
+
+# vLLM 0.23: positional, tagged.
+class Stored023(_Stored, array_like=True, tag="BlockStored"):
+    pass
 
 
 class Removed023(msgspec.Struct, array_like=True, omit_defaults=True, tag="BlockRemoved"):
@@ -54,19 +60,8 @@ class Removed023(msgspec.Struct, array_like=True, omit_defaults=True, tag="Block
     group_idx: int | None = None
 
 
-# vLLM 0.32 / 0.34: tagged maps.
-class Stored034(msgspec.Struct, omit_defaults=True, tag="BlockStored"):
-    block_hashes: list[Hash]
-    parent_block_hash: Hash | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[object] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
+# vLLM 0.32 / 0.34: tagged maps, three more fields.
+class Stored034(_Stored, tag="BlockStored"):
     locality: str | None = None
     ownership: str | None = None
     session_id: str | None = None

@@ -57,14 +57,15 @@ def model_dir(work_dir: Path, name: str) -> Path:
 
 
 class EventCollector:
-    """Every KV event batch a server publishes while it runs (a thread on a ZMQ SUB socket)."""
+    """Every KV event batch a server publishes while it runs (a thread on a ZMQ SUB socket bound to the
+    server's events endpoint on 127.0.0.1, to which its publisher connects)."""
 
     def __init__(self, endpoint: str) -> None:
         import zmq
 
         context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = context.socket(zmq.SUB)
-        self._socket.connect(endpoint)
+        self._socket.bind(endpoint)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")
         self._stop = threading.Event()
         self.batches: list[Any] = []

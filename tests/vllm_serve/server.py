@@ -139,10 +139,12 @@ def server_command(
         "--disable-uvicorn-access-log",
     ]
     if events_port is not None:
+        # The publisher connects to 127.0.0.1 (vLLM binds only a wildcard endpoint, which would listen on
+        # every interface); the test's subscriber binds there (run.py: EventCollector).
         command += [
             "--kv-events-config",
             '{"enable_kv_cache_events": true, "publisher": "zmq", '
-            f'"endpoint": "tcp://*:{events_port}", "topic": "kv"}}',
+            f'"endpoint": "tcp://127.0.0.1:{events_port}", "topic": "kv"}}',
         ]
     return command
 

@@ -191,6 +191,29 @@ class EventWireError(KVSpecError, ValueError):
     read one (msgspec, pyzmq) missing."""
 
 
+class RouterError(RegistrationError):
+    """A router plugin refused at registration: its name, factory or product is not what a fleet can run
+    (the message names the router and what is wrong)."""
+
+
+class UnknownRouterError(KVSpecError, LookupError):
+    """A router name nobody registered (the message lists the registered ones)."""
+
+
+class RoutingError(KVSpecError, RuntimeError):
+    """A router misbehaved during a run: it chose an instance that does not exist, or chose differently
+    under the same seed; the message names the router, the request and the choice."""
+
+
+class RouterAccessError(RoutingError):
+    """A router read fleet state it did not declare (loads, KV events, the instances' caches)."""
+
+
+class FleetConfigError(KVSpecError, ValueError):
+    """A fleet or sweep asked for something that cannot run (no instances, a bad executor, a sweep file
+    of another sweep); the message names the setting and what it accepts."""
+
+
 class VllmRegistrationError(RegistrationError, AssertionError):
     """A registration vLLM refuses with an assertion (kvspec's message, vLLM's exception base)."""
 

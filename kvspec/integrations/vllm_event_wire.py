@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvspec.blocks.events import BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.errors import EventWireError
 
 #: A block hash as vLLM's events carry it.
@@ -160,6 +161,74 @@ def decode_event_batch(payload: bytes, *, seq: int | None = None) -> WireEventBa
     )
 
 
+#: The BlockStored fields vLLM always writes (no default); the others are written when set.
+_STORED_REQUIRED: Final = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+)
+
+
+def _event_fields(event: KVCacheEvent) -> tuple[str, dict[str, Any]]:
+    if isinstance(event, BlockStored):
+        fields: dict[str, Any] = {
+            "block_hashes": list(event.block_hashes),
+            "parent_block_hash": event.parent_block_hash,
+            "token_ids": list(event.token_ids),
+            "block_size": event.block_size,
+            "lora_id": event.lora_id,
+            "medium": event.medium,
+            "lora_name": event.lora_name,
+            "extra_keys": event.extra_keys,
+            "group_idx": event.group_idx,
+            "kv_cache_spec_kind": event.kv_cache_spec_kind,
+            "kv_cache_spec_sliding_window": event.kv_cache_spec_sliding_window,
+        }
+        return "BlockStored", fields
+    if isinstance(event, BlockRemoved):
+        return "BlockRemoved", {
+            "block_hashes": list(event.block_hashes),
+            "medium": event.medium,
+            "group_idx": event.group_idx,
+        }
+    return "AllBlocksCleared", {}
+
+
+def encode_event_batch(
+    events: Sequence[KVCacheEvent],
+    *,
+    ts: float,
+    wire: str = "0.34",
+    data_parallel_rank: int | None = None,
+) -> bytes:
+    """kvspec's KV events as one publisher payload in vLLM's wire format: ``"0.34"`` (and 0.32): events as
+    msgpack maps tagged ``"type"``, fields at their default left out (msgspec's ``omit_defaults``);
+    ``"0.23"``: positional arrays ``[tag, field, ...]`` in vLLM 0.23's field order. The batch is
+    ``[ts, events, data_parallel_rank]`` either way. :func:`decode_event_batch` reads both back."""
+    try:
+        import msgspec
+    except ImportError as exc:  # pragma: no cover - a dependency of kvspec
+        raise EventWireError("encoding KV events needs msgspec: pip install msgspec") from exc
+    if wire not in ("0.34", "0.32", "0.23"):
+        raise EventWireError(f"unknown KV event wire format {wire!r}; kvspec writes '0.34' (maps) or '0.23'")
+    encoded: list[Any] = []
+    for event in events:
+        kind, fields = _event_fields(event)
+        if wire == "0.23":
+            names = _POSITIONAL[kind]
+            encoded.append([kind, *(fields.get(name) for name in names)])
+        else:
+            item: dict[str, Any] = {"type": kind}
+            for name, value in fields.items():
+                if value is not None or (kind == "BlockStored" and name in _STORED_REQUIRED):
+                    item[name] = value
+            encoded.append(item)
+    return msgspec.msgpack.encode([ts, encoded, data_parallel_rank])
+
+
 def receive_batches(
     endpoint: str, *, topic: str = "", idle_timeout_s: float = 5.0, max_batches: int | None = None
 ) -> Iterator[WireEventBatch]:
@@ -223,5 +292,6 @@ __all__ = [
     "decode_event",
     "decode_event_batch",
     "event_as_json",
+    "encode_event_batch",
     "receive_batches",
 ]

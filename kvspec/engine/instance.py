@@ -1,0 +1,328 @@
+"""One engine instance on a simulated clock: kvspec's scheduler over a coordinator, stepped by a caller.
+
+The timed replay (one instance, :func:`kvspec.engine.timed_replay.replay_timed`) and the fleet
+(:mod:`kvspec.fleet`: many instances behind a router) drive the same object: a request is added when it
+arrives (:meth:`EngineInstance.add`), and :meth:`EngineInstance.step` runs one scheduler step starting at the
+instance's clock ``now_ms`` and advances that clock by the step-time model. An idle instance's clock jumps
+to the arrival that wakes it.
+
+Each step: the scheduler forms a batch (running requests first, then admissions, chunked prefill,
+preemption by recompute); its duration is the step-time model's for that batch; the requests whose prompt
+completes produce their first token at the step's end; decode produces one token per running request per
+step (generated tokens are distinct per request, so they are hashed and cached as vLLM caches decode blocks).
+
+Read-only views for a router: :meth:`load` (queue, running, tokens left to prefill, blocks held) and
+:meth:`probe_hit` (the hit the coordinator would give a request now: ``lookup_prefix``, which records
+nothing and touches no block).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvspec.blocks.events import KVCacheEvent
+from kvspec.blocks.request import Request
+from kvspec.coordinator import KVCacheCoordinator
+from kvspec.engine.replay import PromptAdmission, TraceClock
+from kvspec.engine.scheduler import Scheduler
+from kvspec.engine.step_time import StepBatch, StepTime, StepTimeModel
+from kvspec.engine.traces import TraceRequest
+from kvspec.errors import SchedulingError
+from kvspec.intmath import cdiv
+
+#: Generated token ids: ``_GENERATED_BASE + (line * _OUTPUT_SPAN + i) % _GENERATED_RANGE`` for the i-th token
+#: of the request on trace line ``line``: distinct across requests of any real trace, above every prompt
+#: token Mooncake's hash ids give (their largest is under 10**8), and below 2**32 (token ids hash as uint32).
+_GENERATED_BASE = 3_000_000_000
+_GENERATED_RANGE = 1_000_000_000
+_OUTPUT_SPAN = 65_536
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by the nearest-rank rule (0.0 for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass(kw_only=True, slots=True)
+class TimedReplayStats:
+    """What a timed replay (of one instance) did. Tokens; trace blocks; times in milliseconds of simulated
+    time. ``queue_ms``: per request, arrival to its first admission (the step that starts its prompt)."""
+
+    requests: int = 0
+    finished: int = 0
+    refused: int = 0
+    prompt_tokens: int = 0
+    prompt_blocks: int = 0
+    generated_tokens: int = 0
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    first_admission_hit_tokens: int = 0
+    first_admission_hit_blocks: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    simulated_ms: float = 0.0
+    ttft_ms: list[float] = field(default_factory=list)
+    e2e_ms: list[float] = field(default_factory=list)
+    queue_ms: list[float] = field(default_factory=list)
+
+    @property
+    def token_hit_rate(self) -> float:
+        """Hit tokens over prompt tokens looked up, readmissions included."""
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def prompt_hit_rate(self) -> float:
+        """Hit tokens at each request's first admission over every prompt token (the pure replay's figure)."""
+        return self.first_admission_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def block_hit_rate(self) -> float:
+        """Trace blocks a first admission's hit reaches into over every prompt's trace blocks."""
+        return self.first_admission_hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
+
+    def summary(self) -> dict[str, float | int]:
+        return {
+            "requests": self.requests,
+            "finished": self.finished,
+            "refused": self.refused,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "token_hit_rate": round(self.token_hit_rate, 4),
+            "prompt_hit_rate": round(self.prompt_hit_rate, 4),
+            "preemptions": self.preemptions,
+            "steps": self.steps,
+            "simulated_seconds": round(self.simulated_ms / 1000, 3),
+            "ttft_ms_median": round(statistics.median(self.ttft_ms), 1) if self.ttft_ms else 0.0,
+            "ttft_ms_p99": round(percentile(self.ttft_ms, 0.99), 1),
+            "e2e_ms_median": round(statistics.median(self.e2e_ms), 1) if self.e2e_ms else 0.0,
+            "e2e_ms_p99": round(percentile(self.e2e_ms, 0.99), 1),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InstanceLoad:
+    """What a router may know of an instance's load now. Requests; tokens; blocks (the scheduler's pool,
+    every group's blocks; ``num_blocks`` excludes the null block).
+
+    ``prefill_tokens``: prompt (and recompute) tokens the queued and running requests have still to compute,
+    before any prefix hit a queued request may get; ``active_blocks``: blocks held by requests (cached blocks
+    nobody holds are not load)."""
+
+    index: int
+    waiting: int
+    running: int
+    prefill_tokens: int
+    active_blocks: int
+    num_blocks: int
+
+    @property
+    def requests(self) -> int:
+        """Requests in flight: queued and running."""
+        return self.waiting + self.running
+
+    @property
+    def kv_usage(self) -> float:
+        return self.active_blocks / self.num_blocks if self.num_blocks else 0.0
+
+
+class EngineInstance:
+    """One engine: ``coordinator`` (prefix caching on, holding no request) under kvspec's FCFS scheduler,
+    on its own simulated clock (``now_ms``). ``clock`` (the coordinator's ``eviction_clock``) follows the
+    step starts in seconds. Figures accumulate in ``stats``; ``on_finish`` is called for each request done."""
+
+    __slots__ = (
+        "_admission",
+        "_admitted_once",
+        "_block_tokens",
+        "_clock",
+        "_generated",
+        "_items",
+        "_model",
+        "coordinator",
+        "index",
+        "now_ms",
+        "on_finish",
+        "scheduler",
+        "stats",
+    )
+
+    def __init__(
+        self,
+        coordinator: KVCacheCoordinator,
+        *,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        step_time: StepTime | None = None,
+        clock: TraceClock | None = None,
+        index: int = 0,
+        on_finish: Callable[[TraceRequest], None] | None = None,
+    ) -> None:
+        if max_num_batched_tokens < coordinator.scheduler_block_size:
+            raise SchedulingError(
+                f"max_num_batched_tokens {max_num_batched_tokens} is below the scheduler block "
+                f"({coordinator.scheduler_block_size} tokens)"
+            )
+        self.coordinator = coordinator
+        self.index = index
+        self._model: StepTime = StepTimeModel() if step_time is None else step_time
+        self._clock = clock
+        self.scheduler = Scheduler(
+            coordinator, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs
+        )
+        self._admission = PromptAdmission(coordinator, chunk_tokens=max_num_batched_tokens)
+        self._block_tokens = coordinator.scheduler_block_size
+        self.stats = TimedReplayStats()
+        self.now_ms = 0.0
+        self.on_finish = on_finish
+        self._items: dict[str, TraceRequest] = {}
+        self._generated: dict[str, int] = {}
+        self._admitted_once: set[str] = set()
+
+    # -- arrivals -----------------------------------------------------------------------------
+
+    def refuses(self, item: TraceRequest) -> bool:
+        """Whether this engine turns ``item`` away on arrival: longer than max_model_len (prompt and output)
+        or larger than the whole cache. Decided before the request's tokens are built."""
+        return self._admission.refuses(item, output_tokens=max(1, item.output_length))
+
+    def add(self, item: TraceRequest, request: Request | None, *, at_ms: float) -> bool:
+        """``item`` arrives at ``at_ms`` (not before the clock of a busy instance); ``request`` is its
+        Request (hashed with this coordinator's hasher), or None when :meth:`refuses` said so. Counts it;
+        False (counted as refused) when refused."""
+        stats = self.stats
+        stats.requests += 1
+        stats.prompt_tokens += item.input_length
+        stats.prompt_blocks += cdiv(
+            item.input_length, item.hash_block_size or self.coordinator.hash_block_size
+        )
+        if request is None:
+            stats.refused += 1
+            return False
+        if not self.scheduler.has_unfinished():
+            self.now_ms = max(self.now_ms, at_ms)  # idle until this arrival
+        self._items[request.request_id] = item
+        self._generated[request.request_id] = 0
+        self.scheduler.add_request(request)
+        return True
+
+    # -- steps --------------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> None:
+        """Run one scheduler step starting at ``now_ms`` and advance the clock by its duration. A step that
+        schedules nothing (the first waiting request cannot fit the empty cache) refuses that request and
+        takes no time."""
+        stats = self.stats
+        scheduler = self.scheduler
+        coordinator = self.coordinator
+        start = self.now_ms
+        if self._clock is not None:
+            self._clock.now = start / 1000.0
+        output = scheduler.schedule()
+        stats.preemptions += len(output.preempted)
+        if not output.scheduled:
+            refused = scheduler.waiting.popleft()
+            coordinator.free(refused)
+            stats.refused += 1
+            return
+        stats.steps += 1
+        prefill = decode = 0
+        for scheduled in output.scheduled:
+            request = scheduled.request
+            if (
+                scheduled.num_new_tokens == 1
+                and request.num_prompt_tokens < request.num_tokens
+                and scheduled.num_computed + 1 == request.num_tokens
+            ):
+                decode += 1
+            else:
+                prefill += scheduled.num_new_tokens
+        pool = coordinator.block_pool
+        usable = pool.num_gpu_blocks - 1
+        held = usable - pool.get_num_free_blocks()
+        batch = StepBatch(
+            prefill_tokens=prefill,
+            decode_tokens=decode,
+            num_requests=len(output.scheduled),
+            active_kv_tokens=held * self._block_tokens,
+            kv_capacity_tokens=max(1, usable) * self._block_tokens,
+        )
+        now = start + self._model.step_ms(batch)
+        self.now_ms = now
+        items = self._items
+        generated = self._generated
+        for scheduled in output.scheduled:
+            request = scheduled.request
+            rid = request.request_id
+            item = items[rid]
+            if scheduled.resumed:  # an admission: its hit is num_computed
+                stats.query_tokens += request.num_tokens
+                stats.hit_tokens += scheduled.num_computed
+                if rid not in self._admitted_once:
+                    self._admitted_once.add(rid)
+                    hit = scheduled.num_computed
+                    stats.first_admission_hit_tokens += hit
+                    stats.first_admission_hit_blocks += cdiv(
+                        hit, item.hash_block_size or coordinator.hash_block_size
+                    )
+                    stats.queue_ms.append(start - item.arrival_ms)
+            request.num_computed_tokens = scheduled.num_computed + scheduled.num_new_tokens
+            if request.num_computed_tokens < request.num_tokens:
+                continue  # chunked prefill continues next step
+            count = generated[rid]
+            if count == 0:
+                stats.ttft_ms.append(now - item.arrival_ms)
+            request.append_output_token_ids(
+                _GENERATED_BASE + (item.line * _OUTPUT_SPAN + count) % _GENERATED_RANGE
+            )
+            generated[rid] = count + 1
+            stats.generated_tokens += 1
+            if count + 1 >= max(1, item.output_length):
+                scheduler.finish(request)
+                del items[rid], generated[rid]
+                self._admitted_once.discard(rid)
+                stats.finished += 1
+                stats.e2e_ms.append(now - item.arrival_ms)
+                if self.on_finish is not None:
+                    self.on_finish(item)
+        stats.simulated_ms = now
+
+    # -- what a router may read -----------------------------------------------------------------
+
+    def load(self) -> InstanceLoad:
+        scheduler = self.scheduler
+        pending = sum(r.num_tokens - r.num_computed_tokens for r in scheduler.waiting)
+        for r in scheduler.running:
+            left = r.num_tokens - r.num_computed_tokens
+            if left > 1:
+                pending += left
+        pool = self.coordinator.block_pool
+        usable = pool.num_gpu_blocks - 1
+        return InstanceLoad(
+            index=self.index,
+            waiting=len(scheduler.waiting),
+            running=len(scheduler.running),
+            prefill_tokens=pending,
+            active_blocks=usable - pool.get_num_free_blocks(),
+            num_blocks=usable,
+        )
+
+    def probe_hit(self, request: Request) -> int:
+        """Tokens of ``request``'s prompt this instance's cache would give it if admitted now (the engine's
+        rules: every group's retention, the last token recomputed). Side-effect free."""
+        return self.coordinator.lookup_prefix(request, request.num_tokens - 1)[1]
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """KV events since the last call (empty unless the coordinator has ``enable_kv_cache_events``)."""
+        return self.coordinator.take_events()
+
+
+__all__ = ["EngineInstance", "InstanceLoad", "TimedReplayStats", "percentile"]

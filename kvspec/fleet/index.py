@@ -1,0 +1,140 @@
+"""Where each block is cached, learnt only from the instances' KV events (llm-d's and Dynamo's index).
+
+:class:`KVEventIndex` reads publisher payloads in vLLM's wire format (0.34's tagged maps, 0.23's positional
+arrays), keeps ``block hash -> instances`` with a count per instance (one hash may be stored by several
+full-attention groups), and answers the longest *consecutive* prefix each instance holds from block 0.
+
+Hybrid models: only stores of groups whose declared kind keeps every block of a prefix count
+(``full_attention`` and its MLA and sink variants, or events that name no kind), as llm-d-router#2362's fix
+does; a sliding-window or Mamba group's stores would claim prefixes those groups cannot serve. So the index
+knows full attention's residency, and a hybrid's real hit (bounded by its other groups) can be shorter:
+that is the gap kvspec's ``exact`` router closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from kvspec.errors import EventWireError
+
+#: Group kinds whose stores say "this prefix is servable" (llm-d's accepted kinds).
+PREFIX_KINDS: Final = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+
+#: Where vLLM 0.23's BlockStored array holds the group's kind: [tag, hashes, parent, tokens, block_size,
+#: lora_id, medium, lora_name, extra_keys, group_idx, kind, window].
+_STORED_KIND_AT = 10
+
+
+class KVEventIndex:
+    """Block residency of ``num_instances`` instances, fed by :meth:`apply`. Invariant: ``holders[h]`` maps
+    each instance holding hash ``h`` to how many of its groups hold it (> 0); ``held[i]`` is the set of
+    hashes instance ``i`` holds."""
+
+    __slots__ = ("_decode", "held", "holders", "num_events")
+
+    def __init__(self, num_instances: int) -> None:
+        import msgspec
+
+        self._decode = msgspec.msgpack.Decoder().decode
+        self.holders: dict[Any, dict[int, int]] = {}
+        self.held: list[set[Any]] = [set() for _ in range(num_instances)]
+        self.num_events = 0
+
+    def apply(self, instance: int, payload: bytes) -> None:
+        """One publisher payload ``[ts, events, dp_rank]`` of ``instance``."""
+        try:
+            raw = self._decode(payload)
+        except Exception as exc:
+            raise EventWireError(
+                f"instance {instance}: a KV event payload that is not msgpack: {exc}"
+            ) from None
+        if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list):
+            raise EventWireError(f"instance {instance}: a KV event batch is [ts, events, dp_rank]")
+        for event in raw[1]:
+            self.num_events += 1
+            if isinstance(event, dict):
+                kind = event.get("type")
+                if kind == "BlockStored":
+                    self._stored(instance, event.get("block_hashes", ()), event.get("kv_cache_spec_kind"))
+                elif kind == "BlockRemoved":
+                    self._removed(instance, event.get("block_hashes", ()), event.get("group_idx"))
+                elif kind == "AllBlocksCleared":
+                    self._cleared(instance)
+                else:
+                    raise EventWireError(f"instance {instance}: unknown KV event type {kind!r}")
+            elif isinstance(event, list) and event:
+                kind = event[0]
+                if kind == "BlockStored":
+                    spec_kind = event[_STORED_KIND_AT] if len(event) > _STORED_KIND_AT else None
+                    self._stored(instance, event[1], spec_kind)
+                elif kind == "BlockRemoved":
+                    self._removed(instance, event[1], event[3] if len(event) > 3 else None)
+                elif kind == "AllBlocksCleared":
+                    self._cleared(instance)
+                else:
+                    raise EventWireError(f"instance {instance}: unknown KV event type {kind!r}")
+            else:
+                raise EventWireError(f"instance {instance}: a KV event must be a map or an array")
+
+    def _stored(self, instance: int, hashes: Sequence[Any], kind: str | None) -> None:
+        if kind is not None and kind not in PREFIX_KINDS:
+            return
+        holders = self.holders
+        held = self.held[instance]
+        for h in hashes:
+            entry = holders.get(h)
+            if entry is None:
+                holders[h] = {instance: 1}
+            else:
+                entry[instance] = entry.get(instance, 0) + 1
+            held.add(h)
+
+    def _removed(self, instance: int, hashes: Sequence[Any], _group: int | None) -> None:
+        holders = self.holders
+        held = self.held[instance]
+        for h in hashes:
+            entry = holders.get(h)
+            if entry is None or instance not in entry:
+                continue  # a removal of a group the index does not track (sliding window, Mamba)
+            count = entry[instance] - 1
+            if count:
+                entry[instance] = count
+                continue
+            del entry[instance]
+            held.discard(h)
+            if not entry:
+                del holders[h]
+
+    def _cleared(self, instance: int) -> None:
+        for h in self.held[instance]:
+            entry = self.holders.get(h)
+            if entry is not None:
+                entry.pop(instance, None)
+                if not entry:
+                    del self.holders[h]
+        self.held[instance] = set()
+
+    def overlap(self, block_hashes: Sequence[Any]) -> list[int]:
+        """Per instance, how many of ``block_hashes`` it holds consecutively from block 0."""
+        depth = [0] * len(self.held)
+        if not block_hashes:
+            return depth
+        first = self.holders.get(block_hashes[0])
+        if not first:
+            return depth
+        alive = set(first)
+        for position, h in enumerate(block_hashes):
+            entry = self.holders.get(h)
+            if entry is None:
+                break
+            if position:
+                alive.intersection_update(entry)
+                if not alive:
+                    break
+            for i in alive:
+                depth[i] = position + 1
+        return depth
+
+
+__all__ = ["PREFIX_KINDS", "KVEventIndex"]

@@ -596,6 +596,9 @@ def make_parser() -> argparse.ArgumentParser:
     from kvspec.cli.events import add_events_parser
 
     add_events_parser(sub)
+    from kvspec.cli.fleet import add_fleet_parser
+
+    add_fleet_parser(sub)
     try:
         from kvspec.cli.simulate import add_simulate_parser
     except ImportError:  # pragma: no cover - the engine ships with kvspec

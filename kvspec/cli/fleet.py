@@ -1,0 +1,272 @@
+"""``kvspec fleet``: N engine instances behind a router, fed a trace; one run or a sweep."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from kvspec.cli.args import parse_bytes
+from kvspec.cli.args import positive_int as _positive
+from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
+from kvspec.cli.terminal import print_report, shows_progress
+from kvspec.errors import KVSpecError
+
+#: Per-instance KV blocks when neither --memory nor --num-blocks is given: DynoSim's default.
+DEFAULT_BLOCKS = 16384
+
+
+def _list(kind: Any) -> Any:
+    def parse(text: str) -> list[Any]:
+        items = [part.strip() for part in text.split(",") if part.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} names nothing; give one value or several, comma-separated"
+            )
+        return [kind(item) for item in items]
+
+    return parse
+
+
+def _router_option(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name.strip(), float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--router-option {text!r}: give NAME=NUMBER, e.g. cache_threshold=0.5"
+        ) from None
+
+
+def add_fleet_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "fleet",
+        help="replay a trace on N engine instances behind a router (KV-aware routing, sweeps)",
+        description="Replay a trace on a fleet: N exact kvspec engines of MODEL behind a router. Comma-"
+        "separated lists of instances, routers, memories or policies run a sweep (one fleet per combination).",
+    )
+    p.add_argument("model", help="a preset (e.g. llama-3.1-8b, gemma-3-27b, jamba-1.5-mini) or a config.json")
+    p.add_argument("--trace", required=True, metavar="FILE", help="Mooncake or kvspec JSONL trace")
+    p.add_argument("--instances", type=_list(_positive), default=[4], metavar="N[,N...]", help="default 4")
+    p.add_argument(
+        "--router",
+        type=_list(str),
+        default=["round_robin"],
+        metavar="NAME[,NAME...]",
+        help="default round_robin",
+    )
+    p.add_argument("--router-option", type=_router_option, action="append", default=[], metavar="NAME=VALUE")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument(
+        "--memory",
+        type=_list(parse_bytes),
+        default=None,
+        metavar="BYTES[,...]",
+        help="KV cache memory per instance (planned for the model)",
+    )
+    size.add_argument(
+        "--num-blocks",
+        type=_list(_positive),
+        default=None,
+        metavar="N[,...]",
+        help=f"KV cache blocks per instance (default {DEFAULT_BLOCKS}, DynoSim's)",
+    )
+    p.add_argument("--eviction", type=_list(str), default=["lru"], metavar="POLICY[,...]", help="default lru")
+    p.add_argument("--block-size", type=_positive, default=16, help="tokens per block (default 16)")
+    p.add_argument(
+        "--step-time",
+        default="default",
+        metavar="dynosim|BASE,PER_TOKEN,PER_REQUEST",
+        help="step-time model (default 6,0.06,0.01 ms; 'dynosim': Dynamo's polynomial)",
+    )
+    p.add_argument("--max-num-batched-tokens", type=_positive, default=8192)
+    p.add_argument("--max-num-seqs", type=_positive, default=256)
+    p.add_argument("--speedup", type=float, default=1.0, help="arrival times divided by this (default 1)")
+    p.add_argument("--event-lag-ms", type=float, default=0.0, help="KV events reach the router this late")
+    p.add_argument("--event-wire", choices=("0.34", "0.23"), default="0.34")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=_positive, default=None, help="only the trace's first N requests")
+    p.add_argument(
+        "--executor",
+        choices=("inprocess", "process", "ray"),
+        default="process",
+        help="how a sweep runs its points (default: a process pool)",
+    )
+    p.add_argument(
+        "--workers", type=_positive, default=None, help="process pool size (default: one per core)"
+    )
+    p.add_argument("--ray-address", default=None, help="auto or HOST:PORT (default: a local Ray)")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE.jsonl",
+        help="append each finished point; a rerun skips the points already there (resume)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--plot", metavar="PNG", default=None, help="draw reuse and TTFT per router")
+    add_plugin_options(p)
+    p.set_defaults(func=cmd_fleet)
+
+
+def _points(args: argparse.Namespace) -> list[Any]:
+    from kvspec.fleet.sweep import expand_points
+
+    sizes: dict[str, list[Any]]
+    if args.memory is not None:
+        sizes = {"memory": args.memory}
+    else:
+        sizes = {"num_blocks": args.num_blocks or [DEFAULT_BLOCKS]}
+    base = {
+        "model": args.model,
+        "trace": args.trace,
+        "limit": args.limit,
+        "block_size": args.block_size,
+        "step_time": args.step_time,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "speedup": args.speedup,
+        "event_lag_ms": args.event_lag_ms,
+        "event_wire": args.event_wire,
+        "seed": args.seed,
+        "router_options": tuple(args.router_option),
+    }
+    return expand_points(
+        base,
+        {"num_instances": args.instances, **sizes, "router": args.router, "eviction_policy": args.eviction},
+    )
+
+
+def _check(args: argparse.Namespace, points: list[Any]) -> None:
+    """Everything that can be refused before any replay: names, options, the step-time model, the trace."""
+    from kvspec.engine.step_time import parse_step_time
+    from kvspec.eviction import resolve_eviction_policy
+    from kvspec.fleet import resolve_router
+    from kvspec.fleet.registry import build_router
+    from kvspec.fleet.routing import RouterContext
+    from kvspec.fleet.sweep import check_point
+
+    parse_step_time(args.step_time)
+    for name in args.eviction:
+        resolve_eviction_policy(name)
+    for name in args.router:
+        build_router(
+            resolve_router(name),
+            RouterContext(num_instances=2, block_size=args.block_size, options=dict(args.router_option)),
+        )
+    check_point(points[0])
+
+
+def _row(row: dict[str, Any]) -> dict[str, Any]:
+    point, total = row["point"], row["total"]
+    return {
+        "instances": point["num_instances"],
+        "router": point["router"],
+        "eviction": point["eviction_policy"],
+        "blocks": row["blocks_per_instance"],
+        "kv_gib": row["kv_cache_gib_per_instance"],
+        "reuse": total["reuse_ratio"],
+        "ttft_mean": total["ttft_ms_mean"],
+        "ttft_p90": total["ttft_ms_p90"],
+        "e2e_mean": total["e2e_ms_mean"],
+        "preempt": total["preemptions"],
+        "imbalance": total["load_imbalance"],
+        "wall_s": row["wall_seconds"],
+    }
+
+
+def print_sweep(rows: list[dict[str, Any]]) -> None:
+    table = [_row(r) for r in rows]
+    if not table:
+        print("nothing to run: every point is already in --out")
+        return
+    widths = {k: max(len(k), *(len(str(t[k])) for t in table)) for k in table[0]}
+    print("  ".join(k.rjust(w) for k, w in widths.items()))
+    for t in table:
+        print("  ".join(str(t[k]).rjust(w) for k, w in widths.items()))
+
+
+def plot_fleet(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    from kvspec.cli.simulate import _pyplot
+
+    plt = _pyplot()
+    table = [_row(r) for r in rows]
+    labels = [f"{t['router']}\n{t['instances']}x{t['kv_gib']}GiB" for t in table]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.2 * len(table) + 4), 4))
+    axes[0].bar(range(len(table)), [t["reuse"] for t in table], color="C0")
+    axes[0].set_ylabel("prompt tokens reused")
+    axes[1].bar(range(len(table)), [t["ttft_mean"] for t in table], color="C1")
+    axes[1].set_ylabel("mean TTFT (ms)")
+    for ax in axes:
+        ax.set_xticks(range(len(table)))
+        ax.set_xticklabels(labels, fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from kvspec.cli.args import check_plot_path
+    from kvspec.fleet.sweep import run_point, run_sweep
+
+    try:
+        check_plot_path(args.plot)
+        load_installed_plugins(args)
+        points = _points(args)
+        _check(args, points)
+        if len(points) == 1 and args.out is None:
+            row = run_point(points[0])
+            rows = [row]
+        else:
+            progress = shows_progress() and not args.json
+
+            def note(row: dict[str, Any]) -> None:
+                if progress:
+                    t = _row(row)
+                    print(
+                        f"  done: {t['instances']} x {t['router']} {t['eviction']} {t['blocks']} blocks: "
+                        f"reuse {t['reuse']}",
+                        file=sys.stderr,
+                    )
+
+            rows = run_sweep(
+                points,
+                executor=args.executor,
+                workers=args.workers,
+                ray_address=args.ray_address,
+                out=args.out,
+                on_row=note,
+            )
+    except KVSpecError as exc:
+        print(f"kvspec: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(rows if len(rows) != 1 else rows[0], indent=2))
+    elif len(rows) == 1 and args.out is None:
+        row = rows[0]
+        print_report({**{k: v for k, v in row["point"].items() if v not in (None, ())}, **row["total"]})
+        print()
+        print_sweep(rows)
+        print()
+        keys = [
+            "instance",
+            "requests",
+            "reuse_ratio",
+            "ttft_ms_mean",
+            "ttft_ms_p90",
+            "queue_ms_mean",
+            "preemptions",
+        ]
+        print("  ".join(k.rjust(12) for k in keys))
+        for inst in row["instances"]:
+            print("  ".join(str(inst[k]).rjust(12) for k in keys))
+    else:
+        print_sweep(rows)
+    if args.plot:
+        plot_fleet(rows, args.plot, f"{args.model}, {args.trace.rsplit('/', 1)[-1]}")
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0

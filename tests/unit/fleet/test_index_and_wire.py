@@ -1,0 +1,90 @@
+"""The KV-event index reads vLLM's wire (both shapes) and keeps per-instance residency exact."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvspec.errors import EventWireError
+from kvspec.fleet.index import KVEventIndex
+from kvspec.integrations.vllm_event_wire import decode_event_batch, encode_event_batch
+
+
+def _stored(hashes: list[bytes], kind: str | None = "full_attention", group: int = 0) -> BlockStored:
+    return BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=None,
+        token_ids=list(range(4 * len(hashes))),
+        block_size=4,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+        group_idx=group,
+        kv_cache_spec_kind=kind,
+        kv_cache_spec_sliding_window=None if kind != "sliding_window" else 8,
+    )
+
+
+H = [bytes([i]) * 4 for i in range(8)]
+
+
+@pytest.mark.parametrize("wire", ["0.34", "0.23"])
+def test_encoded_batches_decode_back_field_for_field(wire: str) -> None:
+    events = [_stored(H[:3]), BlockRemoved(block_hashes=[H[1]], medium="GPU", group_idx=0), AllBlocksCleared()]
+    payload = encode_event_batch(events, ts=1.5, wire=wire)
+    raw = msgspec.msgpack.decode(payload)
+    assert isinstance(raw[1][0], dict if wire == "0.34" else list)
+    if wire == "0.34":
+        assert raw[1][0]["type"] == "BlockStored" and "lora_name" not in raw[1][0]  # defaults left out
+    batch = decode_event_batch(payload)
+    stored, removed, cleared = batch.events
+    assert batch.ts == 1.5
+    assert stored.block_hashes == tuple(H[:3]) and stored.token_ids == tuple(range(12))  # type: ignore[union-attr]
+    assert stored.kv_cache_spec_kind == "full_attention" and stored.group_idx == 0  # type: ignore[union-attr]
+    assert removed.block_hashes == (H[1],) and type(cleared).__name__ == "WireAllBlocksCleared"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("wire", ["0.34", "0.23"])
+def test_the_index_tracks_stores_removals_and_clears(wire: str) -> None:
+    index = KVEventIndex(3)
+    index.apply(0, encode_event_batch([_stored(H[:4])], ts=0, wire=wire))
+    index.apply(1, encode_event_batch([_stored(H[:2]), _stored([H[5]])], ts=0, wire=wire))
+    assert index.overlap(H[:4]) == [4, 2, 0]
+    index.apply(0, encode_event_batch([BlockRemoved(block_hashes=[H[1]], medium="GPU")], ts=0, wire=wire))
+    assert index.overlap(H[:4]) == [1, 2, 0]  # consecutive from block 0: block 2 and 3 no longer count
+    assert index.overlap([H[5]]) == [0, 1, 0] and index.overlap([H[6]]) == [0, 0, 0]
+    index.apply(1, encode_event_batch([AllBlocksCleared()], ts=0, wire=wire))
+    assert index.overlap(H[:4]) == [1, 0, 0] and not index.held[1]
+    assert set(index.holders) == {H[0], H[2], H[3]}
+
+
+def test_two_groups_storing_one_hash_keep_it_until_both_remove_it() -> None:
+    index = KVEventIndex(1)
+    index.apply(0, encode_event_batch([_stored(H[:2], group=0), _stored(H[:2], group=1)], ts=0))
+    index.apply(0, encode_event_batch([BlockRemoved(block_hashes=[H[0]], medium="GPU", group_idx=0)], ts=0))
+    assert index.overlap(H[:2]) == [2]
+    index.apply(0, encode_event_batch([BlockRemoved(block_hashes=[H[0]], medium="GPU", group_idx=1)], ts=0))
+    assert index.overlap(H[:2]) == [0]
+
+
+@pytest.mark.parametrize("kind", ["sliding_window", "mamba"])
+def test_stores_of_groups_that_keep_no_whole_prefix_are_ignored(kind: str) -> None:
+    """llm-d-router#2362: a window or Mamba group's stores would claim prefixes it cannot serve."""
+    index = KVEventIndex(1)
+    index.apply(0, encode_event_batch([_stored(H[:3], kind=kind)], ts=0))
+    assert index.overlap(H[:3]) == [0] and index.num_events == 1
+    index.apply(0, encode_event_batch([_stored(H[:3], kind=None)], ts=0))  # no kind named: trusted
+    assert index.overlap(H[:3]) == [3]
+
+
+def test_a_bad_payload_names_the_instance() -> None:
+    index = KVEventIndex(2)
+    with pytest.raises(EventWireError, match="instance 1: a KV event payload that is not msgpack"):
+        index.apply(1, b"\xc1")
+    with pytest.raises(EventWireError, match=r"instance 0: unknown KV event type 'Bogus'"):
+        index.apply(0, msgspec.msgpack.encode([0.0, [{"type": "Bogus"}], None]))
+    with pytest.raises(EventWireError, match="instance 0: a KV event batch is"):
+        index.apply(0, msgspec.msgpack.encode({"ts": 0}))
+    with pytest.raises(EventWireError, match="unknown KV event wire format '0.99'"):
+        encode_event_batch([], ts=0, wire="0.99")

@@ -1,0 +1,195 @@
+"""Each built-in router's rule on hand-made fleet states; the registry's door checks; the kit."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from kvspec.engine.instance import InstanceLoad
+from kvspec.errors import RouterAccessError, RouterError, RoutingError
+from kvspec.fleet import RouteRequest, RouterContext, register_router, resolve_router, router_names
+from kvspec.fleet.kit import check_router
+from kvspec.fleet.routers import CacheAware, Exact, KvCost, PowerOfTwo, PrecisePrefix
+from kvspec.fleet.routing import FleetView
+from kvspec.integrations.vllm_event_wire import encode_event_batch
+from tests.unit.fleet.test_index_and_wire import _stored
+
+H = [bytes([i]) * 4 for i in range(16)]
+
+
+def load(i: int, *, waiting: int = 0, running: int = 0, prefill: int = 0, active: int = 0) -> InstanceLoad:
+    return InstanceLoad(
+        index=i, waiting=waiting, running=running, prefill_tokens=prefill, active_blocks=active, num_blocks=100
+    )
+
+
+class View:
+    def __init__(self, loads: Sequence[InstanceLoad], hits: Sequence[int] = ()) -> None:
+        self._loads = list(loads)
+        self._hits = list(hits)
+
+    @property
+    def num_instances(self) -> int:
+        return len(self._loads)
+
+    def loads(self) -> Sequence[InstanceLoad]:
+        return self._loads
+
+    def cache_hit(self, instance: int, request: RouteRequest) -> int:
+        return self._hits[instance]
+
+
+def req(blocks: int, tokens: int | None = None, first: int = 0) -> RouteRequest:
+    return RouteRequest(
+        request_id="r", arrival_ms=0.0, num_tokens=tokens or blocks * 16, block_hashes=H[first : first + blocks]
+    )
+
+
+def ctx(n: int = 2, seed: int = 0, **options: float) -> RouterContext:
+    return RouterContext(num_instances=n, block_size=16, seed=seed, options=options)
+
+
+def test_the_builtins_are_registered_and_pass_the_kit() -> None:
+    assert router_names() == (
+        "cache_aware", "exact", "kv_cost", "least_loaded", "power_of_two", "precise_prefix", "random", "round_robin"
+    )
+    for name in router_names():
+        result = check_router(name)
+        assert len(result.choices) == 96 and set(result.choices) <= {0, 1, 2, 3}
+    assert resolve_router("exact").reads == {"loads", "cache"}
+    assert resolve_router("precise_prefix").reads == {"loads", "kv_events"}
+
+
+def test_cache_aware_follows_its_history_above_the_threshold_and_balances_otherwise() -> None:
+    router = CacheAware(ctx(3))
+    idle = View([load(0), load(1), load(2)])
+    assert router.route(req(4), idle) == 0  # a miss: least loaded, first on ties; history now on 0
+    busy0 = View([load(0, running=5), load(1), load(2)])
+    assert router.route(req(4, tokens=100), busy0) == 0  # 64/100 matched > 0.3: history wins over load
+    assert router.route(req(1, tokens=100), busy0) == 1  # 16/100 = 0.16 <= 0.3: least loaded
+    skewed = View([load(0, running=100), load(1, running=10), load(2, running=30)])
+    assert router.route(req(4), skewed) == 1  # 100 - 10 > 64 and 100 > 1.5 * 10: shortest queue first
+    mild = View([load(0, running=100), load(1, running=70), load(2, running=60)])
+    # 100 - 60 <= 64: not imbalanced, the match decides: 0 and 1 both hold the prefix, 1 is less loaded
+    # (instance 2, the least loaded, holds nothing).
+    assert router.route(req(4), mild) == 1
+
+
+def test_cache_aware_forgets_the_oldest_blocks_past_its_tree_size() -> None:
+    router = CacheAware(ctx(2, max_tree_size=3 * 16))
+    view = View([load(0), load(1)])
+    router.route(req(2), view)  # blocks 0, 1 on instance 0
+    router.route(req(2, first=5), View([load(0, running=1), load(1)]))  # blocks 5, 6 on instance 1
+    router.route(req(2, first=8), View([load(0), load(1, running=1)]))  # 8, 9 on 0: 0 and 1 forgotten... 0 first
+    assert router.route(req(2, tokens=32), View([load(0, running=1), load(1)])) == 1  # block 0 forgotten on 0
+
+
+def test_kv_cost_is_prefill_left_after_the_overlap_plus_active_blocks() -> None:
+    """Instance 0 holds 4 of the 6 blocks but 5 more active blocks: cost 0: (0 + 96)/16 - 4 + 5 + 6 = 13;
+    instance 1: 96/16 + 0 + 6 = 12, so 1 wins; with credit 2, instance 0 costs 9 and wins."""
+    loads = [load(0, active=5), load(1)]
+    payload = encode_event_batch([_stored(H[:4])], ts=0)
+    for credit, expected in ((1.0, 1), (2.0, 0)):
+        router = KvCost(ctx(overlap_score_credit=credit))
+        router.on_kv_events(0, payload)
+        assert router.route(req(6), View(loads)) == expected
+    scaled = KvCost(ctx(prefill_load_scale=0.0))  # only decode load counts: the emptier instance
+    assert scaled.route(req(6), View([load(0, prefill=10_000), load(1, active=1)])) == 0
+
+
+def test_exact_takes_its_overlap_from_the_instances_caches() -> None:
+    loads = [load(0, active=5), load(1)]
+    assert Exact(ctx(overlap_score_credit=2.0)).route(req(6), View(loads, hits=[64, 0])) == 0
+    assert Exact(ctx(overlap_score_credit=2.0)).route(req(6), View(loads, hits=[16, 0])) == 1
+
+
+def test_cost_ties_break_at_random_under_the_seed_and_temperature_samples() -> None:
+    picks = {KvCost(ctx(4, seed=s)).route(req(2), View([load(i) for i in range(4)])) for s in range(20)}
+    assert len(picks) > 1
+    again = [KvCost(ctx(4, seed=3)).route(req(2), View([load(i) for i in range(4)])) for _ in range(3)]
+    assert len(set(again)) == 1
+    warm = KvCost(ctx(2, seed=1, temperature=1.0))
+    chosen = [warm.route(req(2), View([load(0, active=1), load(1, active=2)])) for _ in range(50)]
+    assert 0 < chosen.count(1) < chosen.count(0)
+    with pytest.raises(RouterError, match="temperature must be >= 0"):
+        KvCost(ctx(temperature=-1.0))
+
+
+def test_precise_prefix_weights_prefix_usage_and_queue() -> None:
+    router = PrecisePrefix(ctx(2))
+    router.on_kv_events(1, encode_event_batch([_stored(H[:4])], ts=0))
+    assert router.route(req(4), View([load(0), load(1)])) == 1  # prefix 3 * 1.0 beats nothing
+    crowded = View([load(0), InstanceLoad(index=1, waiting=5, running=0, prefill_tokens=0, active_blocks=100, num_blocks=100)])
+    assert router.route(req(4), crowded) == 0  # full and queued: 3 + 0 + 0 < 0 + 2 + 2
+
+
+def test_power_of_two_takes_the_less_loaded_of_its_pair() -> None:
+    router = PowerOfTwo(ctx(4, seed=7))
+    rng = random.Random(7)
+    loads = [load(i, running=r) for i, r in enumerate([3, 1, 4, 2])]
+    for _ in range(20):
+        a, b = rng.sample(range(4), 2)
+        expected = b if loads[b].requests < loads[a].requests else a
+        assert router.route(req(1), View(loads)) == expected
+
+
+def test_registration_refuses_what_cannot_route() -> None:
+    class NoRoute:
+        def __init__(self, context: RouterContext) -> None:
+            pass
+
+    class NoEvents:
+        def __init__(self, context: RouterContext) -> None:
+            pass
+
+        def route(self, request: RouteRequest, fleet: FleetView) -> int:
+            return 0
+
+    with pytest.raises(RouterError, match="must be dotted lower-case words"):
+        register_router("Bad Name", NoEvents)
+    with pytest.raises(RouterError, match="declares it reads 'gpu_memory'; a router may read only cache, kv_events, loads"):
+        register_router("test.r", NoEvents, reads=("gpu_memory",))
+    with pytest.raises(RouterError, match="NoRoute, which has no route"):
+        register_router("test.r", NoRoute)  # type: ignore[arg-type]
+    with pytest.raises(RouterError, match="declares it reads 'kv_events' but its NoEvents has no on_kv_events"):
+        register_router("test.r", NoEvents, reads=("kv_events",))
+    with pytest.raises(RouterError, match="already registered"):
+        register_router("round_robin", NoEvents)
+    with pytest.raises(RouterError, match=r"'cache_aware' has no option 'cache_treshold'; its options: cache_threshold \(default 0.3\)"):
+        CacheAware(ctx(cache_treshold=0.5))
+    assert "test.r" not in router_names()
+
+
+def test_the_kit_catches_a_missing_instance_an_undeclared_read_and_a_router_without_its_seed() -> None:
+    class Wild:
+        def __init__(self, context: RouterContext) -> None:
+            self.n = context.num_instances
+
+        def route(self, request: RouteRequest, fleet: FleetView) -> int:
+            return -1 if request.request_id == "kit-5" else 0
+
+    class Peeks:
+        def __init__(self, context: RouterContext) -> None:
+            pass
+
+        def route(self, request: RouteRequest, fleet: FleetView) -> int:
+            return min(range(fleet.num_instances), key=lambda i: fleet.loads()[i].requests)
+
+    class Unseeded:
+        def __init__(self, context: RouterContext) -> None:
+            self.n = context.num_instances
+
+        def route(self, request: RouteRequest, fleet: FleetView) -> int:
+            return random.randrange(self.n)
+
+    register_router("test.wild", Wild)
+    register_router("test.unseeded", Unseeded)
+    with pytest.raises(RoutingError, match=r"'test.wild' sent request kit-5 to instance -1"):
+        check_router("test.wild")
+    with pytest.raises(RouterAccessError, match="did not declare reads=\\('loads',\\)"):
+        check_router(register_router("test.peeks", Peeks))
+    with pytest.raises(RoutingError, match=r"'test.unseeded' is not deterministic under seed 0: request kit-\d+"):
+        check_router("test.unseeded")
+    assert check_router(register_router("test.peeks", Peeks, reads=("loads",), replace=True)).checks

@@ -1,0 +1,112 @@
+"""Sweeps: the same rows from every executor (Ray in local mode too), resumable output, and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvspec.cli.main import main
+from kvspec.errors import FleetConfigError
+from kvspec.fleet.sweep import SweepPoint, expand_points, finished_keys, run_sweep
+
+
+def _trace(tmp_path: Path) -> Path:
+    """40 Mooncake lines (512-token hash blocks): 4 conversations growing turn by turn."""
+    lines = []
+    for i in range(40):
+        conversation, turn = i % 4, i // 4
+        ids = [100 * conversation + t for t in range(turn + 1)] + [10_000 + i]
+        lines.append(
+            {"timestamp": 400 * i, "input_length": 512 * len(ids) - 100, "output_length": 20, "hash_ids": ids}
+        )
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _points(trace: Path, routers: tuple[str, ...] = ("round_robin", "kv_cost")) -> list[SweepPoint]:
+    return expand_points(
+        {"model": "llama-3.1-8b", "trace": str(trace), "block_size": 64, "step_time": "dynosim"},
+        {"num_instances": [2, 3], "num_blocks": [400], "router": list(routers)},
+    )
+
+
+def _results(rows: list[dict[str, object]]) -> list[tuple[object, object, object]]:
+    return [(r["key"], r["total"], r["instances"]) for r in rows]
+
+
+def test_every_executor_gives_the_same_rows(tmp_path: Path) -> None:
+    points = _points(_trace(tmp_path))
+    here = run_sweep(points, executor="inprocess")
+    pool = run_sweep(points, executor="process", workers=2)
+    assert _results(here) == _results(pool)
+    assert [r["point"]["router"] for r in here] == ["round_robin", "kv_cost"] * 2
+    # Three instances in turn scatter the four conversations; kv_cost finds each one's last turn.
+    assert here[3]["total"]["reuse_ratio"] > here[2]["total"]["reuse_ratio"]
+
+
+def test_ray_in_local_mode_gives_the_same_rows(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    points = _points(_trace(tmp_path))[:2]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        shipped = run_sweep(points, executor="ray")
+    finally:
+        ray.shutdown()
+    assert _results(shipped) == _results(run_sweep(points, executor="inprocess"))
+
+
+def test_a_sweep_resumes_from_its_file(tmp_path: Path) -> None:
+    trace = _trace(tmp_path)
+    out = tmp_path / "sweep.jsonl"
+    first = run_sweep(_points(trace, ("round_robin",)), executor="inprocess", out=out)
+    assert len(first) == 2 and len(finished_keys(out)) == 2
+    more = run_sweep(_points(trace), executor="inprocess", out=out)
+    assert [r["point"]["router"] for r in more] == ["kv_cost", "kv_cost"]  # the two finished points skipped
+    assert len(out.read_text().splitlines()) == 4
+    assert run_sweep(_points(trace), executor="inprocess", out=out) == []
+    (tmp_path / "other.jsonl").write_text('{"not": "a row"}\n')
+    with pytest.raises(FleetConfigError, match="other.jsonl line 1 is not a sweep row"):
+        run_sweep(_points(trace), executor="inprocess", out=tmp_path / "other.jsonl")
+
+
+def test_bad_sweep_settings_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(FleetConfigError, match="by memory or by num_blocks: give exactly one"):
+        SweepPoint(model="llama-3.1-8b", trace="t", num_instances=1)
+    with pytest.raises(FleetConfigError, match="executor 'dask'"):
+        run_sweep([], executor="dask")
+
+
+def test_the_fleet_command_runs_one_fleet_and_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _trace(tmp_path)
+    common = ["fleet", "llama-3.1-8b", "--trace", str(trace), "--block-size", "64", "--num-blocks", "400"]
+    assert main([*common, "--instances", "3", "--router", "exact", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["point"]["router"] == "exact" and len(row["instances"]) == 3
+    assert row["total"]["requests"] == 40 and row["total"]["finished"] == 40
+    out = tmp_path / "s.jsonl"
+    argv = [*common, "--instances", "2,3", "--router", "round_robin,cache_aware", "--executor", "inprocess"]
+    assert main([*argv, "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert table.count("cache_aware") == 2 and table.count("round_robin") == 2
+    assert len(out.read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--router", "nope"], "Unknown router 'nope'"),
+        (["--eviction", "fifo"], "Unknown eviction policy 'fifo'"),
+        (["--router", "cache_aware", "--router-option", "cache_treshold=0.5"], "has no option 'cache_treshold'"),
+        (["--speedup", "0"], "speedup must be a finite number > 0"),
+        (["--step-time", "fast"], "give three numbers in milliseconds"),
+    ],
+)
+def test_the_fleet_command_refuses_bad_input_before_it_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    trace = _trace(tmp_path)
+    assert main(["fleet", "llama-3.1-8b", "--trace", str(trace), *extra]) == 2
+    assert message in capsys.readouterr().err

@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvspec.blocks.events import BlockRemoved, BlockStored
+from kvspec.blocks.events import BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.engine.instance import InstanceLoad
 from kvspec.errors import RouterAccessError, RoutingError
 from kvspec.fleet.registry import build_router, resolve_router
@@ -124,7 +124,7 @@ def _run(spec: RouterSpec, num_instances: int, seed: int, count: int) -> list[in
             evicted = sorted(resident)[: len(resident) - 40]
             resident.difference_update(evicted)
         if takes_events and (new or evicted):
-            events = []
+            events: list[KVCacheEvent] = []
             if new:
                 events.append(
                     BlockStored(

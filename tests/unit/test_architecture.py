@@ -204,8 +204,21 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     | {"blocks", "contracts", "specs", "eviction", "planning", "coordinator", "device", "models"},
     "integrations": BASE
     | {"blocks", "contracts", "specs", "managers", "eviction", "registry", "planning", "coordinator"},
+    "fleet": BASE
+    | {
+        "blocks",
+        "contracts",
+        "specs",
+        "eviction",
+        "planning",
+        "coordinator",
+        "models",
+        "engine",
+        "integrations",
+    },
     "cli": BASE
     | {
+        "fleet",
         "build_info",
         "presets",
         "contracts",

@@ -10,7 +10,7 @@ from kvspec.engine.replay import replay_coordinator
 from kvspec.engine.step_time import StepTimeModel
 from kvspec.engine.timed_replay import replay_timed
 from kvspec.errors import FleetConfigError, RouterAccessError, RoutingError, UnknownRouterError
-from kvspec.fleet import FleetSettings, RouteRequest, RouterContext, register_router, run_fleet
+from kvspec.fleet import FleetSettings, RouterContext, RouteRequest, register_router, run_fleet
 from kvspec.fleet.routers import KvCost
 from kvspec.fleet.routing import FleetView
 from tests.helpers import full_spec, make_config, sw_spec
@@ -22,10 +22,16 @@ STEP = StepTimeModel(base_ms=10.0, per_token_ms=0.1, per_request_ms=0.0)
 ORDER = [0, 1, 2] * 6
 
 
-def _settings(n: int, router: str, **kw: object) -> FleetSettings:
+def _settings(n: int, router: str, *, event_lag_ms: float = 0.0, speedup: float = 1.0) -> FleetSettings:
     return FleetSettings(
-        num_instances=n, router=router, max_num_batched_tokens=64, max_num_seqs=8, step_time=STEP, **kw
-    )  # type: ignore[arg-type]
+        num_instances=n,
+        router=router,
+        max_num_batched_tokens=64,
+        max_num_seqs=8,
+        step_time=STEP,
+        event_lag_ms=event_lag_ms,
+        speedup=speedup,
+    )
 
 
 def test_one_instance_behind_round_robin_is_the_timed_replay() -> None:
@@ -45,7 +51,16 @@ def test_one_instance_behind_round_robin_is_the_timed_replay() -> None:
 
 @pytest.mark.parametrize(
     "router",
-    ["round_robin", "random", "least_loaded", "power_of_two", "cache_aware", "precise_prefix", "kv_cost", "exact"],
+    [
+        "round_robin",
+        "random",
+        "least_loaded",
+        "power_of_two",
+        "cache_aware",
+        "precise_prefix",
+        "kv_cost",
+        "exact",
+    ],
 )
 def test_every_request_is_routed_once_and_finishes(router: str) -> None:
     trace = family_trace(ORDER, gap_ms=3.0)
@@ -58,7 +73,9 @@ def test_every_request_is_routed_once_and_finishes(router: str) -> None:
 
 
 def test_round_robin_deals_the_requests_in_turn() -> None:
-    report = run_fleet(family_trace(ORDER), make_config([full_spec(16)], 60), LIMITS, _settings(4, "round_robin"))
+    report = run_fleet(
+        family_trace(ORDER), make_config([full_spec(16)], 60), LIMITS, _settings(4, "round_robin")
+    )
     assert [r["requests"] for r in report.instances] == [5, 5, 4, 4]
 
 
@@ -100,7 +117,11 @@ def test_kv_events_reach_the_router_after_the_lag(lag_ms: float, overlap: list[i
     context = RouterContext(num_instances=2, block_size=16)
     spy = _Spy(context)
     run_fleet(
-        trace, make_config([full_spec(16)], 60), LIMITS, _settings(2, "kv_cost", event_lag_ms=lag_ms), router=spy
+        trace,
+        make_config([full_spec(16)], 60),
+        LIMITS,
+        _settings(2, "kv_cost", event_lag_ms=lag_ms),
+        router=spy,
     )
     assert spy.seen == [[0, 0], overlap]
 
@@ -114,8 +135,13 @@ def test_a_router_that_picks_a_missing_instance_stops_the_run() -> None:
             return self.n
 
     register_router("test.off_by_one", Off)
-    with pytest.raises(RoutingError, match=r"'test.off_by_one' sent request trace-0 to instance 2; the fleet has instances 0..1"):
-        run_fleet(family_trace([0]), make_config([full_spec(16)], 60), LIMITS, _settings(2, "test.off_by_one"))
+    with pytest.raises(
+        RoutingError,
+        match=r"'test.off_by_one' sent request trace-0 to instance 2; the fleet has instances 0..1",
+    ):
+        run_fleet(
+            family_trace([0]), make_config([full_spec(16)], 60), LIMITS, _settings(2, "test.off_by_one")
+        )
 
 
 @pytest.mark.parametrize(("method", "declared"), [("loads", "loads"), ("cache", "cache")])

@@ -9,7 +9,7 @@ import pytest
 
 from kvspec.engine.instance import InstanceLoad
 from kvspec.errors import RouterAccessError, RouterError, RoutingError
-from kvspec.fleet import RouteRequest, RouterContext, register_router, resolve_router, router_names
+from kvspec.fleet import RouterContext, RouteRequest, register_router, resolve_router, router_names
 from kvspec.fleet.kit import check_router
 from kvspec.fleet.routers import CacheAware, Exact, KvCost, PowerOfTwo, PrecisePrefix
 from kvspec.fleet.routing import FleetView
@@ -21,7 +21,12 @@ H = [bytes([i]) * 4 for i in range(16)]
 
 def load(i: int, *, waiting: int = 0, running: int = 0, prefill: int = 0, active: int = 0) -> InstanceLoad:
     return InstanceLoad(
-        index=i, waiting=waiting, running=running, prefill_tokens=prefill, active_blocks=active, num_blocks=100
+        index=i,
+        waiting=waiting,
+        running=running,
+        prefill_tokens=prefill,
+        active_blocks=active,
+        num_blocks=100,
     )
 
 
@@ -43,7 +48,10 @@ class View:
 
 def req(blocks: int, tokens: int | None = None, first: int = 0) -> RouteRequest:
     return RouteRequest(
-        request_id="r", arrival_ms=0.0, num_tokens=tokens or blocks * 16, block_hashes=H[first : first + blocks]
+        request_id="r",
+        arrival_ms=0.0,
+        num_tokens=tokens or blocks * 16,
+        block_hashes=H[first : first + blocks],
     )
 
 
@@ -53,7 +61,14 @@ def ctx(n: int = 2, seed: int = 0, **options: float) -> RouterContext:
 
 def test_the_builtins_are_registered_and_pass_the_kit() -> None:
     assert router_names() == (
-        "cache_aware", "exact", "kv_cost", "least_loaded", "power_of_two", "precise_prefix", "random", "round_robin"
+        "cache_aware",
+        "exact",
+        "kv_cost",
+        "least_loaded",
+        "power_of_two",
+        "precise_prefix",
+        "random",
+        "round_robin",
     )
     for name in router_names():
         result = check_router(name)
@@ -82,7 +97,9 @@ def test_cache_aware_forgets_the_oldest_blocks_past_its_tree_size() -> None:
     view = View([load(0), load(1)])
     router.route(req(2), view)  # blocks 0, 1 on instance 0
     router.route(req(2, first=5), View([load(0, running=1), load(1)]))  # blocks 5, 6 on instance 1
-    router.route(req(2, first=8), View([load(0), load(1, running=1)]))  # 8, 9 on 0: 0 and 1 forgotten... 0 first
+    router.route(
+        req(2, first=8), View([load(0), load(1, running=1)])
+    )  # 8, 9 on 0: 0 and 1 forgotten... 0 first
     assert router.route(req(2, tokens=32), View([load(0, running=1), load(1)])) == 1  # block 0 forgotten on 0
 
 
@@ -121,7 +138,12 @@ def test_precise_prefix_weights_prefix_usage_and_queue() -> None:
     router = PrecisePrefix(ctx(2))
     router.on_kv_events(1, encode_event_batch([_stored(H[:4])], ts=0))
     assert router.route(req(4), View([load(0), load(1)])) == 1  # prefix 3 * 1.0 beats nothing
-    crowded = View([load(0), InstanceLoad(index=1, waiting=5, running=0, prefill_tokens=0, active_blocks=100, num_blocks=100)])
+    crowded = View(
+        [
+            load(0),
+            InstanceLoad(index=1, waiting=5, running=0, prefill_tokens=0, active_blocks=100, num_blocks=100),
+        ]
+    )
     assert router.route(req(4), crowded) == 0  # full and queued: 3 + 0 + 0 < 0 + 2 + 2
 
 
@@ -149,15 +171,22 @@ def test_registration_refuses_what_cannot_route() -> None:
 
     with pytest.raises(RouterError, match="must be dotted lower-case words"):
         register_router("Bad Name", NoEvents)
-    with pytest.raises(RouterError, match="declares it reads 'gpu_memory'; a router may read only cache, kv_events, loads"):
+    with pytest.raises(
+        RouterError, match="declares it reads 'gpu_memory'; a router may read only cache, kv_events, loads"
+    ):
         register_router("test.r", NoEvents, reads=("gpu_memory",))
     with pytest.raises(RouterError, match="NoRoute, which has no route"):
         register_router("test.r", NoRoute)  # type: ignore[arg-type]
-    with pytest.raises(RouterError, match="declares it reads 'kv_events' but its NoEvents has no on_kv_events"):
+    with pytest.raises(
+        RouterError, match="declares it reads 'kv_events' but its NoEvents has no on_kv_events"
+    ):
         register_router("test.r", NoEvents, reads=("kv_events",))
     with pytest.raises(RouterError, match="already registered"):
         register_router("round_robin", NoEvents)
-    with pytest.raises(RouterError, match=r"'cache_aware' has no option 'cache_treshold'; its options: cache_threshold \(default 0.3\)"):
+    with pytest.raises(
+        RouterError,
+        match=r"'cache_aware' has no option 'cache_treshold'; its options: cache_threshold \(default 0.3\)",
+    ):
         CacheAware(ctx(cache_treshold=0.5))
     assert "test.r" not in router_names()
 
@@ -190,6 +219,8 @@ def test_the_kit_catches_a_missing_instance_an_undeclared_read_and_a_router_with
         check_router("test.wild")
     with pytest.raises(RouterAccessError, match="did not declare reads=\\('loads',\\)"):
         check_router(register_router("test.peeks", Peeks))
-    with pytest.raises(RoutingError, match=r"'test.unseeded' is not deterministic under seed 0: request kit-\d+"):
+    with pytest.raises(
+        RoutingError, match=r"'test.unseeded' is not deterministic under seed 0: request kit-\d+"
+    ):
         check_router("test.unseeded")
     assert check_router(register_router("test.peeks", Peeks, reads=("loads",), replace=True)).checks

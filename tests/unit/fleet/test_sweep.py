@@ -68,7 +68,7 @@ def test_a_sweep_resumes_from_its_file(tmp_path: Path) -> None:
     assert len(out.read_text().splitlines()) == 4
     assert run_sweep(_points(trace), executor="inprocess", out=out) == []
     (tmp_path / "other.jsonl").write_text('{"not": "a row"}\n')
-    with pytest.raises(FleetConfigError, match="other.jsonl line 1 is not a sweep row"):
+    with pytest.raises(FleetConfigError, match=r"other\.jsonl line 1 is not a sweep row"):
         run_sweep(_points(trace), executor="inprocess", out=tmp_path / "other.jsonl")
 
 
@@ -79,7 +79,9 @@ def test_bad_sweep_settings_are_refused(tmp_path: Path) -> None:
         run_sweep([], executor="dask")
 
 
-def test_the_fleet_command_runs_one_fleet_and_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_fleet_command_runs_one_fleet_and_a_sweep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = _trace(tmp_path)
     common = ["fleet", "llama-3.1-8b", "--trace", str(trace), "--block-size", "64", "--num-blocks", "400"]
     assert main([*common, "--instances", "3", "--router", "exact", "--json"]) == 0
@@ -99,7 +101,10 @@ def test_the_fleet_command_runs_one_fleet_and_a_sweep(tmp_path: Path, capsys: py
     [
         (["--router", "nope"], "Unknown router 'nope'"),
         (["--eviction", "fifo"], "Unknown eviction policy 'fifo'"),
-        (["--router", "cache_aware", "--router-option", "cache_treshold=0.5"], "has no option 'cache_treshold'"),
+        (
+            ["--router", "cache_aware", "--router-option", "cache_treshold=0.5"],
+            "has no option 'cache_treshold'",
+        ),
         (["--speedup", "0"], "speedup must be a finite number > 0"),
         (["--step-time", "fast"], "give three numbers in milliseconds"),
     ],

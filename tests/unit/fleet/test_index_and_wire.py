@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.errors import EventWireError
 from kvspec.fleet.index import KVEventIndex
 from kvspec.integrations.vllm_event_wire import decode_event_batch, encode_event_batch

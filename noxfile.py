@@ -132,6 +132,28 @@ def vllm_serve(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11", default=False)
+def dynosim(session: nox.Session) -> None:
+    """kvspec's fleet side by side with Dynamo's offline replay (ai-dynamo 1.4.2, ``python -m dynamo.replay``)
+    on both Mooncake traces (benchmarks/dynosim.py; docs/FLEET.md): DynoSim's settings, 4 and 8 workers,
+    three capacities, round robin and the KV router. Not part of ``.ci/run`` (about 20 minutes on 2 cores);
+    arguments after ``--`` go to the script (e.g. ``-- --limit 2000 --workers 4``)."""
+    session.install("-c", "constraints.txt", "torch==2.13.0")
+    session.install("-c", "constraints.txt", "-e", ".")
+    session.install("ai-dynamo==1.4.2")
+    session.run("python", "-m", "benchmarks.dynosim", *session.posargs, env={"DYN_LOG": "warn"})
+
+
+@nox.session(python="3.11", default=False)
+def fleet_sweep(session: nox.Session) -> None:
+    """The fleet figures of docs/FLEET.md (benchmarks/fleet_sweep.py): Llama 3.1 8B, Gemma 3 27B and Jamba
+    1.5 Mini on both traces, 4 and 8 instances, three memory sizes, every router family, through the
+    process pool; resumable (the rows are kept in .nox/fleet_sweep/fleet.jsonl)."""
+    session.install("-c", "constraints.txt", "torch==2.13.0")
+    session.install("-c", "constraints.txt", "-e", ".[cli]")
+    session.run("python", "-m", "benchmarks.fleet_sweep", *session.posargs)
+
+
+@nox.session(python="3.11", default=False)
 def bench(session: nox.Session) -> None:
     """kvspec against vllm==0.23.0 (installed with --no-deps next to CPU torch 2.13.0); not part of `nox`.
     Runs the pure kvspec of this checkout and, in a worker process, its compiled build beside vLLM

@@ -109,9 +109,9 @@ class InstanceLoad:
     """What a router may know of an instance's load now. Requests; tokens; blocks (the scheduler's pool,
     every group's blocks; ``num_blocks`` excludes the null block).
 
-    ``prefill_tokens``: prompt (and recompute) tokens the queued and running requests have still to compute,
-    before any prefix hit a queued request may get; ``active_blocks``: blocks held by requests (cached blocks
-    nobody holds are not load)."""
+    ``prefill_tokens``: prompt (and recompute) tokens the queued and running requests have still to compute;
+    ``active_blocks``: blocks held by running requests (cached blocks nobody holds are not load) plus the
+    blocks queued requests' uncomputed tokens will take (so it may exceed ``num_blocks``)."""
 
     index: int
     waiting: int
@@ -127,7 +127,8 @@ class InstanceLoad:
 
     @property
     def kv_usage(self) -> float:
-        return self.active_blocks / self.num_blocks if self.num_blocks else 0.0
+        """Active blocks over the pool's, at most 1."""
+        return min(1.0, self.active_blocks / self.num_blocks) if self.num_blocks else 0.0
 
 
 class EngineInstance:
@@ -140,6 +141,7 @@ class EngineInstance:
         "_admitted_once",
         "_block_tokens",
         "_clock",
+        "_expected_new",
         "_generated",
         "_items",
         "_model",
@@ -149,6 +151,7 @@ class EngineInstance:
         "on_finish",
         "scheduler",
         "stats",
+        "track_queued_hits",
     )
 
     def __init__(
@@ -182,6 +185,11 @@ class EngineInstance:
         self._items: dict[str, TraceRequest] = {}
         self._generated: dict[str, int] = {}
         self._admitted_once: set[str] = set()
+        #: Per queued request, the tokens it will compute (its prompt less the hit it would get when it
+        #: arrived), kept when ``track_queued_hits`` so :meth:`load` counts queued work as a router that
+        #: tracks its own routed requests does (Dynamo's prefill tokens and active blocks).
+        self.track_queued_hits = False
+        self._expected_new: dict[str, int] = {}
 
     # -- arrivals -----------------------------------------------------------------------------
 
@@ -207,6 +215,8 @@ class EngineInstance:
             self.now_ms = max(self.now_ms, at_ms)  # idle until this arrival
         self._items[request.request_id] = item
         self._generated[request.request_id] = 0
+        if self.track_queued_hits:
+            self._expected_new[request.request_id] = request.num_tokens - self.probe_hit(request)
         self.scheduler.add_request(request)
         return True
 
@@ -268,6 +278,7 @@ class EngineInstance:
                 stats.hit_tokens += scheduled.num_computed
                 if rid not in self._admitted_once:
                     self._admitted_once.add(rid)
+                    self._expected_new.pop(rid, None)
                     hit = scheduled.num_computed
                     stats.first_admission_hit_tokens += hit
                     stats.first_admission_hit_blocks += cdiv(
@@ -298,8 +309,17 @@ class EngineInstance:
     # -- what a router may read -----------------------------------------------------------------
 
     def load(self) -> InstanceLoad:
+        """The load now. Queued requests count their prompt tokens (less the hit each would have got on
+        arrival, with ``track_queued_hits``) as prefill and, as blocks they will take, that many tokens'
+        blocks; running ones what is left of their prompt and the blocks they hold."""
         scheduler = self.scheduler
-        pending = sum(r.num_tokens - r.num_computed_tokens for r in scheduler.waiting)
+        expected = self._expected_new
+        pending = queued_blocks = 0
+        block = self._block_tokens
+        for r in scheduler.waiting:
+            left = expected.get(r.request_id, r.num_tokens - r.num_computed_tokens)
+            pending += left
+            queued_blocks += -(-left // block)
         for r in scheduler.running:
             left = r.num_tokens - r.num_computed_tokens
             if left > 1:
@@ -311,7 +331,7 @@ class EngineInstance:
             waiting=len(scheduler.waiting),
             running=len(scheduler.running),
             prefill_tokens=pending,
-            active_blocks=usable - pool.get_num_free_blocks(),
+            active_blocks=usable - pool.get_num_free_blocks() + queued_blocks,
             num_blocks=usable,
         )
 

@@ -237,6 +237,8 @@ def run_fleet(
         )
         for i in range(n)
     ]
+    for instance in instances:
+        instance.track_queued_hits = "loads" in spec.reads
     hasher = instances[0].coordinator.make_block_hasher(seed="kvspec-replay")
     context = RouterContext(
         num_instances=n,

@@ -20,6 +20,8 @@ name                      rule (source)                                         
                           random; ``temperature`` > 0 samples a softmax of normalised costs
 ``exact``                 kvspec's: ``kv_cost``'s cost with each instance's real hit (its          loads,
                           coordinator's lookup: sliding windows, Mamba states, retention)          cache
+``exact_prefix``          kvspec's: ``precise_prefix``'s scoring with each instance's real hit     loads,
+                                                                                                 cache
 ========================  =====================================================================  =========
 
 Options (``RouterContext.options``) per router are listed in :data:`ROUTER_OPTIONS`; an unknown one is a
@@ -52,6 +54,7 @@ ROUTER_OPTIONS: Final[Mapping[str, Mapping[str, float]]] = {
         "max_tree_size": 2**25,
     },
     "precise_prefix": {"prefix_weight": 3.0, "kv_usage_weight": 2.0, "queue_weight": 2.0},
+    "exact_prefix": {"prefix_weight": 3.0, "kv_usage_weight": 2.0, "queue_weight": 2.0},
     "kv_cost": {"overlap_score_credit": 1.0, "prefill_load_scale": 1.0, "temperature": 0.0},
     "exact": {"overlap_score_credit": 1.0, "prefill_load_scale": 1.0, "temperature": 0.0},
 }
@@ -175,9 +178,12 @@ class PrecisePrefix:
     def on_kv_events(self, instance: int, payload: bytes) -> None:
         self.index.apply(instance, payload)
 
+    def _overlap_blocks(self, request: RouteRequest, fleet: FleetView) -> list[float]:
+        return [float(d) for d in self.index.overlap(request.block_hashes)]
+
     def route(self, request: RouteRequest, fleet: FleetView) -> int:
         loads = fleet.loads()
-        overlap = self.index.overlap(request.block_hashes)
+        overlap = self._overlap_blocks(request, fleet)
         total = max(1, len(request.block_hashes))
         queues = [load.waiting for load in loads]
         q_high, q_low = max(queues), min(queues)
@@ -189,6 +195,19 @@ class PrecisePrefix:
         best = max(scores)
         ties = [i for i, s in enumerate(scores) if s == best]
         return ties[0] if len(ties) == 1 else self._rng.choice(ties)
+
+
+class ExactPrefix(PrecisePrefix):
+    """llm-d's scoring with each instance's real hit instead of the KV-event index (``exact_prefix``)."""
+
+    name = "exact_prefix"
+
+    def __init__(self, context: RouterContext) -> None:
+        super().__init__(context)  # the same options as precise_prefix's
+        self._block = context.block_size
+
+    def _overlap_blocks(self, request: RouteRequest, fleet: FleetView) -> list[float]:
+        return [fleet.cache_hit(i, request) / self._block for i in range(fleet.num_instances)]
 
 
 class _CostRouter:
@@ -278,6 +297,12 @@ def register_builtin_routers() -> None:
         description="Dynamo KV router: prefill blocks left after the overlap + active blocks",
     )
     register_router(
+        "exact_prefix",
+        ExactPrefix,
+        reads=("loads", "cache"),
+        description="kvspec: precise_prefix's scoring with each instance's real hit",
+    )
+    register_router(
         "exact",
         Exact,
         reads=("loads", "cache"),
@@ -289,6 +314,7 @@ __all__ = [
     "ROUTER_OPTIONS",
     "CacheAware",
     "Exact",
+    "ExactPrefix",
     "KvCost",
     "LeastLoaded",
     "PowerOfTwo",

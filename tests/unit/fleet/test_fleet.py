@@ -79,7 +79,7 @@ def test_round_robin_deals_the_requests_in_turn() -> None:
     assert [r["requests"] for r in report.instances] == [5, 5, 4, 4]
 
 
-@pytest.mark.parametrize("router", ["cache_aware", "precise_prefix", "kv_cost", "exact"])
+@pytest.mark.parametrize("router", ["cache_aware", "precise_prefix", "kv_cost", "exact", "exact_prefix"])
 def test_kv_aware_routers_send_each_family_to_its_cache(router: str) -> None:
     """18 requests of 3 families, 6 shared blocks (96 tokens) each, one at a time: after a family's
     first request, each one hits all 96 shared tokens, where round robin scatters the families."""

@@ -63,6 +63,7 @@ def test_the_builtins_are_registered_and_pass_the_kit() -> None:
     assert router_names() == (
         "cache_aware",
         "exact",
+        "exact_prefix",
         "kv_cost",
         "least_loaded",
         "power_of_two",
@@ -73,7 +74,7 @@ def test_the_builtins_are_registered_and_pass_the_kit() -> None:
     for name in router_names():
         result = check_router(name)
         assert len(result.choices) == 96 and set(result.choices) <= {0, 1, 2, 3}
-    assert resolve_router("exact").reads == {"loads", "cache"}
+    assert resolve_router("exact").reads == resolve_router("exact_prefix").reads == {"loads", "cache"}
     assert resolve_router("precise_prefix").reads == {"loads", "kv_events"}
 
 

@@ -69,6 +69,9 @@ class TimedReplayStats:
     ttft_ms: list[float] = field(default_factory=list)
     e2e_ms: list[float] = field(default_factory=list)
     queue_ms: list[float] = field(default_factory=list)
+    #: Per finished request (only when the instance records them): trace line, first admission's hit
+    #: tokens, queueing, TTFT and end-to-end ms, in finishing order.
+    per_request: list[tuple[int, int, float, float, float]] = field(default_factory=list)
 
     @property
     def token_hit_rate(self) -> float:
@@ -142,6 +145,7 @@ class EngineInstance:
         "_block_tokens",
         "_clock",
         "_expected_new",
+        "_first",
         "_generated",
         "_items",
         "_model",
@@ -149,6 +153,7 @@ class EngineInstance:
         "index",
         "now_ms",
         "on_finish",
+        "record_requests",
         "scheduler",
         "stats",
         "track_queued_hits",
@@ -189,6 +194,9 @@ class EngineInstance:
         #: arrived), kept when ``track_queued_hits`` so :meth:`load` counts queued work as a router that
         #: tracks its own routed requests does (Dynamo's prefill tokens and active blocks).
         self.track_queued_hits = False
+        #: Keep one row per finished request in ``stats.per_request``.
+        self.record_requests = False
+        self._first: dict[str, tuple[int, float, float]] = {}
         self._expected_new: dict[str, int] = {}
 
     # -- arrivals -----------------------------------------------------------------------------
@@ -285,12 +293,17 @@ class EngineInstance:
                         hit, item.hash_block_size or coordinator.hash_block_size
                     )
                     stats.queue_ms.append(start - item.arrival_ms)
+                    if self.record_requests:
+                        self._first[rid] = (hit, start - item.arrival_ms, 0.0)
             request.num_computed_tokens = scheduled.num_computed + scheduled.num_new_tokens
             if request.num_computed_tokens < request.num_tokens:
                 continue  # chunked prefill continues next step
             count = generated[rid]
             if count == 0:
                 stats.ttft_ms.append(now - item.arrival_ms)
+                if self.record_requests:
+                    hit, queued, _ = self._first[rid]
+                    self._first[rid] = (hit, queued, now - item.arrival_ms)
             request.append_output_token_ids(
                 _GENERATED_BASE + (item.line * _OUTPUT_SPAN + count) % _GENERATED_RANGE
             )
@@ -302,6 +315,9 @@ class EngineInstance:
                 self._admitted_once.discard(rid)
                 stats.finished += 1
                 stats.e2e_ms.append(now - item.arrival_ms)
+                if self.record_requests:
+                    hit, queued, ttft = self._first.pop(rid)
+                    stats.per_request.append((item.line, hit, queued, ttft, now - item.arrival_ms))
                 if self.on_finish is not None:
                     self.on_finish(item)
         stats.simulated_ms = now

@@ -61,6 +61,8 @@ class FleetSettings:
     speedup: float = 1.0
     seed: int = 0
     retention_interval: int | None = PLANNED_RETENTION
+    #: Keep one row per request in the report (``FleetReport.requests``).
+    per_request: bool = False
 
     def __post_init__(self) -> None:
         count: object = self.num_instances
@@ -128,6 +130,9 @@ class FleetReport:
     total: dict[str, Any]
     instances: list[dict[str, Any]]
     wall_seconds: float
+    #: With ``FleetSettings.per_request``: per request, in trace order, its line, instance, first
+    #: admission's hit tokens, queueing, TTFT and end-to-end ms.
+    requests: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -239,6 +244,7 @@ def run_fleet(
     ]
     for instance in instances:
         instance.track_queued_hits = "loads" in spec.reads
+        instance.record_requests = settings.per_request
     hasher = instances[0].coordinator.make_block_hasher(seed="kvspec-replay")
     context = RouterContext(
         num_instances=n,
@@ -350,6 +356,21 @@ def run_fleet(
         total=summary,
         instances=rows,
         wall_seconds=round(time.perf_counter() - started, 3),
+        requests=sorted(
+            (
+                {
+                    "line": line,
+                    "instance": instance.index,
+                    "hit_tokens": hit,
+                    "queue_ms": round(queued, 3),
+                    "ttft_ms": round(ttft, 3),
+                    "e2e_ms": round(e2e, 3),
+                }
+                for instance in instances
+                for line, hit, queued, ttft, e2e in instance.stats.per_request
+            ),
+            key=lambda row: row["line"],
+        ),
     )
 
 

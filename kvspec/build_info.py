@@ -24,6 +24,12 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kvspec/managers/base.py",
     "kvspec/managers/full.py",
     "kvspec/managers/sliding_window.py",
+    "kvspec/eviction/_heap.py",
+    "kvspec/eviction/lfu.py",
+    "kvspec/eviction/slru.py",
+    "kvspec/eviction/hybrid.py",
+    "kvspec/engine/scheduler.py",
+    "kvspec/engine/instance.py",
 )
 
 Build = Literal["pure", "compiled", "mixed"]

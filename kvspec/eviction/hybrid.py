@@ -154,10 +154,10 @@ class HybridAwarePolicy:
 
     def evictable_blocks(self) -> list[KVCacheBlock]:
         """The order pops would take now, cascades included (a copy of the state is popped empty)."""
-        twin = HybridAwarePolicy.__new__(HybridAwarePolicy)
-        twin.alpha = self.alpha
-        twin.coherent = self.coherent
-        twin._groups = self._groups
+        # Built through __init__ (the compiled build allows no other way), then given this one's state.
+        twin = HybridAwarePolicy(
+            EvictionContext(num_blocks=1, groups=self._groups), self.alpha, self.coherent
+        )
         twin._e_min = self._e_min
         twin._bonus_scale = self._bonus_scale
         twin._heap = self._heap.copy()

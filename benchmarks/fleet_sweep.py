@@ -2,7 +2,7 @@
 
     python -m benchmarks.fleet_sweep [--out fleet.jsonl] [--limit 1000] [--workers 2]
         [--models llama-3.1-8b gemma-3-27b jamba-1.5-mini] [--traces conversation synthetic]
-        [--instances 4 8] [--memory 16GiB 64GiB 256GiB] [--routers ...] [--dynosim-python PY]
+        [--instances 4 8] [--memory 24GiB 64GiB 256GiB] [--routers ...] [--dynosim-python PY]
 
 Every fleet: the model's planned layout at 64-token blocks in ``--memory`` of KV cache per instance, the
 trace's first ``--limit`` requests at their real arrival times, DynoSim's polynomial step time, LRU, 8,192
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))
     parser.add_argument("--instances", nargs="+", type=int, default=[4, 8])
     parser.add_argument(
-        "--memory", nargs="+", type=_gib, default=[_gib("16GiB"), _gib("64GiB"), _gib("256GiB")]
+        "--memory", nargs="+", type=_gib, default=[_gib("24GiB"), _gib("64GiB"), _gib("256GiB")]
     )
     parser.add_argument("--routers", nargs="+", default=ROUTERS)
     parser.add_argument("--dynosim-python", default=None)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.engine.traces import TraceRequest
-from kvspec.errors import FleetConfigError
+from kvspec.errors import FleetConfigError, KVSpecError
 
 EXECUTORS = ("inprocess", "process", "ray")
 
@@ -137,6 +137,20 @@ def run_point(point: SweepPoint, trace: Sequence[TraceRequest] | None = None) ->
     }
 
 
+def _describe(point: SweepPoint) -> str:
+    size = f"{point.memory:,} bytes" if point.memory is not None else f"{point.num_blocks:,} blocks"
+    return f"{point.model} x {point.num_instances}, {point.router}, {point.eviction_policy}, {size}"
+
+
+def run_point_checked(point: SweepPoint, trace: Sequence[TraceRequest] | None = None) -> dict[str, Any]:
+    """:func:`run_point`, a kvspec error becoming a ``FleetConfigError`` naming the point (one that pickles
+    across processes and Ray, whatever the original error's fields)."""
+    try:
+        return run_point(point, trace)
+    except KVSpecError as exc:
+        raise FleetConfigError(f"sweep point {_describe(point)}: {type(exc).__name__}: {exc}") from None
+
+
 def finished_keys(out: str | Path) -> set[str]:
     """The keys of the points a sweep file already holds (a missing file: none). A line that is not a
     point's row is a ``FleetConfigError`` naming the file and line (it is not a sweep file)."""
@@ -158,7 +172,7 @@ def finished_keys(out: str | Path) -> set[str]:
 
 
 def _ray_run(point: SweepPoint, trace: Sequence[TraceRequest]) -> dict[str, Any]:
-    return run_point(point, trace)
+    return run_point_checked(point, trace)
 
 
 def run_sweep(
@@ -191,13 +205,18 @@ def run_sweep(
         return []
     if executor == "inprocess" or (executor == "process" and (workers == 1 or len(todo) == 1)):
         for point in todo:
-            finish(run_point(point))
+            finish(run_point_checked(point))
     elif executor == "process":
         count = workers or os.cpu_count() or 1
         with ProcessPoolExecutor(max_workers=min(count, len(todo))) as pool:
-            futures = [pool.submit(run_point, point) for point in todo]
-            for future in as_completed(futures):
-                finish(future.result())
+            futures = [pool.submit(run_point_checked, point) for point in todo]
+            try:
+                for future in as_completed(futures):
+                    finish(future.result())
+            except BaseException:
+                for future in futures:
+                    future.cancel()  # the finished points are in ``out``; a rerun resumes after the fix
+                raise
     else:
         _run_on_ray(todo, ray_address, finish)
     return [rows[p.key()] for p in todo]

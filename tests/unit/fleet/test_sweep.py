@@ -72,6 +72,25 @@ def test_a_sweep_resumes_from_its_file(tmp_path: Path) -> None:
         run_sweep(_points(trace), executor="inprocess", out=tmp_path / "other.jsonl")
 
 
+@pytest.mark.parametrize("executor", ["inprocess", "process"])
+def test_a_point_that_cannot_run_names_itself_and_keeps_the_finished_ones(
+    tmp_path: Path, executor: str
+) -> None:
+    """Llama 3.1 8B's 131,072-token context does not fit 8 GiB: vLLM refuses that plan, so does the sweep,
+    with an error that crosses the process pool (its own fields would not pickle)."""
+    trace = _trace(tmp_path)
+    good = _points(trace, ("round_robin",))[0]
+    bad = SweepPoint(model="llama-3.1-8b", trace=str(trace), num_instances=2, memory=8 << 30, block_size=64)
+    out = tmp_path / "sweep.jsonl"
+    run_sweep([good], executor="inprocess", out=out)
+    with pytest.raises(
+        FleetConfigError,
+        match=r"sweep point llama-3.1-8b x 2, round_robin, lru, 8,589,934,592 bytes: InsufficientKVCacheMemoryError",
+    ):
+        run_sweep([good, bad], executor=executor, workers=2, out=out)
+    assert finished_keys(out) == {good.key()}
+
+
 def test_bad_sweep_settings_are_refused(tmp_path: Path) -> None:
     with pytest.raises(FleetConfigError, match="by memory or by num_blocks: give exactly one"):
         SweepPoint(model="llama-3.1-8b", trace="t", num_instances=1)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvspec.cli.args import bounded_int, capacity_message, check_layout_options, check_plot_path, parse_bytes
@@ -178,7 +180,14 @@ def add_simulate_parser(sub: Any) -> None:
         metavar="BASE,PER_TOKEN,PER_REQUEST",
         default=None,
         help="with --timed: the step-time model in milliseconds: a fixed cost per step, per computed token "
-        "and per request in the batch (default 6,0.06,0.01: illustrative, an 8B model on one GPU)",
+        "and per request in the batch (default 6,0.06,0.01: illustrative, an 8B model on one GPU), or dynosim (Dynamo mocker's polynomial)",
+    )
+    p.add_argument(
+        "--workers",
+        type=_positive,
+        default=None,
+        help="with --trace: replays at once in a process pool when several run (--sweep, --policy a,b); "
+        "default one per core",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", metavar="PNG", default=None, help="draw block usage and hit rate over time")
@@ -188,6 +197,7 @@ def add_simulate_parser(sub: Any) -> None:
 
 #: Options only a --trace replay reads: (flag, dest).
 TRACE_ONLY_OPTIONS = (
+    ("--workers", "workers"),
     ("--timed", "timed"),
     ("--sweep", "sweep"),
     ("--policy", "policy"),
@@ -586,6 +596,69 @@ def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
     plt.close(fig)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _ReplayRun:
+    """One replay of a trace run (values only, so it crosses to a pool's process)."""
+
+    trace: str
+    limit: int | None
+    max_prompt_tokens: int
+    config: Any
+    limits: Any
+    policy: str
+    retention: int | None
+    chunk_tokens: int
+    max_num_seqs: int
+    step_time: Any
+    bytes_per_block: float
+
+
+def _replay_run(run: _ReplayRun, advance: Callable[[], None] | None = None) -> dict[str, Any]:
+    """One run's row: the pure replay, or the timed one when the run has a step-time model."""
+    from kvspec.engine.replay import TraceClock, replay_cache, replay_coordinator
+    from kvspec.engine.timed_replay import replay_timed
+    from kvspec.engine.traces import read_trace
+
+    tick = advance if advance is not None else (lambda: None)
+    requests = read_trace(run.trace, limit=run.limit, max_prompt_tokens=run.max_prompt_tokens)
+    clock = TraceClock()
+    coordinator = replay_coordinator(
+        run.config, run.limits, eviction_policy=run.policy, clock=clock, retention_interval=run.retention
+    )
+    start = time.perf_counter()
+    if run.step_time is not None:
+        summary = replay_timed(
+            requests,
+            coordinator,
+            max_num_batched_tokens=run.chunk_tokens,
+            max_num_seqs=run.max_num_seqs,
+            step_time=run.step_time,
+            clock=clock,
+            on_finish=lambda _request: tick(),
+        ).summary()
+    else:
+        summary = replay_cache(
+            requests,
+            coordinator,
+            chunk_tokens=run.chunk_tokens,
+            on_request=lambda _r, _h: tick(),
+            clock=clock,
+        ).summary()
+    seconds = time.perf_counter() - start
+    num_blocks = run.config.num_blocks - 1
+    row: dict[str, Any] = {
+        "policy": run.policy,
+        "num_blocks": num_blocks,
+        "kv_cache_gib": round(num_blocks * run.bytes_per_block / 2**30, 3),
+        **summary,
+        "wall_seconds": round(seconds, 3),
+        "scheduler_block": coordinator.scheduler_block_size,
+    }
+    if run.step_time is None:
+        row["prompt_tokens_per_second"] = round(int(summary["prompt_tokens"]) / seconds) if seconds else 0
+    return row
+
+
 def cmd_replay_trace(args: argparse.Namespace) -> int:
     """``kvspec simulate MODEL --trace FILE``: the pure cache replay (kvspec.engine.replay), once or at
     ``--sweep`` cache sizes."""
@@ -593,13 +666,11 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
 
     from kvspec.engine.replay import (
         PLANNED_RETENTION,
-        TraceClock,
         blocks_retained,
         blocks_to_hold_every_prompt,
-        replay_cache,
         replay_coordinator,
     )
-    from kvspec.engine.timed_replay import StepTimeModel, replay_timed
+    from kvspec.engine.step_time import parse_step_time
     from kvspec.engine.traces import read_trace
     from kvspec.eviction import resolve_eviction_policy
 
@@ -616,7 +687,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
             raise UnknownEvictionPolicyError("--policy names no eviction policy; give e.g. lru,lfu")
         for name in policies:
             resolve_eviction_policy(name)  # an unknown name fails before the trace is read
-        step_time = StepTimeModel.parse(args.step_time) if args.timed else None
+        step_time = parse_step_time(args.step_time) if args.timed else None
         retention: int | None = (
             PLANNED_RETENTION
             if args.retention_interval == "planned"
@@ -675,53 +746,50 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
             requests(), unlimited, limits, chunk_tokens=chunk_tokens, retention_interval=retention
         )
         sizes = sweep_block_counts(top, args.sweep)
-    rows: list[dict[str, Any]] = []
-    scheduler_block = (
-        args.block_size or DEFAULT_BLOCK_SIZE
-    )  # the layout's may differ (Mamba "align"): read off the coordinator
-    runs = [(policy, num_blocks) for policy in policies for num_blocks in sizes]
-    for index, (policy, num_blocks) in enumerate(runs):
-        clock = TraceClock()
-        coordinator = replay_coordinator(
-            dataclasses.replace(config, num_blocks=num_blocks + 1),
-            limits,
-            eviction_policy=policy,
-            clock=clock,
-            retention_interval=retention,
+    runs = [
+        _ReplayRun(
+            trace=args.trace,
+            limit=args.limit,
+            max_prompt_tokens=layout.max_model_len,
+            config=dataclasses.replace(config, num_blocks=num_blocks + 1),
+            limits=limits,
+            policy=policy,
+            retention=retention,
+            chunk_tokens=chunk_tokens,
+            max_num_seqs=args.max_num_seqs or DEFAULT_TRACE_SEQS,
+            step_time=step_time,
+            bytes_per_block=bytes_per_block,
         )
-        scheduler_block = coordinator.scheduler_block_size
-        start = time.perf_counter()
-        label = f"replaying {num_requests} requests ({index + 1}/{len(runs)}: {policy}, {num_blocks} blocks)"
-        with _progress(label, num_requests, quiet=args.json) as advance:
-            if step_time is not None:
-                summary = replay_timed(
-                    requests(),
-                    coordinator,
-                    max_num_batched_tokens=chunk_tokens,
-                    max_num_seqs=args.max_num_seqs or DEFAULT_TRACE_SEQS,
-                    step_time=step_time,
-                    clock=clock,
-                    on_finish=lambda _request: advance(),
-                ).summary()
-            else:
-                summary = replay_cache(
-                    requests(),
-                    coordinator,
-                    chunk_tokens=chunk_tokens,
-                    on_request=lambda _request, _hit: advance(),
-                    clock=clock,
-                ).summary()
-        seconds = time.perf_counter() - start
-        row: dict[str, Any] = {
-            "policy": policy,
-            "num_blocks": num_blocks,
-            "kv_cache_gib": round(num_blocks * bytes_per_block / 2**30, 3),
-            **summary,
-            "wall_seconds": round(seconds, 3),
-        }
-        if step_time is None:
-            row["prompt_tokens_per_second"] = round(int(summary["prompt_tokens"]) / seconds) if seconds else 0
-        rows.append(row)
+        for policy in policies
+        for num_blocks in sizes
+    ]
+    workers = min(len(runs), args.workers or os.cpu_count() or 1)
+    if workers > 1:
+        # Each run is independent and deterministic: a process pool gives the rows a loop would, in order.
+        from concurrent.futures import ProcessPoolExecutor
+
+        with (
+            ProcessPoolExecutor(max_workers=workers) as pool,
+            _progress(
+                f"replaying {len(runs)} runs on {workers} processes", len(runs), quiet=args.json
+            ) as done,
+        ):
+            futures = [pool.submit(_replay_run, run) for run in runs]
+            for future in futures:
+                future.add_done_callback(lambda _f: done())
+            rows = [future.result() for future in futures]
+    else:
+        rows = []
+        for index, run in enumerate(runs):
+            label = (
+                f"replaying {num_requests} requests ({index + 1}/{len(runs)}: {run.policy}, "
+                f"{run.config.num_blocks - 1} blocks)"
+            )
+            with _progress(label, num_requests, quiet=args.json) as advance:
+                rows.append(_replay_run(run, advance))
+    scheduler_block = rows[0].pop("scheduler_block")
+    for row in rows[1:]:
+        row.pop("scheduler_block")
     if not args.sweep and all(row["refused"] == row["requests"] for row in rows):
         # Nothing was replayed: a report of hit rate 0 would read as a result.
         more = "--num-blocks" if args.num_blocks is not None else "--memory"

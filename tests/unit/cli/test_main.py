@@ -456,6 +456,30 @@ def test_simulate_trace_sweep_hit_rate_grows_with_the_cache(
     assert sweep[0]["refused"] == 12 and sweep[0]["hit_tokens"] == 0  # 52 blocks hold no 63-block prompt
 
 
+def test_simulate_trace_runs_a_sweep_in_a_process_pool_with_the_same_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--workers 2`: the runs of a sweep go to a process pool; every figure but the wall time is what
+    the one-process loop gives, in the same order."""
+    rows = [
+        {"timestamp": i, "input_length": 1000, "output_length": 1, "hash_ids": [i % 3, 10 + i]}
+        for i in range(12)
+    ]
+    trace = _trace(tmp_path, rows)
+    argv = ["simulate", "llama-3.1-8b", "--trace", trace, "--json", "--sweep", "3", "--policy", "lru,lfu"]
+    tables = []
+    for workers in ("1", "2"):
+        assert main([*argv, "--workers", workers]) == 0
+        sweep = json.loads(capsys.readouterr().out)["sweep"]
+        tables.append(
+            [
+                {k: v for k, v in row.items() if k not in ("wall_seconds", "prompt_tokens_per_second")}
+                for row in sweep
+            ]
+        )
+    assert tables[0] == tables[1] and len(tables[0]) == 6
+
+
 def test_simulate_trace_compares_policies_and_refuses_an_unknown_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

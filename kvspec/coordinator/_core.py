@@ -351,6 +351,36 @@ class CoordinatorCore:
 
     # -- helpers for engines ------------------------------------------------------------------
 
+    def quiet_decode_block_sizes(self) -> tuple[int, ...] | None:
+        """Each group's block (tokens) when a running request's one-token step that neither starts nor
+        fills a block changes nothing in any group (allocates, caches, frees, copies nothing, no per-step
+        manager work), so an engine may run such steps as bookkeeping only; None when a group acts on
+        other steps too: sliding windows and chunked attention free blocks as the window moves, Mamba
+        keeps states, retention and lookahead hashing, sub-block hits, encoder groups, prompt-tail entries,
+        or a manager that is not built on the base class or overrides its per-step hook."""
+        if (
+            self._skipping_managers
+            or self._prefill_end_managers
+            or self._cache_every_call
+            or self._eagle_group_ids
+            or self._tail_groups
+            or self._encoder_groups
+            or self.partial_hash_hits
+            or self.hash_lookahead_tokens
+            or self._base_all is None
+        ):
+            return None
+        base = SingleTypeKVCacheManager
+        for manager in self.managers:
+            kind = type(manager)
+            if (
+                kind.new_step_starts is not base.new_step_starts
+                or kind.get_num_blocks_to_allocate is not base.get_num_blocks_to_allocate
+            ):
+                return None
+        return tuple(self.group_block_sizes)
+
+
     def make_block_hasher(self, seed: bytes | str | None = None) -> BlockHasher:
         """A hasher with this coordinator's hash block size, for the engine's Request objects."""
         return BlockHasher(self.hash_block_size, algorithm=self.hash_algorithm, seed=seed)

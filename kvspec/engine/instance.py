@@ -148,8 +148,11 @@ class EngineInstance:
         "_first",
         "_generated",
         "_items",
+        "_max_batched",
         "_model",
+        "_quiet_blocks",
         "coordinator",
+        "fast_decode",
         "index",
         "now_ms",
         "on_finish",
@@ -196,6 +199,11 @@ class EngineInstance:
         self.track_queued_hits = False
         #: Keep one row per finished request in ``stats.per_request``.
         self.record_requests = False
+        #: Run stretches of decode steps that start and fill no block as bookkeeping only (the same figures,
+        #: block ids and events; see :meth:`step`) where the coordinator says such steps change nothing.
+        self.fast_decode = True
+        self._quiet_blocks = coordinator.quiet_decode_block_sizes()
+        self._max_batched = max_num_batched_tokens
         self._first: dict[str, tuple[int, float, float]] = {}
         self._expected_new: dict[str, int] = {}
 
@@ -234,10 +242,20 @@ class EngineInstance:
     def busy(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> None:
+    def step(self, horizon_ms: float = float("inf")) -> None:
         """Run one scheduler step starting at ``now_ms`` and advance the clock by its duration. A step that
         schedules nothing (the first waiting request cannot fit the empty cache) refuses that request and
-        takes no time."""
+        takes no time.
+
+        Quiet decode: when nothing waits, every running request decodes, and no step before ``horizon_ms``
+        (the next arrival: a step starting at or after it may take new work) would start or fill a block
+        of any group nor finish a request, the steps starting before the horizon are run together as
+        bookkeeping (tokens appended, clock advanced step by step): the coordinator said such steps change
+        nothing in the cache (``quiet_decode_block_sizes``), so the figures are those of one step at a
+        time."""
+        if self._quiet_blocks is not None and self.fast_decode and not self.scheduler.waiting:
+            if self._quiet_steps(horizon_ms):
+                return
         stats = self.stats
         scheduler = self.scheduler
         coordinator = self.coordinator
@@ -321,6 +339,69 @@ class EngineInstance:
                 if self.on_finish is not None:
                     self.on_finish(item)
         stats.simulated_ms = now
+
+    def _quiet_steps(self, horizon_ms: float) -> bool:
+        """Run the quiet decode steps before ``horizon_ms`` (see :meth:`step`); False when there are none."""
+        running = self.scheduler.running
+        if not running or len(running) > self._max_batched:
+            return False
+        sizes = self._quiet_blocks
+        assert sizes is not None
+        items = self._items
+        generated = self._generated
+        quiet = 1 << 62
+        for r in running:
+            computed = r.num_computed_tokens
+            if computed + 1 != r.num_tokens or r.num_tokens <= r.num_prompt_tokens:
+                return False  # still in prefill (or recomputing after a preemption)
+            for size in sizes:
+                offset = computed % size
+                if offset == 0 or offset == size - 1:
+                    return False  # this step starts or fills a block
+                if size - 1 - offset < quiet:
+                    quiet = size - 1 - offset
+            left = max(1, items[r.request_id].output_length) - generated[r.request_id] - 1
+            if left < quiet:
+                quiet = left  # the step that produces the last token finishes the request
+            if quiet <= 0:
+                return False
+        pool = self.coordinator.block_pool
+        usable = pool.num_gpu_blocks - 1
+        held = usable - pool.get_num_free_blocks()
+        batch = StepBatch(
+            prefill_tokens=0,
+            decode_tokens=len(running),
+            num_requests=len(running),
+            active_kv_tokens=held * self._block_tokens,
+            kv_capacity_tokens=max(1, usable) * self._block_tokens,
+        )
+        duration = self._model.step_ms(batch)
+        now = self.now_ms
+        steps = 0
+        start = now
+        while steps < quiet and now < horizon_ms:
+            start = now
+            now += duration  # step by step, so the clock is the one single steps give
+            steps += 1
+        if not steps:
+            return False
+        if self._clock is not None:
+            self._clock.now = start / 1000.0
+        for r in running:
+            rid = r.request_id
+            line = items[rid].line
+            count = generated[rid]
+            r.append_output_token_ids(
+                [_GENERATED_BASE + (line * _OUTPUT_SPAN + count + i) % _GENERATED_RANGE for i in range(steps)]
+            )
+            r.num_computed_tokens += steps
+            generated[rid] = count + steps
+        stats = self.stats
+        stats.steps += steps
+        stats.generated_tokens += steps * len(running)
+        stats.simulated_ms = now
+        self.now_ms = now
+        return True
 
     # -- what a router may read -----------------------------------------------------------------
 

@@ -64,7 +64,7 @@ def replay_timed(
             instance.add(item, request, at_ms=item.arrival_ms)
             now = instance.now_ms
         if instance.busy:
-            instance.step()
+            instance.step(pending[0].arrival_ms if pending else float("inf"))
     return instance.stats
 
 

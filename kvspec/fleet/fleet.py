@@ -310,7 +310,7 @@ def run_fleet(
         if stepper < 0:
             break
         instance = instances[stepper]
-        instance.step()
+        instance.step(pending[0].arrival_ms if pending else float("inf"))
         busy[stepper] = instance.busy
         if on_events is not None:
             events = instance.take_events()

@@ -120,7 +120,7 @@ def test_fleets_are_the_same_with_quiet_decode(trace: list[TraceRequest], router
     fast = run_fleet(trace, config, LIMITS, settings_)
     original = instance_module.EngineInstance._quiet_steps
     try:
-        instance_module.EngineInstance._quiet_steps = lambda self, horizon: False  # type: ignore[method-assign]
+        instance_module.EngineInstance._quiet_steps = lambda self, horizon: False  # type: ignore[method-assign,assignment]
         slow = run_fleet(trace, config, LIMITS, settings_)
     finally:
         instance_module.EngineInstance._quiet_steps = original  # type: ignore[method-assign]

@@ -50,7 +50,10 @@ def test_every_executor_gives_the_same_rows(tmp_path: Path) -> None:
 def test_ray_in_local_mode_gives_the_same_rows(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
     points = _points(_trace(tmp_path))[:2]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as exc:  # the machine cannot start a local Ray (no shared memory, say): not kvspec's
+        pytest.skip(f"a local Ray does not start here: {exc}")
     try:
         shipped = run_sweep(points, executor="ray")
     finally:

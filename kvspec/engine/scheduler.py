@@ -37,7 +37,12 @@ class SchedulerOutput:
 class Scheduler:
     """FCFS: running requests first (oldest first), then admissions; the newest running request is
     preempted when blocks run out. Token budget per step: ``max_num_batched_tokens``. An admission's first
-    chunk ends at its shared-prefix junction (``Request.shared_prefix_boundary``), as in vLLM 0.34."""
+    chunk ends at its shared-prefix junction (``Request.shared_prefix_boundary``), as in vLLM 0.34.
+
+    With a group whose hits end only at its own block boundaries (Mamba "align") and prefix caching on,
+    prefill chunks are cut as vLLM's Scheduler cuts them (``_mamba_block_aligned_split``): a chunk short of
+    the prompt's last full block ends on a block boundary, the chunk reaching past it ends exactly there, so
+    states are kept where hits can use them; a chunk cut to nothing waits for the next step."""
 
     def __init__(
         self, coordinator: KVCacheCoordinator, *, max_num_batched_tokens: int, max_num_seqs: int
@@ -48,6 +53,23 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._aligned_block = (
+            coordinator.scheduler_block_size
+            if coordinator.enable_caching and any(t.hits_at_own_block_boundaries for t in coordinator.traits)
+            else 0
+        )
+
+    def _aligned(self, request: Request, computed: int, num_new: int) -> int:
+        """``num_new`` prefill tokens from ``computed`` cut as vLLM's Mamba "align" split cuts them."""
+        block = self._aligned_block
+        if not block or computed >= max(request.num_prompt_tokens, request.num_tokens - 1):
+            return num_new  # no aligned group, or decoding
+        last = request.num_tokens - request.num_tokens % block
+        if computed + num_new < last:
+            return num_new // block * block
+        if computed < last < computed + num_new:
+            return last - computed
+        return num_new
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -75,6 +97,11 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if self._aligned_block:
+                num_new = self._aligned(request, request.num_computed_tokens, num_new)
+                if not num_new:
+                    i += 1  # too little budget for a whole block: it waits for the next step
+                    continue
             new_blocks = coord.allocate_slots(request, num_new)
             while new_blocks is None:
                 victim = self._preempt(out)
@@ -105,6 +132,10 @@ class Scheduler:
             num_new = min(request.num_tokens - num_computed, budget)
             if junction > num_computed:
                 num_new = min(num_new, junction - num_computed)
+            if self._aligned_block:
+                num_new = self._aligned(request, num_computed, num_new)
+                if not num_new:
+                    break
             new_blocks = coord.allocate_slots(request, num_new, num_computed, computed)
             if new_blocks is None:
                 break

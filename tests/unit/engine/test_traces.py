@@ -361,3 +361,34 @@ def test_a_timed_replay_preempts_recomputes_and_refuses() -> None:
         StepTimeModel.parse("6,0.06")
     with pytest.raises(SchedulingError, match="per_token_ms must be >= 0"):
         StepTimeModel(per_token_ms=-1.0)
+
+
+def test_a_timed_replay_cuts_mamba_align_chunks_on_block_boundaries() -> None:
+    """Three prompts share 100 tokens (6 full 16-token blocks); 40 tokens a step. vLLM's Scheduler cuts a
+    Mamba "align" prefill chunk to whole blocks (32 of the 40) and ends the chunk reaching past the last full
+    block exactly there, so the second prompt's chunks end at 32, 64 and its junction 96, where its state is
+    kept: the third prompt hits 96 tokens. Cut at 40 and 80 instead, no state lies on the shared prefix and
+    the third would hit nothing. Steps: A 0-32-64-96-112-120 (5), B the same (5), C 96-112-120 (2)."""
+    import torch
+
+    from kvspec import MambaSpec
+
+    shared = tuple(range(1000, 1100))
+    rows = [
+        TraceRequest(
+            line=i,
+            arrival_ms=1000.0 * i,
+            input_length=120,
+            output_length=1,
+            token_ids=shared + tuple(range(5000 + 1000 * i, 5020 + 1000 * i)),
+        )
+        for i in range(3)
+    ]
+    mamba = MambaSpec(block_size=16, shapes=((16, 4),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    coord = replay_coordinator(
+        make_config([full_spec(16), mamba], 200),
+        SchedulerLimits(max_model_len=1024, mamba_cache_mode="align"),
+    )
+    stats = replay_timed(rows, coord, max_num_batched_tokens=40, max_num_seqs=4)
+    assert (stats.first_admission_hit_tokens, stats.steps) == (96, 12)
+    coord.check_invariants()

@@ -218,8 +218,13 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         points = _points(args)
         _check(args, points)
         if len(points) == 1 and args.out is None:
-            row = run_point(points[0])
-            rows = [row]
+            from kvspec.cli.simulate import _progress
+            from kvspec.engine.traces import read_trace
+
+            total = sum(1 for _ in read_trace(args.trace, limit=args.limit))
+            label = f"{points[0].num_instances} instances, {points[0].router}: {total} requests"
+            with _progress(label, total, quiet=args.json) as advance:
+                rows = [run_point(points[0], on_request=lambda _item: advance())]
         else:
             progress = shows_progress() and not args.json
 

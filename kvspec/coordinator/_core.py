@@ -380,7 +380,6 @@ class CoordinatorCore:
                 return None
         return tuple(self.group_block_sizes)
 
-
     def make_block_hasher(self, seed: bytes | str | None = None) -> BlockHasher:
         """A hasher with this coordinator's hash block size, for the engine's Request objects."""
         return BlockHasher(self.hash_block_size, algorithm=self.hash_algorithm, seed=seed)

@@ -104,9 +104,14 @@ def check_point(point: SweepPoint) -> None:
     fleet_settings(point)
 
 
-def run_point(point: SweepPoint, trace: Sequence[TraceRequest] | None = None) -> dict[str, Any]:
+def run_point(
+    point: SweepPoint,
+    trace: Sequence[TraceRequest] | None = None,
+    on_request: Callable[[TraceRequest], None] | None = None,
+) -> dict[str, Any]:
     """Run one point (``trace``: the requests already read, else read from ``point.trace``); its row:
-    the point's settings, the fleet's totals, per-instance rows and the KV cache size."""
+    the point's settings, the fleet's totals, per-instance rows and the KV cache size. ``on_request`` is
+    called as each request finishes or is refused (a progress bar)."""
     from kvspec.contracts.spec import SchedulerLimits
     from kvspec.fleet.fleet import run_fleet
     from kvspec.planning import get_kv_cache_config
@@ -124,7 +129,7 @@ def run_point(point: SweepPoint, trace: Sequence[TraceRequest] | None = None) ->
         config = dataclasses.replace(config, num_blocks=point.num_blocks + 1)
     requests = trace if trace is not None else read_points_trace(point, layout.max_model_len)
     settings = fleet_settings(point, limits.max_num_batched_tokens)
-    report = run_fleet(requests, config, limits, settings)
+    report = run_fleet(requests, config, limits, settings, on_request=on_request)
     blocks = config.num_blocks - 1
     return {
         "point": dataclasses.asdict(point),

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+import msgspec
+
 from kvspec.errors import EventWireError
 
 #: Group kinds whose stores say "this prefix is servable" (llm-d's accepted kinds).
@@ -26,23 +28,57 @@ PREFIX_KINDS: Final = frozenset({"full_attention", "mla_attention", "sink_full_a
 _STORED_KIND_AT = 10
 
 
+class _Stored(msgspec.Struct, tag="BlockStored", tag_field="type"):
+    """What the index reads of a 0.32/0.34 BlockStored map (msgspec skips the other fields unread)."""
+
+    block_hashes: list[Any]
+    kv_cache_spec_kind: str | None = None
+
+
+class _Removed(msgspec.Struct, tag="BlockRemoved", tag_field="type"):
+    block_hashes: list[Any]
+    group_idx: int | None = None
+
+
+class _Cleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):
+    pass
+
+
+_MapBatch = tuple[float, list[_Stored | _Removed | _Cleared], int | None]
+
+
 class KVEventIndex:
     """Block residency of ``num_instances`` instances, fed by :meth:`apply`. Invariant: ``holders[h]`` maps
     each instance holding hash ``h`` to how many of its groups hold it (> 0); ``held[i]`` is the set of
     hashes instance ``i`` holds."""
 
-    __slots__ = ("_decode", "held", "holders", "num_events")
+    __slots__ = ("_decode", "_decode_maps", "held", "holders", "num_events")
 
     def __init__(self, num_instances: int) -> None:
-        import msgspec
-
         self._decode = msgspec.msgpack.Decoder().decode
+        # 0.32/0.34 maps decode straight into the few fields read (token ids are skipped, not built);
+        # anything else (0.23's arrays, a malformed payload) takes the general path below.
+        self._decode_maps = msgspec.msgpack.Decoder(_MapBatch).decode
         self.holders: dict[Any, dict[int, int]] = {}
         self.held: list[set[Any]] = [set() for _ in range(num_instances)]
         self.num_events = 0
 
     def apply(self, instance: int, payload: bytes) -> None:
         """One publisher payload ``[ts, events, dp_rank]`` of ``instance``."""
+        try:
+            batch = self._decode_maps(payload)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass
+        else:
+            for item in batch[1]:
+                self.num_events += 1
+                if type(item) is _Stored:
+                    self._stored(instance, item.block_hashes, item.kv_cache_spec_kind)
+                elif type(item) is _Removed:
+                    self._removed(instance, item.block_hashes, item.group_idx)
+                else:
+                    self._cleared(instance)
+            return
         try:
             raw = self._decode(payload)
         except Exception as exc:

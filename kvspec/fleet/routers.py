@@ -70,6 +70,24 @@ def _check_options(name: str, context: RouterContext) -> None:
         )
 
 
+def _pick_tied(values: Sequence[float], best: float, rng: random.Random) -> int:
+    """The instance whose value is ``best``; among several, one at random (the router's seeded ``rng``)."""
+    ties = [i for i, value in enumerate(values) if value == best]
+    return ties[0] if len(ties) == 1 else rng.choice(ties)
+
+
+class _IndexFed:
+    """A router whose overlap is the KV-event index's (fed by ``on_kv_events``)."""
+
+    index: KVEventIndex
+
+    def on_kv_events(self, instance: int, payload: bytes) -> None:
+        self.index.apply(instance, payload)
+
+    def _overlap_blocks(self, request: RouteRequest, fleet: FleetView) -> list[float]:
+        return [float(d) for d in self.index.overlap(request.block_hashes)]
+
+
 def _least_loaded(loads: Sequence[Any], among: Sequence[int] | None = None) -> int:
     candidates = range(len(loads)) if among is None else among
     return min(candidates, key=lambda i: (loads[i].requests, i))
@@ -162,7 +180,7 @@ class CacheAware:
         return choice
 
 
-class PrecisePrefix:
+class PrecisePrefix(_IndexFed):
     """llm-d's precise prefix-cache scorer with its queue and KV-usage scorers (see the module table)."""
 
     def __init__(self, context: RouterContext) -> None:
@@ -175,12 +193,6 @@ class PrecisePrefix:
         )
         self._rng = random.Random(context.seed)
 
-    def on_kv_events(self, instance: int, payload: bytes) -> None:
-        self.index.apply(instance, payload)
-
-    def _overlap_blocks(self, request: RouteRequest, fleet: FleetView) -> list[float]:
-        return [float(d) for d in self.index.overlap(request.block_hashes)]
-
     def route(self, request: RouteRequest, fleet: FleetView) -> int:
         loads = fleet.loads()
         overlap = self._overlap_blocks(request, fleet)
@@ -192,9 +204,7 @@ class PrecisePrefix:
         for i, load in enumerate(loads):
             queue = 1.0 if q_high == q_low else (q_high - queues[i]) / (q_high - q_low)
             scores.append(w_prefix * overlap[i] / total + w_kv * (1.0 - load.kv_usage) + w_queue * queue)
-        best = max(scores)
-        ties = [i for i, s in enumerate(scores) if s == best]
-        return ties[0] if len(ties) == 1 else self._rng.choice(ties)
+        return _pick_tied(scores, max(scores), self._rng)
 
 
 class ExactPrefix(PrecisePrefix):
@@ -245,23 +255,15 @@ class _CostRouter:
             span = (high - low) or 1.0
             weights = [math.exp(-((c - low) / span) / self._temperature) for c in costs]
             return self._rng.choices(range(len(costs)), weights=weights)[0]
-        best = min(costs)
-        ties = [i for i, c in enumerate(costs) if c == best]
-        return ties[0] if len(ties) == 1 else self._rng.choice(ties)
+        return _pick_tied(costs, min(costs), self._rng)
 
 
-class KvCost(_CostRouter):
+class KvCost(_IndexFed, _CostRouter):
     name = "kv_cost"
 
     def __init__(self, context: RouterContext) -> None:
         super().__init__(context)
         self.index = KVEventIndex(context.num_instances)
-
-    def on_kv_events(self, instance: int, payload: bytes) -> None:
-        self.index.apply(instance, payload)
-
-    def _overlap_blocks(self, request: RouteRequest, fleet: FleetView) -> list[float]:
-        return [float(d) for d in self.index.overlap(request.block_hashes)]
 
 
 class Exact(_CostRouter):

@@ -161,15 +161,8 @@ def decode_event_batch(payload: bytes, *, seq: int | None = None) -> WireEventBa
     )
 
 
-#: The BlockStored fields vLLM always writes (no default); the others are written when set.
-_STORED_REQUIRED: Final = (
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-)
+#: The BlockStored fields vLLM always writes (no default: 0.23's first six); the others are written when set.
+_STORED_REQUIRED: Final = _POSITIONAL["BlockStored"][:6]
 
 
 def _event_fields(event: KVCacheEvent) -> tuple[str, dict[str, Any]]:

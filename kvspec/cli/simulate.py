@@ -596,6 +596,10 @@ def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
     plt.close(fig)
 
 
+#: How slow a replay under each built-in policy is, slowest 0 (docs/FLEET.md "Speed"): a pool starts those first.
+_POLICY_COST = {"hybrid": 0, "lfu": 1, "slru": 2, "retention": 2, "lru": 3}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _ReplayRun:
     """One replay of a trace run (values only, so it crosses to a pool's process)."""
@@ -774,10 +778,16 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
                 f"replaying {len(runs)} runs on {workers} processes", len(runs), quiet=args.json
             ) as done,
         ):
-            futures = [pool.submit(_replay_run, run) for run in runs]
-            for future in futures:
+            # The longest runs first (a policy object costs more than the pool's own LRU list, a small
+            # cache more than a large one), so no process idles at the end waiting for one slow run.
+            order = sorted(
+                range(len(runs)),
+                key=lambda i: (_POLICY_COST.get(runs[i].policy, 1), runs[i].config.num_blocks),
+            )
+            futures = {i: pool.submit(_replay_run, runs[i]) for i in order}
+            for future in futures.values():
                 future.add_done_callback(lambda _f: done())
-            rows = [future.result() for future in futures]
+            rows = [futures[i].result() for i in range(len(runs))]
     else:
         rows = []
         for index, run in enumerate(runs):

@@ -36,6 +36,7 @@ from kvspec.eviction import resolve_eviction_policy
 from kvspec.fleet.registry import build_router, resolve_router
 from kvspec.fleet.routing import ReadsKVEvents, Router, RouterContext, RouteRequest, RouterSpec
 from kvspec.integrations.vllm_event_wire import encode_event_batch
+from kvspec.intmath import cdiv
 from kvspec.planning.config import KVCacheConfig
 
 
@@ -246,9 +247,10 @@ def run_fleet(
         instance.track_queued_hits = "loads" in spec.reads
         instance.record_requests = settings.per_request
     hasher = instances[0].coordinator.make_block_hasher(seed="kvspec-replay")
+    hash_block = instances[0].coordinator.hash_block_size
     context = RouterContext(
         num_instances=n,
-        block_size=instances[0].coordinator.hash_block_size,
+        block_size=hash_block,
         seed=settings.seed,
         options=dict(settings.router_options),
     )
@@ -283,6 +285,7 @@ def run_fleet(
                 refused_at_door.requests += 1
                 refused_at_door.refused += 1
                 refused_at_door.prompt_tokens += item.input_length
+                refused_at_door.prompt_blocks += cdiv(item.input_length, item.hash_block_size or hash_block)
                 if on_request is not None:
                     on_request(item)
                 continue

@@ -9,6 +9,7 @@ from kvspec.contracts.spec import SchedulerLimits
 from kvspec.engine.replay import replay_coordinator
 from kvspec.engine.step_time import StepTimeModel
 from kvspec.engine.timed_replay import replay_timed
+from kvspec.engine.traces import TraceRequest
 from kvspec.errors import FleetConfigError, RouterAccessError, RoutingError, UnknownRouterError
 from kvspec.fleet import FleetSettings, RouterContext, RouteRequest, register_router, run_fleet
 from kvspec.fleet.routers import KvCost
@@ -201,3 +202,24 @@ def test_speedup_compresses_arrivals() -> None:
     fast = run_fleet(trace, config, LIMITS, _settings(2, "round_robin", speedup=10.0)).total
     assert fast["simulated_seconds"] < slow["simulated_seconds"] / 5
     assert fast["queue_ms_mean"] >= slow["queue_ms_mean"]
+
+
+def test_a_request_over_the_context_is_refused_at_the_door_and_counted() -> None:
+    """A 5,000-token prompt on a 4,096-token model is turned away before routing: it counts in the
+    totals (a request, its prompt tokens and trace blocks, nothing reused) and reaches no instance."""
+    trace = family_trace([0, 0])
+    trace.append(
+        TraceRequest(
+            line=2,
+            arrival_ms=2500.0,
+            input_length=5000,
+            output_length=1,
+            hash_ids=tuple(range(313)),
+            hash_block_size=16,
+        )
+    )
+    report = run_fleet(trace, make_config([full_spec(16)], 60), LIMITS, _settings(2, "kv_cost"))
+    total = report.total
+    assert (total["requests"], total["finished"], total["refused"], total["refused_at_door"]) == (3, 2, 1, 1)
+    assert total["prompt_tokens"] == 2 * 128 + 5000 and total["prompt_blocks"] == 2 * 8 + 313
+    assert sum(row["requests"] for row in report.instances) == 2

@@ -64,6 +64,8 @@ class FleetSettings:
     retention_interval: int | None = PLANNED_RETENTION
     #: Keep one row per request in the report (``FleetReport.requests``).
     per_request: bool = False
+    #: Run quiet decode steps as bookkeeping where the layout allows (the same figures; off to compare).
+    quiet_decode: bool = True
 
     def __post_init__(self) -> None:
         count: object = self.num_instances
@@ -246,6 +248,7 @@ def run_fleet(
     for instance in instances:
         instance.track_queued_hits = "loads" in spec.reads
         instance.record_requests = settings.per_request
+        instance.fast_decode = settings.quiet_decode
     hasher = instances[0].coordinator.make_block_hasher(seed="kvspec-replay")
     hash_block = instances[0].coordinator.hash_block_size
     context = RouterContext(

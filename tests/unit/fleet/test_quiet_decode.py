@@ -111,17 +111,17 @@ def test_a_window_or_state_group_turns_quiet_decode_off() -> None:
 @settings(max_examples=15, deadline=None)
 @given(trace=traces(), router=st.sampled_from(["round_robin", "kv_cost", "precise_prefix", "exact"]))
 def test_fleets_are_the_same_with_quiet_decode(trace: list[TraceRequest], router: str) -> None:
-    import kvspec.engine.instance as instance_module
-
-    settings_ = FleetSettings(
-        num_instances=3, router=router, max_num_batched_tokens=64, max_num_seqs=4, per_request=True
-    )
     config = make_config([full_spec(16)], 30)
-    fast = run_fleet(trace, config, LIMITS, settings_)
-    original = instance_module.EngineInstance._quiet_steps
-    try:
-        instance_module.EngineInstance._quiet_steps = lambda self, horizon: False  # type: ignore[method-assign,assignment]
-        slow = run_fleet(trace, config, LIMITS, settings_)
-    finally:
-        instance_module.EngineInstance._quiet_steps = original  # type: ignore[method-assign]
+    runs = []
+    for quiet in (True, False):
+        settings_ = FleetSettings(
+            num_instances=3,
+            router=router,
+            max_num_batched_tokens=64,
+            max_num_seqs=4,
+            per_request=True,
+            quiet_decode=quiet,
+        )
+        runs.append(run_fleet(trace, config, LIMITS, settings_))
+    fast, slow = runs
     assert (fast.total, fast.instances, fast.requests) == (slow.total, slow.instances, slow.requests)

@@ -148,7 +148,6 @@ class EngineInstance:
         "_first",
         "_generated",
         "_items",
-        "_max_batched",
         "_model",
         "_quiet_blocks",
         "coordinator",
@@ -203,7 +202,6 @@ class EngineInstance:
         #: block ids and events; see :meth:`step`) where the coordinator says such steps change nothing.
         self.fast_decode = True
         self._quiet_blocks = coordinator.quiet_decode_block_sizes()
-        self._max_batched = max_num_batched_tokens
         self._first: dict[str, tuple[int, float, float]] = {}
         self._expected_new: dict[str, int] = {}
 
@@ -281,17 +279,7 @@ class EngineInstance:
                 decode += 1
             else:
                 prefill += scheduled.num_new_tokens
-        pool = coordinator.block_pool
-        usable = pool.num_gpu_blocks - 1
-        held = usable - pool.get_num_free_blocks()
-        batch = StepBatch(
-            prefill_tokens=prefill,
-            decode_tokens=decode,
-            num_requests=len(output.scheduled),
-            active_kv_tokens=held * self._block_tokens,
-            kv_capacity_tokens=max(1, usable) * self._block_tokens,
-        )
-        now = start + self._model.step_ms(batch)
+        now = start + self._step_ms(prefill, decode, len(output.scheduled))
         self.now_ms = now
         items = self._items
         generated = self._generated
@@ -340,10 +328,29 @@ class EngineInstance:
                     self.on_finish(item)
         stats.simulated_ms = now
 
+    def _usable_and_held(self) -> tuple[int, int]:
+        """The pool's usable blocks (the null block aside) and how many of them requests hold."""
+        pool = self.coordinator.block_pool
+        usable = pool.num_gpu_blocks - 1
+        return usable, usable - pool.get_num_free_blocks()
+
+    def _step_ms(self, prefill_tokens: int, decode_tokens: int, num_requests: int) -> float:
+        """The step-time model's duration for a step of this batch over the pool as it is now."""
+        usable, held = self._usable_and_held()
+        return self._model.step_ms(
+            StepBatch(
+                prefill_tokens=prefill_tokens,
+                decode_tokens=decode_tokens,
+                num_requests=num_requests,
+                active_kv_tokens=held * self._block_tokens,
+                kv_capacity_tokens=max(1, usable) * self._block_tokens,
+            )
+        )
+
     def _quiet_steps(self, horizon_ms: float) -> bool:
         """Run the quiet decode steps before ``horizon_ms`` (see :meth:`step`); False when there are none."""
         running = self.scheduler.running
-        if not running or len(running) > self._max_batched:
+        if not running or len(running) > self.scheduler.max_num_batched_tokens:
             return False
         sizes = self._quiet_blocks
         assert sizes is not None
@@ -365,17 +372,7 @@ class EngineInstance:
                 quiet = left  # the step that produces the last token finishes the request
             if quiet <= 0:
                 return False
-        pool = self.coordinator.block_pool
-        usable = pool.num_gpu_blocks - 1
-        held = usable - pool.get_num_free_blocks()
-        batch = StepBatch(
-            prefill_tokens=0,
-            decode_tokens=len(running),
-            num_requests=len(running),
-            active_kv_tokens=held * self._block_tokens,
-            kv_capacity_tokens=max(1, usable) * self._block_tokens,
-        )
-        duration = self._model.step_ms(batch)
+        duration = self._step_ms(0, len(running), len(running))
         now = self.now_ms
         steps = 0
         start = now
@@ -421,14 +418,13 @@ class EngineInstance:
             left = r.num_tokens - r.num_computed_tokens
             if left > 1:
                 pending += left
-        pool = self.coordinator.block_pool
-        usable = pool.num_gpu_blocks - 1
+        usable, held = self._usable_and_held()
         return InstanceLoad(
             index=self.index,
             waiting=len(scheduler.waiting),
             running=len(scheduler.running),
             prefill_tokens=pending,
-            active_blocks=usable - pool.get_num_free_blocks() + queued_blocks,
+            active_blocks=held + queued_blocks,
             num_blocks=usable,
         )
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import statistics
 import time
 from collections import deque
@@ -73,16 +74,12 @@ class FleetSettings:
             raise FleetConfigError(
                 f"a fleet needs at least 1 instance, got num_instances={self.num_instances!r}"
             )
-        if not (self.speedup > 0 and math_finite(self.speedup)):
+        if not (self.speedup > 0 and math.isfinite(self.speedup)):
             raise FleetConfigError(f"speedup must be a finite number > 0, got {self.speedup!r}")
-        if not (self.event_lag_ms >= 0 and math_finite(self.event_lag_ms)):
+        if not (self.event_lag_ms >= 0 and math.isfinite(self.event_lag_ms)):
             raise FleetConfigError(f"event_lag_ms must be a finite number >= 0, got {self.event_lag_ms!r}")
         if self.event_wire not in ("0.34", "0.32", "0.23"):
             raise FleetConfigError(f"event_wire must be '0.34' or '0.23', got {self.event_wire!r}")
-
-
-def math_finite(value: float) -> bool:
-    return value == value and value not in (float("inf"), float("-inf"))
 
 
 class _GuardedView:

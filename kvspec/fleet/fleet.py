@@ -32,10 +32,10 @@ from kvspec.engine.instance import EngineInstance, InstanceLoad, TimedReplayStat
 from kvspec.engine.replay import PLANNED_RETENTION, TraceClock, trace_request
 from kvspec.engine.step_time import StepTime, StepTimeModel
 from kvspec.engine.traces import TraceRequest
-from kvspec.errors import FleetConfigError, RouterAccessError, RoutingError
+from kvspec.errors import FleetConfigError, RoutingError
 from kvspec.eviction import resolve_eviction_policy
 from kvspec.fleet.registry import build_router, resolve_router
-from kvspec.fleet.routing import ReadsKVEvents, Router, RouterContext, RouteRequest, RouterSpec
+from kvspec.fleet.routing import ReadsKVEvents, Router, RouterContext, RouteRequest, RouterSpec, require_read
 from kvspec.integrations.vllm_event_wire import encode_event_batch
 from kvspec.intmath import cdiv
 from kvspec.planning.config import KVCacheConfig
@@ -98,19 +98,13 @@ class _GuardedView:
         return len(self._instances)
 
     def loads(self) -> Sequence[InstanceLoad]:
-        if "loads" not in self._reads:
-            raise RouterAccessError(
-                f"Router {self._name!r} read the instances' loads but did not declare reads=('loads',)"
-            )
+        require_read(self._name, self._reads, "loads")
         if self._loads is None:
             self._loads = [instance.load() for instance in self._instances]
         return self._loads
 
     def cache_hit(self, instance: int, request: RouteRequest) -> int:
-        if "cache" not in self._reads:
-            raise RouterAccessError(
-                f"Router {self._name!r} probed instance caches but did not declare reads=('cache',)"
-            )
+        require_read(self._name, self._reads, "cache")
         if request.request is None:
             raise RoutingError(
                 f"Router {self._name!r}: request {request.request_id} carries no engine request"

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from kvspec.blocks.events import BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.engine.instance import InstanceLoad
-from kvspec.errors import RouterAccessError, RoutingError
+from kvspec.errors import RoutingError
 from kvspec.fleet.registry import build_router, resolve_router
-from kvspec.fleet.routing import ReadsKVEvents, RouterContext, RouteRequest, RouterSpec
+from kvspec.fleet.routing import ReadsKVEvents, RouterContext, RouteRequest, RouterSpec, require_read
 from kvspec.integrations.vllm_event_wire import encode_event_batch
 
 
@@ -52,17 +52,11 @@ class _KitView:
         return self.num_instances_
 
     def loads(self) -> Sequence[InstanceLoad]:
-        if "loads" not in self._reads:
-            raise RouterAccessError(
-                f"Router {self._name!r} read the instances' loads but did not declare reads=('loads',)"
-            )
+        require_read(self._name, self._reads, "loads")
         return self._loads
 
     def cache_hit(self, instance: int, request: RouteRequest) -> int:
-        if "cache" not in self._reads:
-            raise RouterAccessError(
-                f"Router {self._name!r} probed instance caches but did not declare reads=('cache',)"
-            )
+        require_read(self._name, self._reads, "cache")
         if not 0 <= instance < self.num_instances_:
             raise RoutingError(f"Router {self._name!r} probed instance {instance}, which does not exist")
         hit = 0

@@ -25,6 +25,7 @@ from typing import Final, Protocol, runtime_checkable
 
 from kvspec.blocks.request import Request
 from kvspec.engine.instance import InstanceLoad
+from kvspec.errors import RouterAccessError
 
 #: What a router may declare it reads.
 ROUTER_READS: Final = frozenset({"loads", "kv_events", "cache"})
@@ -92,6 +93,19 @@ class RouterSpec:
     description: str = ""
 
 
+#: What each guarded read is, in a RouterAccessError's words.
+_READ_WORDS: Final = {"loads": "read the instances' loads", "cache": "probed instance caches"}
+
+
+def require_read(router: str, reads: frozenset[str], read: str) -> None:
+    """Raise ``RouterAccessError`` when ``router``, declaring ``reads``, reads ``read`` ("loads", "cache")
+    (the one check every view a router gets makes: the fleet's and the kit's)."""
+    if read not in reads:
+        raise RouterAccessError(
+            f"Router {router!r} {_READ_WORDS[read]} but did not declare reads=({read!r},)"
+        )
+
+
 def option(context: RouterContext, name: str, default: float) -> float:
     """The router option ``name`` (its default when not given)."""
     return float(context.options.get(name, default))
@@ -107,4 +121,5 @@ __all__ = [
     "RouterFactory",
     "RouterSpec",
     "option",
+    "require_read",
 ]

@@ -210,7 +210,7 @@ def plot_fleet(rows: list[dict[str, Any]], path: str, title: str) -> None:
 
 def cmd_fleet(args: argparse.Namespace) -> int:
     from kvspec.cli.args import check_plot_path
-    from kvspec.fleet.sweep import run_point, run_sweep
+    from kvspec.fleet.sweep import read_point_trace, run_point, run_sweep
 
     try:
         check_plot_path(args.plot)
@@ -219,12 +219,11 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         _check(args, points)
         if len(points) == 1 and args.out is None:
             from kvspec.cli.simulate import _progress
-            from kvspec.engine.traces import read_trace
 
-            total = sum(1 for _ in read_trace(args.trace, limit=args.limit))
-            label = f"{points[0].num_instances} instances, {points[0].router}: {total} requests"
-            with _progress(label, total, quiet=args.json) as advance:
-                rows = [run_point(points[0], on_request=lambda _item: advance())]
+            trace = read_point_trace(points[0])  # read once: its length sizes the progress bar
+            label = f"{points[0].num_instances} instances, {points[0].router}: {len(trace)} requests"
+            with _progress(label, len(trace), quiet=args.json) as advance:
+                rows = [run_point(points[0], trace, on_request=lambda _item: advance())]
         else:
             progress = shows_progress() and not args.json
 

@@ -64,9 +64,12 @@ class SweepPoint:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
-def read_points_trace(point: SweepPoint, max_prompt_tokens: int) -> list[TraceRequest]:
+def read_point_trace(point: SweepPoint) -> list[TraceRequest]:
+    """The point's requests: its trace's first ``limit`` lines, prompts over the model's context kept as
+    lengths only (refused at the fleet's door)."""
     from kvspec.engine.traces import read_trace
 
+    max_prompt_tokens = _layout(point).max_model_len
     return list(read_trace(point.trace, limit=point.limit, max_prompt_tokens=max_prompt_tokens))
 
 
@@ -127,7 +130,7 @@ def run_point(
     bytes_per_block = sum(t.size for t in config.kv_cache_tensors) / config.num_blocks
     if point.num_blocks is not None:
         config = dataclasses.replace(config, num_blocks=point.num_blocks + 1)
-    requests = trace if trace is not None else read_points_trace(point, layout.max_model_len)
+    requests = trace if trace is not None else read_point_trace(point)
     settings = fleet_settings(point, limits.max_num_batched_tokens)
     report = run_fleet(requests, config, limits, settings, on_request=on_request)
     blocks = config.num_blocks - 1
@@ -243,10 +246,9 @@ def _run_on_ray(
         traces: dict[tuple[str, int | None, str, int], Any] = {}
         pending = []
         for point in todo:
-            layout = _layout(point)
             source = (point.trace, point.limit, point.model, point.block_size)
             if source not in traces:
-                traces[source] = ray.put(read_points_trace(point, layout.max_model_len))
+                traces[source] = ray.put(read_point_trace(point))
             pending.append(remote.remote(point, traces[source]))
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
@@ -268,6 +270,7 @@ __all__ = [
     "EXECUTORS",
     "SweepPoint",
     "check_point",
+    "read_point_trace",
     "expand_points",
     "fleet_settings",
     "finished_keys",

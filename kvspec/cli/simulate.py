@@ -656,7 +656,6 @@ def _replay_run(run: _ReplayRun, advance: Callable[[], None] | None = None) -> d
         "kv_cache_gib": round(num_blocks * run.bytes_per_block / 2**30, 3),
         **summary,
         "wall_seconds": round(seconds, 3),
-        "scheduler_block": coordinator.scheduler_block_size,
     }
     if run.step_time is None:
         row["prompt_tokens_per_second"] = round(int(summary["prompt_tokens"]) / seconds) if seconds else 0
@@ -718,7 +717,11 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
             )
         config, limits, bytes_per_block = _trace_plan(args, layout, requests)
         # A retention the layout cannot take (not a block multiple, or no windowed group) fails here.
-        replay_coordinator(dataclasses.replace(config, num_blocks=2), limits, retention_interval=retention)
+        probe = replay_coordinator(
+            dataclasses.replace(config, num_blocks=2), limits, retention_interval=retention
+        )
+        # The layout's scheduler block may differ from --block-size (Mamba "align"): the coordinator's.
+        scheduler_block = probe.scheduler_block_size
     except (
         ModelConfigError,
         OptionError,
@@ -797,9 +800,6 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
             )
             with _progress(label, num_requests, quiet=args.json) as advance:
                 rows.append(_replay_run(run, advance))
-    scheduler_block = rows[0].pop("scheduler_block")
-    for row in rows[1:]:
-        row.pop("scheduler_block")
     if not args.sweep and all(row["refused"] == row["requests"] for row in rows):
         # Nothing was replayed: a report of hit rate 0 would read as a result.
         more = "--num-blocks" if args.num_blocks is not None else "--memory"

@@ -11,7 +11,7 @@ from kvspec.cli.args import parse_bytes
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
-from kvspec.errors import KVSpecError
+from kvspec.errors import KVSpecError, OptionError
 
 #: Per-instance KV blocks when neither --memory nor --num-blocks is given: DynoSim's default.
 DEFAULT_BLOCKS = 16384
@@ -92,8 +92,9 @@ def add_fleet_parser(sub: Any) -> None:
     p.add_argument(
         "--executor",
         choices=("inprocess", "process", "ray"),
-        default="process",
-        help="how a sweep runs its points (default: a process pool)",
+        default=None,
+        help="how a sweep runs its points (default: a process pool); given for one fleet, that fleet runs "
+        "through it too",
     )
     p.add_argument(
         "--workers", type=_positive, default=None, help="process pool size (default: one per core)"
@@ -148,6 +149,12 @@ def _check(args: argparse.Namespace, points: list[Any]) -> None:
     from kvspec.fleet.routing import RouterContext
     from kvspec.fleet.sweep import check_point
 
+    if args.workers is not None and args.executor not in (None, "process"):
+        raise OptionError(
+            f"--workers sizes the process pool; it does not apply with --executor {args.executor}"
+        )
+    if args.ray_address is not None and args.executor != "ray":
+        raise OptionError("--ray-address names a Ray cluster; it needs --executor ray")
     parse_step_time(args.step_time)
     for name in args.eviction:
         resolve_eviction_policy(name)
@@ -217,7 +224,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         load_installed_plugins(args)
         points = _points(args)
         _check(args, points)
-        if len(points) == 1 and args.out is None:
+        one_here = len(points) == 1 and args.out is None and args.executor is None and args.workers is None
+        if one_here:
             from kvspec.cli.simulate import _progress
 
             trace = read_point_trace(points[0])  # read once: its length sizes the progress bar
@@ -238,7 +246,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
             rows = run_sweep(
                 points,
-                executor=args.executor,
+                executor=args.executor or "process",
                 workers=args.workers,
                 ray_address=args.ray_address,
                 out=args.out,
@@ -249,7 +257,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         print(json.dumps(rows if len(rows) != 1 else rows[0], indent=2))
-    elif len(rows) == 1 and args.out is None:
+    elif one_here:
         row = rows[0]
         print_report({**{k: v for k, v in row["point"].items() if v not in (None, ())}, **row["total"]})
         print()

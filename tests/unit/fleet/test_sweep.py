@@ -110,6 +110,12 @@ def test_the_fleet_command_runs_one_fleet_and_a_sweep(
     row = json.loads(capsys.readouterr().out)
     assert row["point"]["router"] == "exact" and len(row["instances"]) == 3
     assert row["total"]["requests"] == 40 and row["total"]["finished"] == 40
+    # One fleet with an executor named runs through it (the sweep's table), not silently in process.
+    assert (
+        main([*common, "--instances", "2", "--router", "kv_cost", "--executor", "inprocess", "--json"]) == 0
+    )
+    through = json.loads(capsys.readouterr().out)
+    assert through["point"]["router"] == "kv_cost" and "key" in through
     out = tmp_path / "s.jsonl"
     argv = [*common, "--instances", "2,3", "--router", "round_robin,cache_aware", "--executor", "inprocess"]
     assert main([*argv, "--out", str(out)]) == 0
@@ -129,6 +135,8 @@ def test_the_fleet_command_runs_one_fleet_and_a_sweep(
         ),
         (["--speedup", "0"], "speedup must be a finite number > 0"),
         (["--step-time", "fast"], "give three numbers in milliseconds"),
+        (["--executor", "ray", "--workers", "2"], "--workers sizes the process pool"),
+        (["--ray-address", "auto"], "--ray-address names a Ray cluster; it needs --executor ray"),
     ],
 )
 def test_the_fleet_command_refuses_bad_input_before_it_runs(

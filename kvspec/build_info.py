@@ -24,6 +24,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kvspec/managers/base.py",
     "kvspec/managers/full.py",
     "kvspec/managers/sliding_window.py",
+    "kvspec/eviction/_blocklist.py",
     "kvspec/eviction/_heap.py",
     "kvspec/eviction/lfu.py",
     "kvspec/eviction/slru.py",

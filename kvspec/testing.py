@@ -34,7 +34,14 @@ from typing import Any
 import torch
 
 from kvspec.blocks.events import BlockStored
-from kvspec.blocks.eviction import EvictionPolicy, EvictionPolicyFactory
+from kvspec.blocks.eviction import (
+    BatchEvictionPolicy,
+    BlockUse,
+    EvictionContext,
+    EvictionPolicy,
+    EvictionPolicyFactory,
+    GroupInfo,
+)
 from kvspec.blocks.hashing import BlockHashListWithBlockSize, make_block_hash_with_group_id
 from kvspec.blocks.pool import BlockPool, KVCacheBlock
 from kvspec.blocks.request import Request
@@ -977,6 +984,41 @@ def _check_policy_state(policy: EvictionPolicy, pool: BlockPool) -> None:
             raise _fail(f"eviction policy {name}: lists block {block.block_id}, which a request holds")
 
 
+def _probe_context(num_blocks: int) -> EvictionContext:
+    return EvictionContext(num_blocks=num_blocks, groups=(GroupInfo(block_tokens=16, page_bytes=4096),))
+
+
+class _PerBlockCalls:
+    """A policy seen through its per-block methods only (its batch methods hidden), for the kit to run a
+    batch policy both ways."""
+
+    __slots__ = ("_policy",)
+
+    def __init__(self, policy: EvictionPolicy) -> None:
+        self._policy = policy
+
+    def add(self, block: KVCacheBlock) -> None:
+        self._policy.add(block)
+
+    def remove(self, block: KVCacheBlock) -> None:
+        self._policy.remove(block)
+
+    def pop_victim(self) -> KVCacheBlock:
+        return self._policy.pop_victim()
+
+    def __len__(self) -> int:
+        return len(self._policy)
+
+    def evictable_blocks(self) -> list[KVCacheBlock]:
+        return self._policy.evictable_blocks()
+
+    def on_cached(self, blocks: Sequence[KVCacheBlock], use: BlockUse) -> None:
+        self._policy.on_cached(blocks, use)
+
+    def on_hit(self, blocks: Sequence[KVCacheBlock], use: BlockUse) -> None:
+        self._policy.on_hit(blocks, use)
+
+
 def check_eviction_policy(
     factory: EvictionPolicyFactory,
     *,
@@ -993,15 +1035,27 @@ def check_eviction_policy(
     and that a second run of the same seed gives the same block ids (determinism). Raises
     ``PluginContractError`` naming what failed; returns the first seed's report."""
     checked = check_eviction_policy_factory(getattr(factory, "__name__", "policy"), factory)
+    name = getattr(factory, "__name__", factory)
     reports = []
     for seed in seeds:
         first = _eviction_scenario(checked, seed, steps, num_blocks, profile)
         again = _eviction_scenario(checked, seed, steps, num_blocks, profile)
         if first != again:
             raise _fail(
-                f"eviction policy from {getattr(factory, '__name__', factory)!r} is not deterministic: seed "
-                f"{seed} gave different block ids on a second run"
+                f"eviction policy from {name!r} is not deterministic: seed {seed} gave different block ids on "
+                "a second run"
             )
+        if isinstance(checked(_probe_context(num_blocks)), BatchEvictionPolicy):
+            # The pool calls a batch policy's add_blocks / pop_victims; they must act as add / pop_victim.
+            per_block = _eviction_scenario(
+                lambda context: _PerBlockCalls(checked(context)), seed, steps, num_blocks, profile
+            )
+            if per_block != first:
+                raise _fail(
+                    f"eviction policy from {name!r}: its add_blocks / pop_victims do not act as add / "
+                    f"pop_victim one block at a time (seed {seed} gave other block ids through the per-block "
+                    "calls)"
+                )
         reports.append(first)
     if not any(r.evictions for r in reports):
         raise _fail("the scenario evicted nothing; give fewer num_blocks")

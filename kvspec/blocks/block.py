@@ -1,4 +1,4 @@
-"""A block of the pool: its id, reference count, cached hash and free-queue links."""
+"""A block of the pool: its id, reference count, cached hash, free-queue links and an eviction policy's links."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ class KVCacheBlock:
         "block_id",
         "is_null",
         "next_free_block",
+        "next_in_policy",
         "prev_free_block",
+        "prev_in_policy",
         "ref_cnt",
     )
 
@@ -30,6 +32,10 @@ class KVCacheBlock:
         self.block_hash_num_tokens: int | None = None
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
+        #: An eviction policy's own links (``kvspec.eviction.BlockList``): a policy may thread its order
+        #: through the free blocks it holds; the pool never reads or writes them.
+        self.prev_in_policy: KVCacheBlock | None = None
+        self.next_in_policy: KVCacheBlock | None = None
         self.is_null = False
 
     def __repr__(self) -> str:

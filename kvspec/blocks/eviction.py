@@ -53,12 +53,16 @@ class GroupInfo:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EvictionContext:
     """What a policy is built from: ``num_blocks`` blocks in the pool (block ids are ``0 <= id <
-    num_blocks``), the KV cache ``groups`` (index = group id, the group a cached block's hash names), and
-    ``clock``, a monotonic clock in seconds (a replay gives its simulated time)."""
+    num_blocks``), the KV cache ``groups`` (index = group id, the group a cached block's hash names),
+    ``clock``, a monotonic clock in seconds (a replay gives its simulated time), and ``cached_blocks``, a
+    read-only lookup in the pool's prefix-cache map."""
 
     num_blocks: int
     groups: tuple[GroupInfo, ...] = ()
     clock: Callable[[], float] = lambda: 0.0
+    #: The blocks the pool's prefix-cache map holds under a key (hash + group suffix), free or held; read
+    #: only. None where a policy is built without a pool (a policy must then work without it).
+    cached_blocks: Callable[[bytes], Sequence[KVCacheBlock]] | None = None
 
 
 @runtime_checkable
@@ -101,8 +105,31 @@ class EvictionPolicy(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchEvictionPolicy(EvictionPolicy, Protocol):
+    """An :class:`EvictionPolicy` that also takes a request's blocks in one call. When a policy has these
+    methods the pool calls them once per release and per allocation instead of ``add`` and ``pop_victim``
+    once per block (the built-in policies do; a plugin may). They must act exactly as the per-block calls
+    in order would: ``kvspec.testing.check_eviction_policy`` runs both ways and compares the block ids."""
+
+    def add_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """``add`` of each of ``blocks`` in order."""
+        ...
+
+    def pop_victims(self, n: int) -> list[KVCacheBlock]:
+        """``n`` calls of ``pop_victim``, their blocks in order. Called only while ``len(self) >= n``."""
+        ...
+
+
 #: Builds one policy for one pool.
 EvictionPolicyFactory = Callable[[EvictionContext], EvictionPolicy]
 
 
-__all__ = ["BlockUse", "EvictionContext", "EvictionPolicy", "EvictionPolicyFactory", "GroupInfo"]
+__all__ = [
+    "BatchEvictionPolicy",
+    "BlockUse",
+    "EvictionContext",
+    "EvictionPolicy",
+    "EvictionPolicyFactory",
+    "GroupInfo",
+]

@@ -18,7 +18,7 @@ from mypy_extensions import mypyc_attr
 
 from kvspec.blocks.block import BlockId, KVCacheBlock
 from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from kvspec.blocks.eviction import BlockUse, EvictionPolicy
+from kvspec.blocks.eviction import BatchEvictionPolicy, BlockUse, EvictionPolicy
 from kvspec.blocks.hashing import (
     GROUP_SUFFIXES,
     BlockHashListWithBlockSize,
@@ -230,11 +230,14 @@ class PolicyFreeQueue(FreeKVCacheBlockQueue):
     queue's under vLLM 0.34's free order (``free_unhashed_first``) whatever the calls.
     """
 
-    __slots__ = ("policy",)
+    __slots__ = ("_batch", "policy")
 
     def __init__(self, blocks: Sequence[KVCacheBlock], policy: EvictionPolicy) -> None:
         super().__init__(blocks)
         self.policy = policy
+        #: The policy again when it takes a request's blocks in one call (``BatchEvictionPolicy``): the pool
+        #: then calls it once per release and allocation, not once per block.
+        self._batch: BatchEvictionPolicy | None = policy if isinstance(policy, BatchEvictionPolicy) else None
 
     def popleft(self) -> KVCacheBlock:
         if self._head.next_free_block is not self._tail:
@@ -250,14 +253,25 @@ class PolicyFreeQueue(FreeKVCacheBlockQueue):
         return [self.popleft() for _ in range(n)]
 
     def take_n(self, n: int, hashed: list[KVCacheBlock]) -> list[KVCacheBlock]:
+        """The list's blocks first, in one pass of the base class, then the policy's victims."""
         self._check_can_take(n)
-        out: list[KVCacheBlock] = []
-        for _ in range(n):
-            block = self.popleft()
-            block.ref_cnt = 1
-            if block.block_hash is not None:
-                hashed.append(block)
-            out.append(block)
+        listed = self.num_free_blocks - len(self.policy)
+        from_list = n if n <= listed else listed
+        out = super().take_n(from_list, hashed) if from_list else []
+        rest = n - from_list
+        if rest:
+            batch = self._batch
+            victims = (
+                batch.pop_victims(rest)
+                if batch is not None
+                else [self.policy.pop_victim() for _ in range(rest)]
+            )
+            self.num_free_blocks -= rest
+            for block in victims:
+                block.ref_cnt = 1
+                if block.block_hash is not None:
+                    hashed.append(block)
+            out.extend(victims)
         return out
 
     def remove(self, block: KVCacheBlock) -> None:
@@ -283,10 +297,15 @@ class PolicyFreeQueue(FreeKVCacheBlockQueue):
         head in the given order; with one, to the policy in the given order."""
         first, cached = self._drop_references(ordered_blocks, keep_hashed_last)
         self.prepend_n(first)
-        add = self.policy.add
-        for block in cached:
-            add(block)
-        self.num_free_blocks += len(cached)
+        if cached:
+            batch = self._batch
+            if batch is not None:
+                batch.add_blocks(cached)
+            else:
+                add = self.policy.add
+                for block in cached:
+                    add(block)
+            self.num_free_blocks += len(cached)
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         return super().get_all_free_blocks() + self.policy.evictable_blocks()
@@ -473,6 +492,23 @@ class BlockHashToBlockMap:
 
     def __len__(self) -> int:
         return len(self._cache)
+
+
+class CachedBlocksLookup:
+    """An eviction policy's read-only view of a pool's prefix-cache map (``EvictionContext.cached_blocks``):
+    the blocks cached under a key, free or held. Made before the pool (the policy is built first) and bound
+    to its map once the pool exists; before that it holds nothing."""
+
+    __slots__ = ("_map",)
+
+    def __init__(self) -> None:
+        self._map: BlockHashToBlockMap | None = None
+
+    def bind(self, cache_map: BlockHashToBlockMap) -> None:
+        self._map = cache_map
+
+    def __call__(self, key: bytes) -> list[KVCacheBlock]:
+        return [] if self._map is None else self._map.blocks_for(key)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # integrations and tests subclass it in plain Python

@@ -27,7 +27,7 @@ from mypy_extensions import mypyc_attr
 from kvspec.blocks.events import KVCacheEvent
 from kvspec.blocks.eviction import EvictionContext, GroupInfo
 from kvspec.blocks.hashing import BlockHasher
-from kvspec.blocks.pool import BlockId, BlockPool, KVCacheBlock
+from kvspec.blocks.pool import BlockId, BlockPool, CachedBlocksLookup, KVCacheBlock
 from kvspec.blocks.request import Request
 from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.manager import (
@@ -104,6 +104,7 @@ def _build_pool(config: KVCacheConfig, layout: GroupLayout, options: Coordinator
     policy_factory = resolve_eviction_policy(options.eviction_policy)
     rules = options.profile.pool
     policy = None
+    cached_blocks = CachedBlocksLookup()
     if policy_factory is not None:
         policy = policy_factory(
             EvictionContext(
@@ -120,9 +121,10 @@ def _build_pool(config: KVCacheConfig, layout: GroupLayout, options: Coordinator
                     )
                 ),
                 clock=time.monotonic if options.eviction_clock is None else options.eviction_clock,
+                cached_blocks=cached_blocks,
             )
         )
-    return BlockPool(
+    pool = BlockPool(
         config.num_blocks,
         enable_caching=options.enable_caching,
         hash_block_size=layout.hash_block_size,
@@ -132,6 +134,8 @@ def _build_pool(config: KVCacheConfig, layout: GroupLayout, options: Coordinator
         hash_lookahead_tokens=options.hash_lookahead_tokens,
         eviction_policy=policy,
     )
+    cached_blocks.bind(pool.cached_block_hash_to_block)
+    return pool
 
 
 class _Counts(NamedTuple):

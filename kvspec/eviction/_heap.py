@@ -6,6 +6,8 @@ import heapq
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from kvspec.eviction._blocklist import BlockList
+
 if TYPE_CHECKING:
     from kvspec.blocks.block import KVCacheBlock
 
@@ -84,43 +86,73 @@ class BlockHeap:
 
 class ScoredBlocks:
     """Blocks ordered by ``(score, seq)``, smallest first, where ``seq`` grows with every push. Blocks pushed
-    with ``score == seq`` (no bonus: plain release order) sit in an insertion-ordered dict, O(1) each way;
-    the others in a :class:`BlockHeap`. ``pop`` takes the smaller of the two heads."""
+    with ``score == seq`` (no bonus: plain release order) sit in a :class:`BlockList` linked through the
+    blocks, O(1) each way; the others in a :class:`BlockHeap`. ``pop`` takes the smaller of the two heads.
 
-    __slots__ = ("_heap", "_plain")
+    A :meth:`copy` is detached: its plain part is a dict of its own, so popping it leaves the blocks' links
+    (and this one) as they are."""
 
-    def __init__(self) -> None:
-        self._plain: OrderedDict[int, tuple[KVCacheBlock, int]] = OrderedDict()
+    __slots__ = ("_detached", "_heap", "_plain", "_seq_of")
+
+    def __init__(self, num_blocks: int = 0) -> None:
+        self._plain = BlockList()
+        #: block id -> the seq it was pushed with (read for the plain part's blocks)
+        self._seq_of = [0] * num_blocks
         self._heap = BlockHeap()
+        #: a copy's plain part (block id -> (block, seq)), in place of the linked list; None in the original
+        self._detached: OrderedDict[int, tuple[KVCacheBlock, int]] | None = None
 
     def push(self, block: KVCacheBlock, score: float, seq: int) -> None:
-        if score == seq:
-            self._plain[block.block_id] = (block, seq)
-        else:
+        if score != seq:
             self._heap.push(block, (score, seq))
+        elif self._detached is not None:
+            self._detached[block.block_id] = (block, seq)
+        else:
+            self._seq_of[block.block_id] = seq
+            self._plain.append(block)
 
     def discard(self, block: KVCacheBlock) -> bool:
-        return self._plain.pop(block.block_id, None) is not None or self._heap.discard(block)
+        if self._detached is not None:
+            return self._detached.pop(block.block_id, None) is not None or self._heap.discard(block)
+        if block.prev_in_policy is not None:
+            self._plain.remove(block)
+            return True
+        return self._heap.discard(block)
 
-    def __contains__(self, block_id: int) -> bool:
-        return block_id in self._plain or block_id in self._heap
+    def holds(self, block: KVCacheBlock) -> bool:
+        """Whether ``block`` is one of this one's blocks."""
+        if self._detached is not None:
+            return block.block_id in self._detached or block.block_id in self._heap
+        return block.prev_in_policy is not None or block.block_id in self._heap
 
     def __len__(self) -> int:
-        return len(self._plain) + len(self._heap)
+        plain = len(self._detached) if self._detached is not None else self._plain.size
+        return plain + len(self._heap)
+
+    def _plain_head(self) -> tuple[KVCacheBlock, int] | None:
+        if self._detached is not None:
+            return next(iter(self._detached.values())) if self._detached else None
+        first = self._plain.first()
+        return None if first is None else (first, self._seq_of[first.block_id])
 
     def pop(self) -> KVCacheBlock:
-        plain = self._plain
-        if plain:
+        head = self._plain_head()
+        if head is not None:
             if len(self._heap):
                 key, _ = self._heap.peek()
-                first = next(iter(plain.values()))
-                if key < (first[1], first[1]):
+                if key < (head[1], head[1]):
                     return self._heap.pop()
-            return plain.popitem(last=False)[1][0]
+            if self._detached is not None:
+                return self._detached.popitem(last=False)[1][0]
+            return self._plain.popleft()
         return self._heap.pop()
 
     def copy(self) -> ScoredBlocks:
         twin = ScoredBlocks()
-        twin._plain = OrderedDict(self._plain)
+        if self._detached is not None:
+            twin._detached = OrderedDict(self._detached)
+        else:
+            seq_of = self._seq_of
+            twin._detached = OrderedDict((b.block_id, (b, seq_of[b.block_id])) for b in self._plain.blocks())
         twin._heap = self._heap.copy()
         return twin

@@ -24,8 +24,7 @@ trace, dooming states and copies cost 0.013 of the token hit rate at 113 GiB; wi
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
-from itertools import count
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kvspec.blocks.eviction import BlockUse, EvictionContext
@@ -37,15 +36,26 @@ if TYPE_CHECKING:
 
 
 class HybridAwarePolicy:
-    """Score = release order + cost-per-byte bonus; evicting a left-closed group's block dooms its peers."""
+    """Score = release order + cost-per-byte bonus; evicting a left-closed group's block dooms its peers.
+
+    Bookkeeping per block is kept to what a victim can need. Only blocks of groups whose blocks an eviction
+    can doom (attention groups but the model's one left-closed group) are indexed by prefix position; those
+    are few under sparse retention. The left-closed group's own blocks, the most numerous, are not: whether
+    a victim's content has another free copy is asked of the pool's prefix-cache map (``cached_blocks``),
+    and only when the victim has peers to doom. Without that lookup (a policy built outside a pool) every
+    attention block is indexed, as the copy check then needs."""
 
     __slots__ = (
-        "_at_prefix",
+        "_bonus_of",
         "_bonus_scale",
+        "_cached_blocks",
         "_doomed",
+        "_dooms",
         "_e_min",
         "_groups",
         "_heap",
+        "_indexed",
+        "_peers",
         "_plain_lru",
         "_prefix_of",
         "_released",
@@ -59,20 +69,43 @@ class HybridAwarePolicy:
             raise ValueError(f"alpha must be >= 0, got {alpha!r}")
         self.alpha = alpha
         self.coherent = coherent
-        self._groups = context.groups
-        self._e_min = min((g.block_tokens / g.page_bytes for g in context.groups), default=1.0)
+        groups = context.groups
+        self._groups = groups
+        self._e_min = min((g.block_tokens / g.page_bytes for g in groups), default=1.0)
         self._bonus_scale = alpha * context.num_blocks
-        self._heap = ScoredBlocks()
+        #: group id -> the bonus of its blocks; -1.0 for state groups, whose bonus depends on the block
+        self._bonus_of = [
+            -1.0 if g.holds_prefix_state else self._bonus(g.block_tokens, g.page_bytes) for g in groups
+        ]
+        self._heap = ScoredBlocks(context.num_blocks)
         # One group and no state snapshots: no bonus and no peers, so the order is plain LRU (kept fast).
-        self._plain_lru = len(context.groups) <= 1 and not any(g.holds_prefix_state for g in context.groups)
-        self._seq = count()
-        #: prefix position (the block hash without its group) -> free blocks cached there
-        self._at_prefix: dict[bytes, dict[int, KVCacheBlock]] = {}
-        #: free block id -> the prefix position it was cached at when added, and its release number
+        self._plain_lru = len(groups) <= 1 and not any(g.holds_prefix_state for g in groups)
+        self._seq = 0
+        self._cached_blocks: Callable[[bytes], Sequence[KVCacheBlock]] | None = context.cached_blocks
+        needed = [gid for gid, g in enumerate(groups) if g.needed_by_longer_hits]
+        attention = [gid for gid, g in enumerate(groups) if not g.holds_prefix_state]
+        # A victim of a left-closed group dooms the free attention blocks of the other groups at its position.
+        self._dooms = coherent and bool(needed) and len(attention) > 1
+        if not self._dooms:
+            indexed: set[int] = set()
+        elif len(needed) == 1 and self._cached_blocks is not None:
+            indexed = set(attention) - set(needed)  # its own copies are asked of the pool's map
+        else:
+            indexed = set(attention)
+        #: group id -> whether its free blocks are indexed by prefix position
+        self._indexed = [gid in indexed for gid in range(len(groups))]
+        #: prefix position (the block hash without its group) -> indexed free blocks cached there
+        self._peers: dict[bytes, dict[int, KVCacheBlock]] = {}
+        #: indexed free block id -> the prefix position it was cached at when added
         self._prefix_of: dict[int, bytes] = {}
-        self._released: dict[int, int] = {}
+        #: block id -> its release number while free (stale once it is taken)
+        self._released = [-1] * context.num_blocks
         #: (block, release number) of free blocks that can serve no hit any more, evicted first
         self._doomed: deque[tuple[KVCacheBlock, int]] = deque()
+
+    def _bonus(self, tokens: int, page_bytes: int) -> float:
+        e = tokens / page_bytes
+        return self._bonus_scale * (1.0 - self._e_min / e) if e > self._e_min else 0.0
 
     def bonus(self, block: KVCacheBlock) -> float:
         """The score bonus of ``block``'s cached content (releases it is kept longer than LRU would)."""
@@ -82,72 +115,107 @@ class HybridAwarePolicy:
         gid = get_group_id(key)
         if gid >= len(self._groups):
             return 0.0
+        bonus = self._bonus_of[gid]
+        if bonus >= 0.0:
+            return bonus
         group = self._groups[gid]
         tokens = group.block_tokens
-        if group.holds_prefix_state and block.block_hash_num_tokens is not None:
+        if block.block_hash_num_tokens is not None:
             tokens = max(tokens, block.block_hash_num_tokens)
-        e = tokens / group.page_bytes
-        return self._bonus_scale * (1.0 - self._e_min / e) if e > self._e_min else 0.0
+        return self._bonus(tokens, group.page_bytes)
 
     def add(self, block: KVCacheBlock) -> None:
-        seq = next(self._seq)
-        block_id = block.block_id
-        self._released[block_id] = seq
-        key = block.block_hash
-        if key is None or self._plain_lru:
-            self._heap.push(block, seq, seq)  # one group, no bonus: plain release order
-            return
-        self._heap.push(block, seq + self.bonus(block), seq)
-        prefix = key[:-4]
-        self._prefix_of[block_id] = prefix
-        peers = self._at_prefix.get(prefix)
-        if peers is None:
-            self._at_prefix[prefix] = {block_id: block}
-        else:
-            peers[block_id] = block
+        self.add_blocks((block,))
 
-    def _forget(self, block: KVCacheBlock) -> None:
-        block_id = block.block_id
-        self._released.pop(block_id, None)
+    def add_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
+        heap, released, bonus_of, indexed = self._heap, self._released, self._bonus_of, self._indexed
+        plain, num_groups = self._plain_lru, len(bonus_of)
+        small = num_groups <= 256  # a group id then fits the key's last byte (the suffix is big-endian)
+        seq = self._seq
+        for block in blocks:
+            released[block.block_id] = seq
+            key = block.block_hash
+            gid = -1
+            if key is not None and not plain:
+                gid = key[-1] if small else get_group_id(key)
+            if 0 <= gid < num_groups:
+                bonus = bonus_of[gid]
+                if bonus < 0.0:
+                    bonus = self.bonus(block)
+                heap.push(block, seq + bonus, seq)
+                if indexed[gid]:
+                    self._index(block, key)
+            else:
+                heap.push(block, seq, seq)  # no group to weigh: plain release order
+            seq += 1
+        self._seq = seq
+
+    def _index(self, block: KVCacheBlock, key: bytes | None) -> None:
+        assert key is not None
+        prefix = key[:-4]
+        self._prefix_of[block.block_id] = prefix
+        peers = self._peers.get(prefix)
+        if peers is None:
+            self._peers[prefix] = {block.block_id: block}
+        else:
+            peers[block.block_id] = block
+
+    def _unindex(self, block_id: int) -> None:
         prefix = self._prefix_of.pop(block_id, None)
         if prefix is not None:
-            peers = self._at_prefix[prefix]
+            peers = self._peers[prefix]
             del peers[block_id]
             if not peers:
-                del self._at_prefix[prefix]
+                del self._peers[prefix]
 
     def remove(self, block: KVCacheBlock) -> None:
         self._heap.discard(block)
-        self._forget(block)
+        if self._prefix_of:
+            self._unindex(block.block_id)
 
     def pop_victim(self) -> KVCacheBlock:
         heap, doomed = self._heap, self._doomed
         victim: KVCacheBlock | None = None
         while doomed:
             candidate, seq = doomed.popleft()
-            if self._released.get(candidate.block_id) == seq and heap.discard(candidate):
+            if self._released[candidate.block_id] == seq and heap.discard(candidate):
                 victim = candidate
                 break
         if victim is None:
             victim = heap.pop()
-        prefix = self._prefix_of.get(victim.block_id)
-        self._forget(victim)
+        if self._prefix_of:
+            self._unindex(victim.block_id)
         key = victim.block_hash
-        if self.coherent and prefix is not None and key is not None and self._groups:
+        if self._dooms and key is not None and self._peers:
             gid = get_group_id(key)
             if gid < len(self._groups) and self._groups[gid].needed_by_longer_hits:
-                released, groups = self._released, self._groups
-                peers = list(self._at_prefix.get(prefix, {}).values())
-                gids = [get_group_id(p.block_hash) if p.block_hash is not None else -1 for p in peers]
-                # A copy of the victim's content is still cached (a prefix recomputed after a shorter
-                # hit, as Mamba hybrids do): the position still serves hits, nothing is doomed.
-                if gid not in gids:
-                    for peer, peer_gid in zip(peers, gids, strict=True):
-                        # A state snapshot is kept: recomputing the attention up to it brings its hit back,
-                        # while the state itself returns only if a chunk ends exactly there again.
-                        if not 0 <= peer_gid < len(groups) or not groups[peer_gid].holds_prefix_state:
-                            doomed.append((peer, released[peer.block_id]))
+                self._doom_peers(victim, key, gid)
         return victim
+
+    def pop_victims(self, n: int) -> list[KVCacheBlock]:
+        return [self.pop_victim() for _ in range(n)]
+
+    def _doom_peers(self, victim: KVCacheBlock, key: bytes, gid: int) -> None:
+        """``victim`` of left-closed group ``gid`` was evicted: unless a free copy of its content still serves
+        its position (a prefix recomputed after a shorter hit, as Mamba hybrids do), the indexed free blocks
+        there serve no hit any more and are evicted next. State snapshots are never indexed: recomputing the
+        attention up to one brings its hit back, while the state returns only if a chunk ends there again."""
+        peers = self._peers.get(key[:-4])
+        if not peers:
+            return
+        listed = list(peers.values())
+        gids = [get_group_id(p.block_hash) if p.block_hash is not None else -1 for p in listed]
+        if gid in gids:
+            return
+        if not self._indexed[gid]:
+            lookup = self._cached_blocks
+            assert lookup is not None  # the group is indexed without the pool's map
+            heap = self._heap
+            if any(copy is not victim and heap.holds(copy) for copy in lookup(key)):
+                return
+        released = self._released
+        for peer in listed:
+            self._doomed.append((peer, released[peer.block_id]))
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -156,16 +224,21 @@ class HybridAwarePolicy:
         """The order pops would take now, cascades included (a copy of the state is popped empty)."""
         # Built through __init__ (the compiled build allows no other way), then given this one's state.
         twin = HybridAwarePolicy(
-            EvictionContext(num_blocks=1, groups=self._groups), self.alpha, self.coherent
+            EvictionContext(num_blocks=1, groups=self._groups, cached_blocks=self._cached_blocks),
+            self.alpha,
+            self.coherent,
         )
         twin._e_min = self._e_min
         twin._bonus_scale = self._bonus_scale
+        twin._bonus_of = self._bonus_of
         twin._heap = self._heap.copy()
         twin._plain_lru = self._plain_lru
         twin._seq = self._seq
-        twin._at_prefix = {prefix: dict(peers) for prefix, peers in self._at_prefix.items()}
+        twin._dooms = self._dooms
+        twin._indexed = self._indexed
+        twin._peers = {prefix: dict(peers) for prefix, peers in self._peers.items()}
         twin._prefix_of = dict(self._prefix_of)
-        twin._released = dict(self._released)
+        twin._released = list(self._released)
         twin._doomed = deque(self._doomed)
         return [twin.pop_victim() for _ in range(len(twin))]
 

@@ -35,6 +35,15 @@ class ReleaseOrderLRU:
     def pop_victim(self) -> KVCacheBlock:
         return self._free.popitem(last=False)[1]
 
+    def add_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
+        free = self._free
+        for block in blocks:
+            free[block.block_id] = block
+
+    def pop_victims(self, n: int) -> list[KVCacheBlock]:
+        popitem = self._free.popitem
+        return [popitem(last=False)[1] for _ in range(n)]
+
     def __len__(self) -> int:
         return len(self._free)
 

@@ -59,6 +59,15 @@ class RetentionPolicy:
         if key[0]:
             heapq.heappush(self._expiry, (self._until[block_id], block_id, seq))
 
+    def add_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
+        for block in blocks:
+            self.add(block)
+
+    def pop_victims(self, n: int) -> list[KVCacheBlock]:
+        self._expire(self._clock())  # one clock reading: the pops of one allocation happen at one time
+        heap = self._heap
+        return [heap.pop() for _ in range(n)]
+
     def remove(self, block: KVCacheBlock) -> None:
         self._heap.discard(block)
 

@@ -3,6 +3,7 @@ through the protocol equal to the pool's own LRU under vLLM 0.34's free order.""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from kvspec import BlockPool, KVCacheBlock, Request
 from kvspec.blocks.eviction import EvictionContext, EvictionPolicy, EvictionPolicyFactory, GroupInfo
 from kvspec.blocks.hashing import BlockHasher
-from kvspec.blocks.pool import PolicyFreeQueue
+from kvspec.blocks.pool import CachedBlocksLookup, PolicyFreeQueue
 from kvspec.contracts.release import VLLM_0_23
 from kvspec.errors import BlockPoolError, NotEnoughFreeBlocksError, PluginContractError
 from kvspec.eviction import (
@@ -46,11 +47,23 @@ def make_pool(
     num_blocks: int = 9,
     clock: Callable[[], float] | None = None,
     groups: tuple[GroupInfo, ...] = ONE_GROUP,
+    *,
+    with_map: bool = False,
 ) -> BlockPool:
-    context = EvictionContext(num_blocks=num_blocks, groups=groups, clock=clock or (lambda: 0.0))
-    return BlockPool(
+    """A pool whose policy ``factory`` builds; ``with_map``: the policy may look up the pool's prefix-cache
+    map (``EvictionContext.cached_blocks``), as a coordinator's policy may."""
+    lookup = CachedBlocksLookup()
+    context = EvictionContext(
+        num_blocks=num_blocks,
+        groups=groups,
+        clock=clock or (lambda: 0.0),
+        cached_blocks=lookup if with_map else None,
+    )
+    pool = BlockPool(
         num_blocks, hash_block_size=B, eviction_policy=factory(context), free_unhashed_first=True
     )
+    lookup.bind(pool.cached_block_hash_to_block)
+    return pool
 
 
 def policy_of(pool: BlockPool) -> EvictionPolicy:
@@ -220,6 +233,7 @@ class TestRetention:
             assert lru == retention and lru.evictions
 
 
+@pytest.mark.parametrize("with_map", [False, True], ids=["indexed", "map"])
 class TestHybrid:
     GROUPS = (
         GroupInfo(block_tokens=B, page_bytes=64, needed_by_longer_hits=True),  # full attention
@@ -227,8 +241,8 @@ class TestHybrid:
         GroupInfo(block_tokens=B, page_bytes=64, holds_prefix_state=True),  # Mamba state
     )
 
-    def test_a_state_standing_for_a_long_prefix_is_kept_longer(self) -> None:
-        pool = make_pool(HybridAwarePolicy, num_blocks=20, groups=self.GROUPS)
+    def test_a_state_standing_for_a_long_prefix_is_kept_longer(self, with_map: bool) -> None:
+        pool = make_pool(HybridAwarePolicy, num_blocks=20, groups=self.GROUPS, with_map=with_map)
         long_req = request("long", 0, 4)
         state = pool.get_new_blocks(4)
         pool.cache_full_blocks(long_req, state, 3, 4, B, 2)  # one state at 16 tokens (4 blocks' worth)
@@ -243,8 +257,8 @@ class TestHybrid:
         # The state was freed first but is evicted after the three attention blocks freed after it.
         assert ids(policy.evictable_blocks()) == [*reversed(ids(attention)), state[3].block_id]
 
-    def test_evicting_a_full_attention_block_dooms_its_peers(self) -> None:
-        pool = make_pool(HybridAwarePolicy, num_blocks=12, groups=self.GROUPS)
+    def test_evicting_a_full_attention_block_dooms_its_peers(self, with_map: bool) -> None:
+        pool = make_pool(HybridAwarePolicy, num_blocks=12, groups=self.GROUPS, with_map=with_map)
         req = request("r", 0, 2)
         full = pool.get_new_blocks(2)
         pool.cache_full_blocks(req, full, 0, 2, B, 0)
@@ -264,8 +278,8 @@ class TestHybrid:
             window[0].block_id,
         ]
 
-    def test_evicting_one_copy_of_duplicated_content_dooms_nothing(self) -> None:
-        pool = make_pool(HybridAwarePolicy, num_blocks=12, groups=self.GROUPS)
+    def test_evicting_one_copy_of_duplicated_content_dooms_nothing(self, with_map: bool) -> None:
+        pool = make_pool(HybridAwarePolicy, num_blocks=12, groups=self.GROUPS, with_map=with_map)
         req = request("r", 0, 1)
         first = publish(pool, req)
         again = publish(pool, request("r2", 0, 1))  # the same content recomputed: a duplicate
@@ -278,9 +292,24 @@ class TestHybrid:
         # `first` goes; its copy `again` still serves the position, so neither it nor `window` is doomed.
         assert evicted(pool, 3) == [first[0].block_id, other[0].block_id, again[0].block_id]
 
-    def test_a_state_at_the_evicted_position_is_not_doomed(self) -> None:
+    def test_a_copy_a_request_holds_does_not_keep_the_position(self, with_map: bool) -> None:
+        pool = make_pool(HybridAwarePolicy, num_blocks=12, groups=self.GROUPS, with_map=with_map)
+        req = request("r", 0, 1)
+        first = publish(pool, req)
+        held = publish(pool, request("r2", 0, 1))  # a duplicate that a running request keeps
+        window = pool.get_new_blocks(1)
+        pool.cache_full_blocks(req, window, 0, 1, B, 1)
+        other = publish(pool, request("o", 900, 1), group=1)
+        for blocks in (first, other, window):
+            finish(pool, blocks)
+        pool.get_new_blocks(pool.get_num_free_blocks() - 3)  # leave only the three free cached blocks
+        # `first` goes; the copy is not free (it is no eviction candidate), so `window` is doomed before `other`.
+        assert evicted(pool, 3) == [first[0].block_id, window[0].block_id, other[0].block_id]
+        assert held[0].ref_cnt == 1
+
+    def test_a_state_at_the_evicted_position_is_not_doomed(self, with_map: bool) -> None:
         groups = (self.GROUPS[0], self.GROUPS[2])  # full attention and a Mamba state
-        pool = make_pool(HybridAwarePolicy, num_blocks=10, groups=groups)
+        pool = make_pool(HybridAwarePolicy, num_blocks=10, groups=groups, with_map=with_map)
         req = request("r", 0, 2)
         full = pool.get_new_blocks(2)
         pool.cache_full_blocks(req, full, 0, 2, B, 0)
@@ -315,12 +344,57 @@ class TestPolicyFreeQueue:
             pool.get_new_blocks(6)
         pool.check_invariants()
 
+    def test_a_batch_policy_is_called_once_per_release_and_allocation(self) -> None:
+        calls: list[tuple[str, int]] = []
+
+        class Counting(ReleaseOrderLRU):
+            def add(self, block: KVCacheBlock) -> None:
+                calls.append(("add", 1))
+                super().add(block)
+
+            def pop_victim(self) -> KVCacheBlock:
+                calls.append(("pop_victim", 1))
+                return super().pop_victim()
+
+            def add_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
+                calls.append(("add_blocks", len(blocks)))
+                super().add_blocks(blocks)
+
+            def pop_victims(self, n: int) -> list[KVCacheBlock]:
+                calls.append(("pop_victims", n))
+                return super().pop_victims(n)
+
+        pool = make_pool(Counting, num_blocks=9)
+        (first,) = fill(pool, request("a", 0, 3))
+        assert calls == [("add_blocks", 3)]
+        scratch = pool.get_new_blocks(7)  # the five never-used blocks, then two of the cached three
+        assert calls[1:] == [("pop_victims", 2)]
+        assert ids(scratch[5:]) == list(reversed(ids(first)))[:2]
+        pool.check_invariants()
+
     def test_a_hit_on_a_free_cached_block_takes_it_out_of_the_policy(self) -> None:
         pool = make_pool(LFUPolicy)
         (blocks,) = fill(pool, request("a", 0, 2))
         hit(pool, request("b", 0, 1), blocks[:1])
         assert blocks[0].ref_cnt == 1 and blocks[0] not in policy_of(pool).evictable_blocks()
         assert len(policy_of(pool)) == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hybrid_without_the_pools_map_evicts_the_same_blocks(seed: int) -> None:
+    """The coordinator's policy asks the pool's map for copies instead of indexing the left-closed group's
+    blocks; a policy built without the map indexes them all. Same victims, same block ids."""
+
+    given_map: list[bool] = []
+
+    def indexed_only(context: EvictionContext) -> EvictionPolicy:
+        given_map.append(context.cached_blocks is not None)
+        return HybridAwarePolicy(dataclasses.replace(context, cached_blocks=None))
+
+    with_map = eviction_scenario(HybridAwarePolicy, seed=seed, steps=300, num_blocks=30)
+    assert with_map.evictions > 0
+    assert eviction_scenario(indexed_only, seed=seed, steps=300, num_blocks=30) == with_map
+    assert given_map[-1]  # the coordinator's policy was given the map (the registry's probe is not)
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_POLICIES))
@@ -422,9 +496,18 @@ class Random(ReleaseOrderLRU):
         return self._free.pop(block_id)
 
 
+class BatchesBackwards(ReleaseOrderLRU):
+    """Its batch add takes a request's blocks in reverse: consistent with its own order, but not with add."""
+
+    def add_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
+        for block in reversed(blocks):
+            self.add(block)
+
+
 @pytest.mark.parametrize(
     ("policy", "message"),
     [
+        (BatchesBackwards, "do not act as add / pop_victim"),
         (LiesAboutItsOrder, "evictable_blocks\\(\\) promised"),
         (Forgetful, "invariants broke at step"),
         (Random, "evictable_blocks\\(\\) promised|not deterministic"),

@@ -564,6 +564,9 @@ class BlockPool:
         #: drafter's KV at a block's last position depends on them). A block is published only once its hash
         #: exists, and its BlockStored event carries those tokens and extra keys over the block and them.
         self.hash_lookahead_tokens = hash_lookahead_tokens
+        #: Per group: the declared kind and sliding window its BlockStored events carry (the coordinator
+        #: sets them, so events are born annotated); empty: events leave the pool without them.
+        self.stored_event_kinds: Sequence[tuple[str, int | None]] = ()
 
     # -- the lookup API a hit search uses (kvspec.contracts.manager.HitQuery.block_pool); it never
     # changes the pool. The map itself (cached_block_hash_to_block) is the pool's to write.
@@ -682,6 +685,11 @@ class BlockPool:
         lookahead_ids: list[list[int]] | None,
     ) -> None:
         """Queue a BlockStored event for ``block_hashes`` over the request's tokens [start, end)."""
+        kinds = self.stored_event_kinds
+        kind: str | None = None
+        window: int | None = None
+        if 0 <= kv_cache_group_id < len(kinds):
+            kind, window = kinds[kv_cache_group_id]
         self.kv_event_queue.append(
             BlockStored(
                 block_hashes=block_hashes,
@@ -694,6 +702,8 @@ class BlockPool:
                 cache_salt=request.cache_salt,
                 extra_keys=extra_keys,
                 group_idx=kv_cache_group_id,
+                kv_cache_spec_kind=kind,
+                kv_cache_spec_sliding_window=window,
                 lookahead_token_ids=lookahead_ids,
                 # An optional member of a request view (vLLM 0.23's requests have no session).
                 session_id=getattr(request, "session_id", None),

@@ -245,6 +245,7 @@ class CoordinatorCore:
             [self.profile.event_traits(traits_of(g.kv_cache_spec)) for g in kv_cache_config.kv_cache_groups],
             list(layout.capability_ids),
         )
+        self.block_pool.stored_event_kinds = [(m.kind, m.sliding_window) for m in self._event_metadata]
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if options.log_stats else None
         self._empty = KVCacheBlocks(tuple(() for _ in self.specs))
         # Requests whose prefix hit was attached, by id, with the object admitted: later calls with that

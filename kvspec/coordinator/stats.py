@@ -70,6 +70,12 @@ def annotate_events(
         if isinstance(event, BlockStored) and event.group_idx is not None:
             if 0 <= event.group_idx < len(metadata):
                 meta = metadata[event.group_idx]
+                if (
+                    event.kv_cache_spec_kind == meta.kind
+                    and event.kv_cache_spec_sliding_window == meta.sliding_window
+                ):
+                    out.append(event)  # born annotated (BlockPool.stored_event_kinds)
+                    continue
                 event = dataclasses.replace(
                     event, kv_cache_spec_kind=meta.kind, kv_cache_spec_sliding_window=meta.sliding_window
                 )

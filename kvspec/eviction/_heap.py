@@ -96,20 +96,24 @@ class ScoredBlocks:
 
     def __init__(self, num_blocks: int = 0) -> None:
         self._plain = BlockList()
-        #: block id -> the seq it was pushed with (read for the plain part's blocks)
+        #: block id -> the seq it was last pushed with
         self._seq_of = [0] * num_blocks
         self._heap = BlockHeap()
         #: a copy's plain part (block id -> (block, seq)), in place of the linked list; None in the original
         self._detached: OrderedDict[int, tuple[KVCacheBlock, int]] | None = None
 
     def push(self, block: KVCacheBlock, score: float, seq: int) -> None:
+        self._seq_of[block.block_id] = seq
         if score != seq:
             self._heap.push(block, (score, seq))
         elif self._detached is not None:
             self._detached[block.block_id] = (block, seq)
         else:
-            self._seq_of[block.block_id] = seq
             self._plain.append(block)
+
+    def seq_of(self, block_id: int) -> int:
+        """The seq block ``block_id`` was last pushed with (whether or not it is still held)."""
+        return self._seq_of[block_id]
 
     def discard(self, block: KVCacheBlock) -> bool:
         if self._detached is not None:
@@ -129,26 +133,34 @@ class ScoredBlocks:
         plain = len(self._detached) if self._detached is not None else self._plain.size
         return plain + len(self._heap)
 
-    def _plain_head(self) -> tuple[KVCacheBlock, int] | None:
-        if self._detached is not None:
-            return next(iter(self._detached.values())) if self._detached else None
-        first = self._plain.first()
-        return None if first is None else (first, self._seq_of[first.block_id])
-
     def pop(self) -> KVCacheBlock:
-        head = self._plain_head()
-        if head is not None:
-            if len(self._heap):
-                key, _ = self._heap.peek()
-                if key < (head[1], head[1]):
-                    return self._heap.pop()
-            if self._detached is not None:
-                return self._detached.popitem(last=False)[1][0]
-            return self._plain.popleft()
-        return self._heap.pop()
+        if self._detached is not None:
+            return self._pop_detached()
+        first = self._plain.first()
+        if first is None:
+            return self._heap.pop()
+        if len(self._heap):
+            seq = self._seq_of[first.block_id]
+            key, _ = self._heap.peek()
+            if key < (seq, seq):
+                return self._heap.pop()
+        return self._plain.popleft()
+
+    def _pop_detached(self) -> KVCacheBlock:
+        detached = self._detached
+        assert detached is not None
+        if not detached:
+            return self._heap.pop()
+        if len(self._heap):
+            _, seq = next(iter(detached.values()))
+            key, _ = self._heap.peek()
+            if key < (seq, seq):
+                return self._heap.pop()
+        return detached.popitem(last=False)[1][0]
 
     def copy(self) -> ScoredBlocks:
         twin = ScoredBlocks()
+        twin._seq_of = list(self._seq_of)
         if self._detached is not None:
             twin._detached = OrderedDict(self._detached)
         else:

@@ -58,7 +58,6 @@ class HybridAwarePolicy:
         "_peers",
         "_plain_lru",
         "_prefix_of",
-        "_released",
         "_seq",
         "alpha",
         "coherent",
@@ -96,10 +95,8 @@ class HybridAwarePolicy:
         self._indexed = [gid in indexed for gid in range(len(groups))]
         #: prefix position (the block hash without its group) -> indexed free blocks cached there
         self._peers: dict[bytes, dict[int, KVCacheBlock]] = {}
-        #: indexed free block id -> the prefix position it was cached at when added
-        self._prefix_of: dict[int, bytes] = {}
-        #: block id -> its release number while free (stale once it is taken)
-        self._released = [-1] * context.num_blocks
+        #: block id -> the prefix position it was cached at when added, while it is free and indexed
+        self._prefix_of: list[bytes | None] = [None] * context.num_blocks
         #: (block, release number) of free blocks that can serve no hit any more, evicted first
         self._doomed: deque[tuple[KVCacheBlock, int]] = deque()
 
@@ -128,12 +125,11 @@ class HybridAwarePolicy:
         self.add_blocks((block,))
 
     def add_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
-        heap, released, bonus_of, indexed = self._heap, self._released, self._bonus_of, self._indexed
+        heap, bonus_of, indexed = self._heap, self._bonus_of, self._indexed
         plain, num_groups = self._plain_lru, len(bonus_of)
         small = num_groups <= 256  # a group id then fits the key's last byte (the suffix is big-endian)
         seq = self._seq
         for block in blocks:
-            released[block.block_id] = seq
             key = block.block_hash
             gid = -1
             if key is not None and not plain:
@@ -161,8 +157,9 @@ class HybridAwarePolicy:
             peers[block.block_id] = block
 
     def _unindex(self, block_id: int) -> None:
-        prefix = self._prefix_of.pop(block_id, None)
+        prefix = self._prefix_of[block_id]
         if prefix is not None:
+            self._prefix_of[block_id] = None
             peers = self._peers[prefix]
             del peers[block_id]
             if not peers:
@@ -170,21 +167,19 @@ class HybridAwarePolicy:
 
     def remove(self, block: KVCacheBlock) -> None:
         self._heap.discard(block)
-        if self._prefix_of:
-            self._unindex(block.block_id)
+        self._unindex(block.block_id)
 
     def pop_victim(self) -> KVCacheBlock:
         heap, doomed = self._heap, self._doomed
         victim: KVCacheBlock | None = None
         while doomed:
             candidate, seq = doomed.popleft()
-            if self._released[candidate.block_id] == seq and heap.discard(candidate):
+            if heap.seq_of(candidate.block_id) == seq and heap.discard(candidate):
                 victim = candidate
                 break
         if victim is None:
             victim = heap.pop()
-        if self._prefix_of:
-            self._unindex(victim.block_id)
+        self._unindex(victim.block_id)
         key = victim.block_hash
         if self._dooms and key is not None and self._peers:
             gid = get_group_id(key)
@@ -207,15 +202,14 @@ class HybridAwarePolicy:
         gids = [get_group_id(p.block_hash) if p.block_hash is not None else -1 for p in listed]
         if gid in gids:
             return
+        heap = self._heap
         if not self._indexed[gid]:
             lookup = self._cached_blocks
             assert lookup is not None  # the group is indexed without the pool's map
-            heap = self._heap
             if any(copy is not victim and heap.holds(copy) for copy in lookup(key)):
                 return
-        released = self._released
         for peer in listed:
-            self._doomed.append((peer, released[peer.block_id]))
+            self._doomed.append((peer, heap.seq_of(peer.block_id)))
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -237,8 +231,7 @@ class HybridAwarePolicy:
         twin._dooms = self._dooms
         twin._indexed = self._indexed
         twin._peers = {prefix: dict(peers) for prefix, peers in self._peers.items()}
-        twin._prefix_of = dict(self._prefix_of)
-        twin._released = list(self._released)
+        twin._prefix_of = list(self._prefix_of)
         twin._doomed = deque(self._doomed)
         return [twin.pop_victim() for _ in range(len(twin))]
 

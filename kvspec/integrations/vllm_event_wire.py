@@ -11,7 +11,7 @@ How an event is encoded depends on the release:
 
 :func:`decode_event_batch` reads both into frozen values (:class:`WireEventBatch`), so a consumer (``kvspec
 events``, a router's index) does not depend on vLLM or on the release. Block hashes stay as sent: ``bytes``
-(vLLM's sha256 family) or ``int``. Needs ``msgspec`` (``pip install 'kvspec[vllm]'``).
+(vLLM's sha256 family) or ``int``. :func:`encode_event_batch` writes kvspec's events in either format.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
+
+import msgspec
 
 from kvspec.blocks.events import BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.errors import EventWireError
@@ -103,6 +105,37 @@ _CLASSES: Final[Mapping[str, type[WireEvent]]] = {
 _TUPLES: Final = frozenset({"block_hashes", "token_ids", "extra_keys"})
 
 
+# What encode_event_batch writes for 0.32 / 0.34: maps tagged "type", in vLLM's field order, fields at None
+# left out but BlockStored's first six (which vLLM's classes declare without a default). Structs, not dicts:
+# msgspec writes them in C, and a fleet encodes every step's events.
+class _StoredMap(msgspec.Struct, tag="BlockStored", tag_field="type", omit_defaults=True):
+    block_hashes: list[Any]
+    parent_block_hash: Any
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class _RemovedMap(msgspec.Struct, tag="BlockRemoved", tag_field="type", omit_defaults=True):
+    block_hashes: list[Any]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _ClearedMap(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):
+    pass
+
+
+_CLEARED_MAP: Final = _ClearedMap()
+_encode: Final = msgspec.msgpack.Encoder().encode
+
+
 def _frozen(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_frozen(item) for item in value)
@@ -161,10 +194,6 @@ def decode_event_batch(payload: bytes, *, seq: int | None = None) -> WireEventBa
     )
 
 
-#: The BlockStored fields vLLM always writes (no default: 0.23's first six); the others are written when set.
-_STORED_REQUIRED: Final = _POSITIONAL["BlockStored"][:6]
-
-
 def _event_fields(event: KVCacheEvent) -> tuple[str, dict[str, Any]]:
     if isinstance(event, BlockStored):
         fields: dict[str, Any] = {
@@ -201,25 +230,37 @@ def encode_event_batch(
     msgpack maps tagged ``"type"``, fields at their default left out (msgspec's ``omit_defaults``);
     ``"0.23"``: positional arrays ``[tag, field, ...]`` in vLLM 0.23's field order. The batch is
     ``[ts, events, data_parallel_rank]`` either way. :func:`decode_event_batch` reads both back."""
-    try:
-        import msgspec
-    except ImportError as exc:  # pragma: no cover - a dependency of kvspec
-        raise EventWireError("encoding KV events needs msgspec: pip install msgspec") from exc
     if wire not in ("0.34", "0.32", "0.23"):
         raise EventWireError(f"unknown KV event wire format {wire!r}; kvspec writes '0.34' (maps) or '0.23'")
     encoded: list[Any] = []
+    if wire == "0.23":
+        for event in events:
+            kind, fields = _event_fields(event)
+            encoded.append([kind, *(fields.get(name) for name in _POSITIONAL[kind])])
+        return _encode([ts, encoded, data_parallel_rank])
+    append = encoded.append
     for event in events:
-        kind, fields = _event_fields(event)
-        if wire == "0.23":
-            names = _POSITIONAL[kind]
-            encoded.append([kind, *(fields.get(name) for name in names)])
+        if isinstance(event, BlockRemoved):
+            append(_RemovedMap(event.block_hashes, event.medium, event.group_idx))
+        elif isinstance(event, BlockStored):
+            append(
+                _StoredMap(
+                    event.block_hashes,
+                    event.parent_block_hash,
+                    event.token_ids,
+                    event.block_size,
+                    event.lora_id,
+                    event.medium,
+                    event.lora_name,
+                    event.extra_keys,
+                    event.group_idx,
+                    event.kv_cache_spec_kind,
+                    event.kv_cache_spec_sliding_window,
+                )
+            )
         else:
-            item: dict[str, Any] = {"type": kind}
-            for name, value in fields.items():
-                if value is not None or (kind == "BlockStored" and name in _STORED_REQUIRED):
-                    item[name] = value
-            encoded.append(item)
-    return msgspec.msgpack.encode([ts, encoded, data_parallel_rank])
+            append(_CLEARED_MAP)
+    return _encode([ts, encoded, data_parallel_rank])
 
 
 def receive_batches(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgspec
@@ -51,6 +52,39 @@ def test_encoded_batches_decode_back_field_for_field(wire: str) -> None:
     assert stored.block_hashes == tuple(H[:3]) and stored.token_ids == tuple(range(12))  # type: ignore[union-attr]
     assert stored.kv_cache_spec_kind == "full_attention" and stored.group_idx == 0  # type: ignore[union-attr]
     assert removed.block_hashes == (H[1],) and type(cleared).__name__ == "WireAllBlocksCleared"  # type: ignore[union-attr]
+
+
+def test_034_maps_are_written_in_vllms_field_order_with_nones_left_out() -> None:
+    stored = dataclasses.replace(_stored(H[:2]), extra_keys=[None, ("lora-a",)], lora_id=None)
+    events: list[KVCacheEvent] = [
+        stored,
+        BlockRemoved(block_hashes=[H[1]], medium="GPU"),
+        BlockRemoved(block_hashes=[H[0]], medium="CPU", group_idx=2),
+        AllBlocksCleared(),
+    ]
+    expected = [
+        2.5,
+        [
+            {
+                "type": "BlockStored",
+                "block_hashes": H[:2],
+                "parent_block_hash": None,  # the first six are written even when None
+                "token_ids": list(range(8)),
+                "block_size": 4,
+                "lora_id": None,
+                "medium": "GPU",
+                "extra_keys": [None, ["lora-a"]],
+                "group_idx": 0,
+                "kv_cache_spec_kind": "full_attention",
+            },
+            {"type": "BlockRemoved", "block_hashes": [H[1]], "medium": "GPU"},
+            {"type": "BlockRemoved", "block_hashes": [H[0]], "medium": "CPU", "group_idx": 2},
+            {"type": "AllBlocksCleared"},
+        ],
+        None,
+    ]
+    # Byte for byte: the same keys in the same order as the maps above.
+    assert encode_event_batch(events, ts=2.5) == msgspec.msgpack.encode(expected)
 
 
 @pytest.mark.parametrize("wire", ["0.34", "0.23"])

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kvspec.blocks.eviction import BlockUse, EvictionContext
-from kvspec.blocks.hashing import get_group_id
+from kvspec.blocks.hashing import get_group_id, group_suffix
 from kvspec.eviction._heap import ScoredBlocks
 
 if TYPE_CHECKING:
@@ -54,7 +54,9 @@ class HybridAwarePolicy:
         "_e_min",
         "_groups",
         "_heap",
+        "_anchor_suffix",
         "_indexed",
+        "_needed",
         "_peers",
         "_plain_lru",
         "_prefix_of",
@@ -93,9 +95,16 @@ class HybridAwarePolicy:
             indexed = set(attention)
         #: group id -> whether its free blocks are indexed by prefix position
         self._indexed = [gid in indexed for gid in range(len(groups))]
-        #: prefix position (the block hash without its group) -> indexed free blocks cached there
-        self._peers: dict[bytes, dict[int, KVCacheBlock]] = {}
-        #: block id -> the prefix position it was cached at when added, while it is free and indexed
+        #: group id -> whether it is left-closed (its victims doom peers)
+        self._needed = [g.needed_by_longer_hits for g in groups]
+        # With one left-closed group that is not indexed, peers are filed under that group's key at their
+        # position: its victims then find them by their own key (its hash is cached), with no slicing.
+        self._anchor_suffix: bytes | None = (
+            group_suffix(needed[0]) if len(needed) == 1 and not self._indexed[needed[0]] else None
+        )
+        #: a position's anchor (see _anchor) -> the indexed free blocks cached there
+        self._peers: dict[bytes, list[KVCacheBlock]] = {}
+        #: block id -> the anchor it is filed under, while it is free and indexed
         self._prefix_of: list[bytes | None] = [None] * context.num_blocks
         #: (block, release number) of free blocks that can serve no hit any more, evicted first
         self._doomed: deque[tuple[KVCacheBlock, int]] = deque()
@@ -146,24 +155,34 @@ class HybridAwarePolicy:
             seq += 1
         self._seq = seq
 
+    def _anchor(self, key: bytes) -> bytes:
+        """Where peers at ``key``'s position are filed: the left-closed group's key there, or the position
+        (the hash without its group) when there are several such groups or no pool's map."""
+        suffix = self._anchor_suffix
+        return key[:-4] if suffix is None else key[:-4] + suffix
+
     def _index(self, block: KVCacheBlock, key: bytes | None) -> None:
         assert key is not None
-        prefix = key[:-4]
-        self._prefix_of[block.block_id] = prefix
-        peers = self._peers.get(prefix)
+        anchor = self._anchor(key)
+        self._prefix_of[block.block_id] = anchor
+        peers = self._peers.get(anchor)
         if peers is None:
-            self._peers[prefix] = {block.block_id: block}
+            self._peers[anchor] = [block]
         else:
-            peers[block.block_id] = block
+            peers.append(block)
 
     def _unindex(self, block_id: int) -> None:
-        prefix = self._prefix_of[block_id]
-        if prefix is not None:
+        anchor = self._prefix_of[block_id]
+        if anchor is not None:
             self._prefix_of[block_id] = None
-            peers = self._peers[prefix]
-            del peers[block_id]
-            if not peers:
-                del self._peers[prefix]
+            peers = self._peers[anchor]
+            if len(peers) == 1:
+                del self._peers[anchor]
+            else:
+                for i, peer in enumerate(peers):
+                    if peer.block_id == block_id:
+                        del peers[i]
+                        break
 
     def remove(self, block: KVCacheBlock) -> None:
         self._heap.discard(block)
@@ -183,7 +202,7 @@ class HybridAwarePolicy:
         key = victim.block_hash
         if self._dooms and key is not None and self._peers:
             gid = get_group_id(key)
-            if gid < len(self._groups) and self._groups[gid].needed_by_longer_hits:
+            if gid < len(self._needed) and self._needed[gid]:
                 self._doom_peers(victim, key, gid)
         return victim
 
@@ -195,10 +214,10 @@ class HybridAwarePolicy:
         its position (a prefix recomputed after a shorter hit, as Mamba hybrids do), the indexed free blocks
         there serve no hit any more and are evicted next. State snapshots are never indexed: recomputing the
         attention up to one brings its hit back, while the state returns only if a chunk ends there again."""
-        peers = self._peers.get(key[:-4])
+        peers = self._peers.get(key if self._anchor_suffix is not None else key[:-4])
         if not peers:
             return
-        listed = list(peers.values())
+        listed = list(peers)
         gids = [get_group_id(p.block_hash) if p.block_hash is not None else -1 for p in listed]
         if gid in gids:
             return
@@ -230,7 +249,9 @@ class HybridAwarePolicy:
         twin._seq = self._seq
         twin._dooms = self._dooms
         twin._indexed = self._indexed
-        twin._peers = {prefix: dict(peers) for prefix, peers in self._peers.items()}
+        twin._anchor_suffix = self._anchor_suffix
+        twin._needed = self._needed
+        twin._peers = {anchor: list(peers) for anchor, peers in self._peers.items()}
         twin._prefix_of = list(self._prefix_of)
         twin._doomed = deque(self._doomed)
         return [twin.pop_victim() for _ in range(len(twin))]

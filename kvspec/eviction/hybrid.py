@@ -46,6 +46,7 @@ class HybridAwarePolicy:
     attention block is indexed, as the copy check then needs."""
 
     __slots__ = (
+        "_anchor_suffix",
         "_bonus_of",
         "_bonus_scale",
         "_cached_blocks",
@@ -54,7 +55,6 @@ class HybridAwarePolicy:
         "_e_min",
         "_groups",
         "_heap",
-        "_anchor_suffix",
         "_indexed",
         "_needed",
         "_peers",

@@ -8,13 +8,23 @@ Built in, by name (``KVCacheCoordinator(..., eviction_policy=name)``, ``kvspec s
 - ``"retention"``: requests' priority and retention time (:class:`RetentionPolicy`);
 - ``"hybrid"``: recency plus recompute cost per byte, coherent across groups (:class:`HybridAwarePolicy`).
 
-A plugin implements :class:`kvspec.blocks.eviction.EvictionPolicy` and registers a factory with
+A plugin implements :class:`kvspec.blocks.eviction.EvictionPolicy` (and, to be called once per request
+rather than once per block, :class:`BatchEvictionPolicy`) and registers a factory with
 :func:`register_eviction_policy`; ``kvspec.testing.check_eviction_policy`` is its conformance kit.
+:class:`BlockList` threads a policy's order through the blocks' policy links (O(1), no allocation).
 """
 
 from __future__ import annotations
 
-from kvspec.blocks.eviction import BlockUse, EvictionContext, EvictionPolicy, EvictionPolicyFactory, GroupInfo
+from kvspec.blocks.eviction import (
+    BatchEvictionPolicy,
+    BlockUse,
+    EvictionContext,
+    EvictionPolicy,
+    EvictionPolicyFactory,
+    GroupInfo,
+)
+from kvspec.eviction._blocklist import BlockList
 from kvspec.eviction.hybrid import HybridAwarePolicy
 from kvspec.eviction.lfu import LFUPolicy
 from kvspec.eviction.lru import ReleaseOrderLRU
@@ -42,6 +52,8 @@ for _name, _factory in BUILTIN_POLICIES.items():
 
 __all__ = [
     "BUILTIN_POLICIES",
+    "BatchEvictionPolicy",
+    "BlockList",
     "LRU",
     "BlockUse",
     "EvictionContext",

@@ -70,14 +70,7 @@ class KVEventIndex:
         except (msgspec.ValidationError, msgspec.DecodeError):
             pass
         else:
-            for item in batch[1]:
-                self.num_events += 1
-                if type(item) is _Stored:
-                    self._stored(instance, item.block_hashes, item.kv_cache_spec_kind)
-                elif type(item) is _Removed:
-                    self._removed(instance, item.block_hashes, item.group_idx)
-                else:
-                    self._cleared(instance)
+            self._apply_maps(instance, batch[1])
             return
         try:
             raw = self._decode(payload)
@@ -112,6 +105,43 @@ class KVEventIndex:
                     raise EventWireError(f"instance {instance}: unknown KV event type {kind!r}")
             else:
                 raise EventWireError(f"instance {instance}: a KV event must be a map or an array")
+
+    def _apply_maps(self, instance: int, events: list[_Stored | _Removed | _Cleared]) -> None:
+        """Decoded 0.32/0.34 events, in order: ``_stored`` / ``_removed`` / ``_cleared`` inlined (a fleet
+        applies every step's events; vLLM sends one BlockRemoved per evicted hash)."""
+        holders = self.holders
+        held = self.held[instance]
+        self.num_events += len(events)
+        for item in events:
+            if type(item) is _Removed:
+                for h in item.block_hashes:
+                    entry = holders.get(h)
+                    if entry is None:
+                        continue
+                    count = entry.get(instance)
+                    if count is None:
+                        continue  # a removal of a group the index does not track (sliding window, Mamba)
+                    if count > 1:
+                        entry[instance] = count - 1
+                        continue
+                    del entry[instance]
+                    held.discard(h)
+                    if not entry:
+                        del holders[h]
+            elif type(item) is _Stored:
+                kind = item.kv_cache_spec_kind
+                if kind is not None and kind not in PREFIX_KINDS:
+                    continue
+                for h in item.block_hashes:
+                    entry = holders.get(h)
+                    if entry is None:
+                        holders[h] = {instance: 1}
+                    else:
+                        entry[instance] = entry.get(instance, 0) + 1
+                    held.add(h)
+            else:
+                self._cleared(instance)
+                held = self.held[instance]  # a clear starts a new set
 
     def _stored(self, instance: int, hashes: Sequence[Any], kind: str | None) -> None:
         if kind is not None and kind not in PREFIX_KINDS:

@@ -101,6 +101,16 @@ def test_the_index_tracks_stores_removals_and_clears(wire: str) -> None:
     assert set(index.holders) == {H[0], H[2], H[3]}
 
 
+@pytest.mark.parametrize("wire", ["0.34", "0.23"])
+def test_stores_after_a_clear_in_one_batch_are_kept(wire: str) -> None:
+    index = KVEventIndex(2)
+    index.apply(0, encode_event_batch([_stored(H[:2]), AllBlocksCleared(), _stored(H[4:6])], ts=0, wire=wire))
+    assert index.held[0] == set(H[4:6]) and index.overlap(H[4:6]) == [2, 0]
+    assert index.overlap(H[:2]) == [0, 0] and index.num_events == 3
+    index.apply(0, encode_event_batch([BlockRemoved(block_hashes=[H[4]], medium="GPU")], ts=0, wire=wire))
+    assert index.held[0] == {H[5]} and H[4] not in index.holders
+
+
 def test_two_groups_storing_one_hash_keep_it_until_both_remove_it() -> None:
     index = KVEventIndex(1)
     index.apply(0, encode_event_batch([_stored(H[:2], group=0), _stored(H[:2], group=1)], ts=0))

@@ -97,12 +97,13 @@ class HybridAwarePolicy:
         self._indexed = [gid in indexed for gid in range(len(groups))]
         #: group id -> whether it is left-closed (its victims doom peers)
         self._needed = [g.needed_by_longer_hits for g in groups]
-        # With one left-closed group that is not indexed, peers are filed under that group's key at their
-        # position: its victims then find them by their own key (its hash is cached), with no slicing.
+        # Where peers at a position are filed (their anchor): with one left-closed group that is not indexed,
+        # that group's key there, so its victims find them by their own key (its hash is cached), with no
+        # slicing; else the position itself (the hash without its group).
         self._anchor_suffix: bytes | None = (
             group_suffix(needed[0]) if len(needed) == 1 and not self._indexed[needed[0]] else None
         )
-        #: a position's anchor (see _anchor) -> the indexed free blocks cached there
+        #: a position's anchor -> the indexed free blocks cached there
         self._peers: dict[bytes, list[KVCacheBlock]] = {}
         #: block id -> the anchor it is filed under, while it is free and indexed
         self._prefix_of: list[bytes | None] = [None] * context.num_blocks
@@ -136,6 +137,7 @@ class HybridAwarePolicy:
     def add_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
         heap, bonus_of, indexed = self._heap, self._bonus_of, self._indexed
         plain, num_groups = self._plain_lru, len(bonus_of)
+        prefix_of, peers = self._prefix_of, self._peers
         small = num_groups <= 256  # a group id then fits the key's last byte (the suffix is big-endian)
         seq = self._seq
         for block in blocks:
@@ -149,27 +151,19 @@ class HybridAwarePolicy:
                     bonus = self.bonus(block)
                 heap.push(block, seq + bonus, seq)
                 if indexed[gid]:
-                    self._index(block, key)
+                    assert key is not None
+                    suffix = self._anchor_suffix
+                    anchor = key[:-4] if suffix is None else key[:-4] + suffix
+                    prefix_of[block.block_id] = anchor
+                    filed = peers.get(anchor)
+                    if filed is None:
+                        peers[anchor] = [block]
+                    else:
+                        filed.append(block)
             else:
                 heap.push(block, seq, seq)  # no group to weigh: plain release order
             seq += 1
         self._seq = seq
-
-    def _anchor(self, key: bytes) -> bytes:
-        """Where peers at ``key``'s position are filed: the left-closed group's key there, or the position
-        (the hash without its group) when there are several such groups or no pool's map."""
-        suffix = self._anchor_suffix
-        return key[:-4] if suffix is None else key[:-4] + suffix
-
-    def _index(self, block: KVCacheBlock, key: bytes | None) -> None:
-        assert key is not None
-        anchor = self._anchor(key)
-        self._prefix_of[block.block_id] = anchor
-        peers = self._peers.get(anchor)
-        if peers is None:
-            self._peers[anchor] = [block]
-        else:
-            peers.append(block)
 
     def _unindex(self, block_id: int) -> None:
         anchor = self._prefix_of[block_id]
@@ -198,7 +192,8 @@ class HybridAwarePolicy:
                 break
         if victim is None:
             victim = heap.pop()
-        self._unindex(victim.block_id)
+        if self._prefix_of[victim.block_id] is not None:
+            self._unindex(victim.block_id)
         key = victim.block_hash
         if self._dooms and key is not None and self._peers:
             gid = get_group_id(key)

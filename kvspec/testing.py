@@ -37,10 +37,8 @@ from kvspec.blocks.events import BlockStored
 from kvspec.blocks.eviction import (
     BatchEvictionPolicy,
     BlockUse,
-    EvictionContext,
     EvictionPolicy,
     EvictionPolicyFactory,
-    GroupInfo,
 )
 from kvspec.blocks.hashing import BlockHashListWithBlockSize, make_block_hash_with_group_id
 from kvspec.blocks.pool import BlockPool, KVCacheBlock
@@ -53,7 +51,7 @@ from kvspec.contracts.traits import SpecTraits, block_tokens_of, event_kind, tra
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator
 from kvspec.device.kv_cache import allocate_kv_caches, page_views_of
 from kvspec.errors import InvariantError, KVSpecError, PluginContractError
-from kvspec.eviction.registry import check_eviction_policy_factory
+from kvspec.eviction.registry import check_eviction_policy_factory, probe_context
 from kvspec.planning import generate_scheduler_kv_cache_config, get_kv_cache_config
 from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec
 from kvspec.registry.builtins import default_registry, register_builtins
@@ -984,10 +982,6 @@ def _check_policy_state(policy: EvictionPolicy, pool: BlockPool) -> None:
             raise _fail(f"eviction policy {name}: lists block {block.block_id}, which a request holds")
 
 
-def _probe_context(num_blocks: int) -> EvictionContext:
-    return EvictionContext(num_blocks=num_blocks, groups=(GroupInfo(block_tokens=16, page_bytes=4096),))
-
-
 class _PerBlockCalls:
     """A policy seen through its per-block methods only (its batch methods hidden), for the kit to run a
     batch policy both ways."""
@@ -1045,7 +1039,7 @@ def check_eviction_policy(
                 f"eviction policy from {name!r} is not deterministic: seed {seed} gave different block ids on "
                 "a second run"
             )
-        if isinstance(checked(_probe_context(num_blocks)), BatchEvictionPolicy):
+        if isinstance(checked(probe_context(num_blocks)), BatchEvictionPolicy):
             # The pool calls a batch policy's add_blocks / pop_victims; they must act as add / pop_victim.
             per_block = _eviction_scenario(
                 lambda context: _PerBlockCalls(checked(context)), seed, steps, num_blocks, profile

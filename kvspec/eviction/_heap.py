@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from kvspec.eviction._blocklist import BlockList
@@ -89,8 +88,8 @@ class ScoredBlocks:
     with ``score == seq`` (no bonus: plain release order) sit in a :class:`BlockList` linked through the
     blocks, O(1) each way; the others in a :class:`BlockHeap`. ``pop`` takes the smaller of the two heads.
 
-    A :meth:`copy` is detached: its plain part is a dict of its own, so popping it leaves the blocks' links
-    (and this one) as they are."""
+    A :meth:`copy` is detached: it holds every block in its heap and never reads or writes the blocks'
+    links, so popping it leaves the original as it is."""
 
     __slots__ = ("_detached", "_heap", "_plain", "_seq_of")
 
@@ -99,15 +98,13 @@ class ScoredBlocks:
         #: block id -> the seq it was last pushed with
         self._seq_of = [0] * num_blocks
         self._heap = BlockHeap()
-        #: a copy's plain part (block id -> (block, seq)), in place of the linked list; None in the original
-        self._detached: OrderedDict[int, tuple[KVCacheBlock, int]] | None = None
+        #: True in a copy: the links are the original's, so the plain list is not used
+        self._detached = False
 
     def push(self, block: KVCacheBlock, score: float, seq: int) -> None:
         self._seq_of[block.block_id] = seq
-        if score != seq:
+        if score != seq or self._detached:
             self._heap.push(block, (score, seq))
-        elif self._detached is not None:
-            self._detached[block.block_id] = (block, seq)
         else:
             self._plain.append(block)
 
@@ -115,27 +112,23 @@ class ScoredBlocks:
         """The seq block ``block_id`` was last pushed with (whether or not it is still held)."""
         return self._seq_of[block_id]
 
+    def _in_plain(self, block: KVCacheBlock) -> bool:
+        return not self._detached and block.prev_in_policy is not None
+
     def discard(self, block: KVCacheBlock) -> bool:
-        if self._detached is not None:
-            return self._detached.pop(block.block_id, None) is not None or self._heap.discard(block)
-        if block.prev_in_policy is not None:
+        if self._in_plain(block):
             self._plain.remove(block)
             return True
         return self._heap.discard(block)
 
     def holds(self, block: KVCacheBlock) -> bool:
         """Whether ``block`` is one of this one's blocks."""
-        if self._detached is not None:
-            return block.block_id in self._detached or block.block_id in self._heap
-        return block.prev_in_policy is not None or block.block_id in self._heap
+        return self._in_plain(block) or block.block_id in self._heap
 
     def __len__(self) -> int:
-        plain = len(self._detached) if self._detached is not None else self._plain.size
-        return plain + len(self._heap)
+        return self._plain.size + len(self._heap)
 
     def pop(self) -> KVCacheBlock:
-        if self._detached is not None:
-            return self._pop_detached()
         first = self._plain.first()
         if first is None:
             return self._heap.pop()
@@ -146,25 +139,12 @@ class ScoredBlocks:
                 return self._heap.pop()
         return self._plain.popleft()
 
-    def _pop_detached(self) -> KVCacheBlock:
-        detached = self._detached
-        assert detached is not None
-        if not detached:
-            return self._heap.pop()
-        if len(self._heap):
-            _, seq = next(iter(detached.values()))
-            key, _ = self._heap.peek()
-            if key < (seq, seq):
-                return self._heap.pop()
-        return detached.popitem(last=False)[1][0]
-
     def copy(self) -> ScoredBlocks:
         twin = ScoredBlocks()
+        twin._detached = True
         twin._seq_of = list(self._seq_of)
-        if self._detached is not None:
-            twin._detached = OrderedDict(self._detached)
-        else:
-            seq_of = self._seq_of
-            twin._detached = OrderedDict((b.block_id, (b, seq_of[b.block_id])) for b in self._plain.blocks())
         twin._heap = self._heap.copy()
+        for block in self._plain.blocks():
+            seq = self._seq_of[block.block_id]
+            twin._heap.push(block, (seq, seq))  # a plain block's key: score == seq
         return twin

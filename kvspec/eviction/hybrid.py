@@ -192,8 +192,7 @@ class HybridAwarePolicy:
                 break
         if victim is None:
             victim = heap.pop()
-        if self._prefix_of[victim.block_id] is not None:
-            self._unindex(victim.block_id)
+        self._unindex(victim.block_id)
         key = victim.block_hash
         if self._dooms and key is not None and self._peers:
             gid = get_group_id(key)
@@ -212,8 +211,7 @@ class HybridAwarePolicy:
         peers = self._peers.get(key if self._anchor_suffix is not None else key[:-4])
         if not peers:
             return
-        listed = list(peers)
-        gids = [get_group_id(p.block_hash) if p.block_hash is not None else -1 for p in listed]
+        gids = [get_group_id(p.block_hash) if p.block_hash is not None else -1 for p in peers]
         if gid in gids:
             return
         heap = self._heap
@@ -222,7 +220,7 @@ class HybridAwarePolicy:
             assert lookup is not None  # the group is indexed without the pool's map
             if any(copy is not victim and heap.holds(copy) for copy in lookup(key)):
                 return
-        for peer in listed:
+        for peer in peers:
             self._doomed.append((peer, heap.seq_of(peer.block_id)))
 
     def __len__(self) -> int:

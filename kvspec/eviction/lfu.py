@@ -43,10 +43,7 @@ class LFUPolicy:
         return blocks
 
     def add(self, block: KVCacheBlock) -> None:
-        uses = self._uses[block.block_id]
-        self._list_for(uses).append(block)
-        self._where[block.block_id] = uses
-        self._size += 1
+        self.add_blocks((block,))
 
     def add_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
         """``add`` of each block; consecutive blocks of one count share a list lookup."""

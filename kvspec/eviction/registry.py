@@ -25,6 +25,11 @@ _lock = threading.Lock()
 _policies: dict[str, EvictionPolicyFactory] = {}
 
 
+def probe_context(num_blocks: int = 4) -> EvictionContext:
+    """The small context a factory is tried on: ``num_blocks`` blocks, one 16-token group, no pool."""
+    return EvictionContext(num_blocks=num_blocks, groups=(GroupInfo(block_tokens=16, page_bytes=4096),))
+
+
 def check_eviction_policy_factory(name: str, factory: object) -> EvictionPolicyFactory:
     """``factory`` as a factory, after building one policy from it on a 4-block, one-group context;
     an ``EvictionPolicyError`` naming ``name`` and what is wrong otherwise."""
@@ -33,9 +38,8 @@ def check_eviction_policy_factory(name: str, factory: object) -> EvictionPolicyF
             f"Eviction policy {name!r}: the factory must be callable (EvictionContext -> EvictionPolicy), "
             f"got {type(factory).__name__}."
         )
-    probe = EvictionContext(num_blocks=4, groups=(GroupInfo(block_tokens=16, page_bytes=4096),))
     try:
-        policy = factory(probe)
+        policy = factory(probe_context())
     except Exception as exc:
         raise EvictionPolicyError(
             f"Eviction policy {name!r}: the factory raised {type(exc).__name__}: {exc} when called with an "
@@ -134,6 +138,7 @@ def _describe(factory: Callable[..., object]) -> str:
 __all__ = [
     "LRU",
     "check_eviction_policy_factory",
+    "probe_context",
     "eviction_policy_names",
     "register_eviction_policy",
     "resolve_eviction_policy",

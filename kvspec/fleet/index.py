@@ -70,7 +70,7 @@ class KVEventIndex:
         except (msgspec.ValidationError, msgspec.DecodeError):
             pass
         else:
-            self._apply_maps(instance, batch[1])
+            self._apply_events(instance, batch[1])
             return
         try:
             raw = self._decode(payload)
@@ -80,35 +80,39 @@ class KVEventIndex:
             ) from None
         if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list):
             raise EventWireError(f"instance {instance}: a KV event batch is [ts, events, dp_rank]")
+        # The general path reads each event into the typed form the maps decode to, then applies them
+        # all; a bad event is refused before any of its batch is applied.
+        events: list[_Stored | _Removed | _Cleared] = []
         for event in raw[1]:
-            self.num_events += 1
             if isinstance(event, dict):
                 kind = event.get("type")
                 if kind == "BlockStored":
-                    self._stored(instance, event.get("block_hashes", ()), event.get("kv_cache_spec_kind"))
+                    events.append(_Stored(event.get("block_hashes", []), event.get("kv_cache_spec_kind")))
                 elif kind == "BlockRemoved":
-                    self._removed(instance, event.get("block_hashes", ()), event.get("group_idx"))
+                    events.append(_Removed(event.get("block_hashes", []), event.get("group_idx")))
                 elif kind == "AllBlocksCleared":
-                    self._cleared(instance)
+                    events.append(_Cleared())
                 else:
                     raise EventWireError(f"instance {instance}: unknown KV event type {kind!r}")
             elif isinstance(event, list) and event:
                 kind = event[0]
                 if kind == "BlockStored":
                     spec_kind = event[_STORED_KIND_AT] if len(event) > _STORED_KIND_AT else None
-                    self._stored(instance, event[1], spec_kind)
+                    events.append(_Stored(event[1], spec_kind))
                 elif kind == "BlockRemoved":
-                    self._removed(instance, event[1], event[3] if len(event) > 3 else None)
+                    events.append(_Removed(event[1], event[3] if len(event) > 3 else None))
                 elif kind == "AllBlocksCleared":
-                    self._cleared(instance)
+                    events.append(_Cleared())
                 else:
                     raise EventWireError(f"instance {instance}: unknown KV event type {kind!r}")
             else:
                 raise EventWireError(f"instance {instance}: a KV event must be a map or an array")
+        self._apply_events(instance, events)
 
-    def _apply_maps(self, instance: int, events: list[_Stored | _Removed | _Cleared]) -> None:
-        """Decoded 0.32/0.34 events, in order: ``_stored`` / ``_removed`` / ``_cleared`` inlined (a fleet
-        applies every step's events; vLLM sends one BlockRemoved per evicted hash)."""
+    def _apply_events(self, instance: int, events: list[_Stored | _Removed | _Cleared]) -> None:
+        """``instance``'s events in order, in one loop (a fleet applies every step's events; vLLM sends one
+        BlockRemoved per evicted hash). A store counts only for kinds that keep a whole prefix; a removal
+        of a hash the instance does not hold (an untracked group's) is ignored."""
         holders = self.holders
         held = self.held[instance]
         self.num_events += len(events)
@@ -142,35 +146,6 @@ class KVEventIndex:
             else:
                 self._cleared(instance)
                 held = self.held[instance]  # a clear starts a new set
-
-    def _stored(self, instance: int, hashes: Sequence[Any], kind: str | None) -> None:
-        if kind is not None and kind not in PREFIX_KINDS:
-            return
-        holders = self.holders
-        held = self.held[instance]
-        for h in hashes:
-            entry = holders.get(h)
-            if entry is None:
-                holders[h] = {instance: 1}
-            else:
-                entry[instance] = entry.get(instance, 0) + 1
-            held.add(h)
-
-    def _removed(self, instance: int, hashes: Sequence[Any], _group: int | None) -> None:
-        holders = self.holders
-        held = self.held[instance]
-        for h in hashes:
-            entry = holders.get(h)
-            if entry is None or instance not in entry:
-                continue  # a removal of a group the index does not track (sliding window, Mamba)
-            count = entry[instance] - 1
-            if count:
-                entry[instance] = count
-                continue
-            del entry[instance]
-            held.discard(h)
-            if not entry:
-                del holders[h]
 
     def _cleared(self, instance: int) -> None:
         for h in self.held[instance]:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import struct
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NewType, Protocol, cast, overload
 
@@ -23,6 +24,9 @@ from kvspec.errors import KVSpecError, UnknownHashFunctionError
 
 BlockHash = NewType("BlockHash", bytes)
 BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
+
+#: A token id as hashed: uint32 in the machine's order, as ``array("I")`` writes it (``_token_bytes``).
+_UINT32 = struct.Struct("=I")
 
 #: Algorithms by name; values build a digest of a bytes message.
 HASH_ALGORITHMS = ("sha256", "xxhash")
@@ -146,6 +150,27 @@ class BlockHasher:
                 _block_message(parent or self.root_hash, _token_bytes(token_ids), extra_keys)
             ).digest()
         )
+
+    def hash_runs(self, runs: Iterable[tuple[int, int]]) -> list[BlockHash]:
+        """Hashes of the full blocks of a prompt given as runs ``(token id, count)``: equal to hashing the
+        runs expanded into tokens (no extra keys), without converting token by token (a trace's hash id is
+        a run of one token id). Tokens of a partial last block are not hashed."""
+        parts: list[bytes] = []
+        for token, count in runs:
+            if count < 0 or not 0 <= token < 2**32:
+                raise KVSpecError(
+                    f"A run of {count} tokens of id {token}: counts are >= 0 and ids in [0, 2**32)."
+                )
+            parts.append(_UINT32.pack(token) * count)
+        raw = b"".join(parts)
+        step = self._token_bytes
+        parent: bytes = self.root_hash
+        new_hash = self._new_hash
+        out: list[bytes] = []
+        for i in range(0, len(raw) - step + 1, step):
+            parent = new_hash(parent + raw[i : i + step]).digest()
+            out.append(parent)
+        return cast("list[BlockHash]", out)
 
     def hash_new_blocks(self, request: HashedRequest) -> list[BlockHash]:
         """Hashes of the request's full blocks that are not hashed yet (appended to the request)."""

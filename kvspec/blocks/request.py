@@ -10,7 +10,7 @@ import torch
 from mypy_extensions import mypyc_attr
 
 from kvspec.blocks.hashing import BlockHash, BlockHasher, MultiModalFeature, generate_block_hash_extra_keys
-from kvspec.errors import KVSpecTypeError
+from kvspec.errors import KVSpecError, KVSpecTypeError
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # engines may extend it in plain Python (compiled build)
@@ -114,6 +114,25 @@ class Request:
             or self.cache_salt is not None
             or self.prompt_embeds is not None
         )
+
+    def adopt_block_hashes(self, hasher: BlockHasher, block_hashes: Sequence[BlockHash]) -> None:
+        """Take ``block_hashes`` as the hashes ``hasher`` gives this request's full blocks (computed in a
+        faster form than token by token, e.g. :meth:`BlockHasher.hash_runs` for a trace's hash ids); from
+        here on ``hasher`` extends them as tokens are appended. Only for a request built without a hasher,
+        with no extra keys, and with one hash per full block."""
+        full = len(self.all_token_ids) // hasher.block_size
+        if self._hasher is not None or self.block_hashes or self.needs_extra_keys:
+            raise KVSpecError(
+                f"Request {self.request_id!r}: block hashes can only be adopted by a request built without a "
+                "hasher and without extra keys (LoRA, multimodal items, cache salt, prompt embeddings)."
+            )
+        if len(block_hashes) != full:
+            raise KVSpecError(
+                f"Request {self.request_id!r}: {len(block_hashes)} block hashes for {full} full blocks of "
+                f"{hasher.block_size} tokens."
+            )
+        self._hasher = hasher
+        self.block_hashes = list(block_hashes)
 
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
         """Append generated tokens and hash any block they complete."""

@@ -34,7 +34,7 @@ from kvspec.intmath import cdiv
 
 #: Generated token ids: ``_GENERATED_BASE + (line * _OUTPUT_SPAN + i) % _GENERATED_RANGE`` for the i-th token
 #: of the request on trace line ``line``: distinct across requests of any real trace, above every prompt
-#: token Mooncake's hash ids give (their largest is under 10**8), and below 2**32 (token ids hash as uint32).
+#: token a hash id gives (``traces.HASH_ID_LIMIT``, 2**31), and below 2**32 (token ids hash as uint32).
 _GENERATED_BASE = 3_000_000_000
 _GENERATED_RANGE = 1_000_000_000
 _OUTPUT_SPAN = 65_536
@@ -107,7 +107,7 @@ class TimedReplayStats:
         }
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True, init=False)
 class InstanceLoad:
     """What a router may know of an instance's load now. Requests; tokens; blocks (the scheduler's pool,
     every group's blocks; ``num_blocks`` excludes the null block).
@@ -122,6 +122,24 @@ class InstanceLoad:
     prefill_tokens: int
     active_blocks: int
     num_blocks: int
+
+    def __init__(
+        self,
+        *,
+        index: int,
+        waiting: int,
+        running: int,
+        prefill_tokens: int,
+        active_blocks: int,
+        num_blocks: int,
+    ) -> None:
+        # Direct object.__setattr__ calls: slot stores in the compiled build (see kvspec.blocks.events).
+        object.__setattr__(self, "index", index)
+        object.__setattr__(self, "waiting", waiting)
+        object.__setattr__(self, "running", running)
+        object.__setattr__(self, "prefill_tokens", prefill_tokens)
+        object.__setattr__(self, "active_blocks", active_blocks)
+        object.__setattr__(self, "num_blocks", num_blocks)
 
     @property
     def requests(self) -> int:

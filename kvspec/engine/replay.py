@@ -70,14 +70,26 @@ class ReplayStats:
 
 def trace_request(item: TraceRequest, hasher: BlockHasher) -> Request:
     """The request a replay runs for trace line ``item``: id ``trace-<line>``, its prompt tokens, and the
-    priority and retention it carries to the eviction policy."""
-    return Request(
-        f"trace-{item.line}",
-        prompt_tokens(item),
-        block_hasher=hasher,
-        priority=item.priority,
-        retention_seconds=item.retention_seconds,
+    priority and retention it carries to the eviction policy. A prompt of hash ids is hashed run by run
+    (:meth:`BlockHasher.hash_runs`: the same hashes as its tokens give)."""
+    tokens = prompt_tokens(item)
+    if item.hash_ids is None or item.hash_block_size is None:
+        return Request(
+            f"trace-{item.line}",
+            tokens,
+            block_hasher=hasher,
+            priority=item.priority,
+            retention_seconds=item.retention_seconds,
+        )
+    request = Request(
+        f"trace-{item.line}", tokens, priority=item.priority, retention_seconds=item.retention_seconds
     )
+    block = item.hash_block_size
+    last = item.input_length - (len(item.hash_ids) - 1) * block
+    runs = [(h, block) for h in item.hash_ids]
+    runs[-1] = (item.hash_ids[-1], last)
+    request.adopt_block_hashes(hasher, hasher.hash_runs(runs))
+    return request
 
 
 class TraceClock:

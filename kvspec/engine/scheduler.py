@@ -12,7 +12,7 @@ from kvspec.blocks.request import Request
 from kvspec.coordinator import KVCacheCoordinator, shared_prefix_junction
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True, init=False)
 class ScheduledRequest:
     """``num_new_tokens`` tokens of ``request`` run this step, starting at position ``num_computed``."""
 
@@ -21,6 +21,22 @@ class ScheduledRequest:
     num_new_tokens: int
     new_block_ids: tuple[Sequence[int], ...]
     resumed: bool
+
+    def __init__(
+        self,
+        *,
+        request: Request,
+        num_computed: int,
+        num_new_tokens: int,
+        new_block_ids: tuple[Sequence[int], ...],
+        resumed: bool,
+    ) -> None:
+        # Direct object.__setattr__ calls: slot stores in the compiled build (see kvspec.blocks.events).
+        object.__setattr__(self, "request", request)
+        object.__setattr__(self, "num_computed", num_computed)
+        object.__setattr__(self, "num_new_tokens", num_new_tokens)
+        object.__setattr__(self, "new_block_ids", new_block_ids)
+        object.__setattr__(self, "resumed", resumed)
 
 
 @dataclass(kw_only=True, slots=True)

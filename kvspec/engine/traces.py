@@ -10,9 +10,11 @@ Two formats, one JSON object a line (blank lines are skipped):
   request's), ``priority`` (int, lower first as in vLLM) and ``retention_seconds`` (how long the prompt's
   prefix may stay pinned). A Mooncake line is also accepted there.
 
-Hash ids become tokens deterministically (:func:`prompt_tokens`): id ``h`` covers tokens
-``h * block + 0 .. h * block + block - 1``, so equal hash prefixes give equal token prefixes and distinct ids
-never share a token; so a hash id's tokens must stay below 2**32 (``h < 2**32 // block``). A bad line raises
+Hash ids become tokens deterministically (:func:`prompt_tokens`): id ``h`` covers ``block`` tokens of id
+``h`` (the last id only as many as ``input_length`` leaves), so equal hash prefixes give equal token prefixes
+and distinct ids never share a token. Every block of ``h`` holds the one int object ``h``: a 12,000-request
+trace expands to 144 million token slots but only as many ints as it has blocks. Hash ids stay below
+:data:`HASH_ID_LIMIT` (2**31), under every token id an engine here generates (from 3 * 10**9). A bad line raises
 :class:`TraceFormatError` naming the file, the line and the field.
 
 Reading is bounded: the file is streamed a line at a time (gzip read transparently, by its ``.gz`` suffix or
@@ -40,8 +42,10 @@ from kvspec.errors import TraceFormatError
 MOONCAKE_BLOCK_TOKENS = 512
 #: The longest trace line read (bytes): 4 MiB holds half a million hash ids, a 256-million-token prompt.
 MAX_LINE_BYTES = 4 << 20
-#: Token ids are 32-bit: hash id h of a B-token block gives tokens h*B .. h*B+B-1, all below this.
+#: Token ids are 32-bit (they are hashed as uint32).
 TOKEN_ID_LIMIT = 1 << 32
+#: Hash ids are below this: id h stands for tokens of id h, and generated tokens start above it (3 * 10**9).
+HASH_ID_LIMIT = 1 << 31
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,8 +77,8 @@ class TraceRequest:
 
 
 def prompt_tokens(request: TraceRequest) -> list[int]:
-    """The prompt of ``request`` as token ids; hash id ``h`` of a ``B``-token block gives ``h*B .. h*B+B-1``
-    (the last id only as many as ``input_length`` leaves)."""
+    """The prompt of ``request`` as token ids: hash id ``h`` of a ``B``-token block gives ``B`` tokens of id
+    ``h`` (the last id only as many as ``input_length`` leaves)."""
     if request.over_length:
         raise TraceFormatError(
             f"trace line {request.line}: the prompt of {request.input_length:,} tokens was over the reader's "
@@ -88,8 +92,7 @@ def prompt_tokens(request: TraceRequest) -> list[int]:
     remaining = request.input_length
     for h in request.hash_ids:
         n = block if remaining >= block else remaining
-        start = h * block
-        tokens.extend(range(start, start + n))
+        tokens += [h] * n
         remaining -= n
     return tokens
 
@@ -114,8 +117,12 @@ def _ids(obj: dict[str, Any], key: str, where: str, *, limit: int) -> tuple[int,
             raise TraceFormatError(f"{where}: {key!r} holds {item!r}; every entry must be an integer >= 0")
         if item >= limit:
             raise TraceFormatError(
-                f"{where}: {key!r} holds {item:,}; entries must be below {limit:,} (token ids are 32-bit"
-                + (", and a hash id stands for its block's tokens)" if key == "hash_ids" else ")")
+                f"{where}: {key!r} holds {item:,}; entries must be below {limit:,} ("
+                + (
+                    "a hash id is its block's token id, below generated tokens)"
+                    if key == "hash_ids"
+                    else "token ids are 32-bit)"
+                )
             )
     return tuple(value)
 
@@ -189,7 +196,7 @@ def parse_line(
     if block is None:
         block = _int(obj, "hash_block_size", where, minimum=1)
     assert block is not None
-    hash_ids = _ids(obj, "hash_ids", where, limit=TOKEN_ID_LIMIT // block)
+    hash_ids = _ids(obj, "hash_ids", where, limit=HASH_ID_LIMIT)
     length = _int(obj, "input_length", where, minimum=1)
     assert length is not None
     if not (len(hash_ids) - 1) * block < length <= len(hash_ids) * block:

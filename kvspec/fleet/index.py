@@ -1,8 +1,8 @@
 """Where each block is cached, learnt only from the instances' KV events (llm-d's and Dynamo's index).
 
 :class:`KVEventIndex` reads publisher payloads in vLLM's wire format (0.34's tagged maps, 0.23's positional
-arrays), keeps ``block hash -> instances`` with a count per instance (one hash may be stored by several
-full-attention groups), and answers the longest *consecutive* prefix each instance holds from block 0.
+arrays), keeps ``block hash -> instances`` (a bitmask; a hash stored by several full-attention groups of one
+instance is counted, so the last removal clears it), and answers the longest *consecutive* prefix each instance holds from block 0.
 
 Hybrid models: only stores of groups whose declared kind keeps every block of a prefix count
 (``full_attention`` and its MLA and sink variants, or events that name no kind), as llm-d-router#2362's fix
@@ -48,20 +48,29 @@ _MapBatch = tuple[float, list[_Stored | _Removed | _Cleared], int | None]
 
 
 class KVEventIndex:
-    """Block residency of ``num_instances`` instances, fed by :meth:`apply`. Invariant: ``holders[h]`` maps
-    each instance holding hash ``h`` to how many of its groups hold it (> 0); ``held[i]`` is the set of
-    hashes instance ``i`` holds."""
+    """Block residency of ``num_instances`` instances, fed by :meth:`apply`. Invariant: ``holders[h]`` is the
+    bitmask of the instances holding hash ``h`` (bit ``i``: instance ``i``; never 0: a hash no instance holds
+    has no entry); ``_repeats[(h, i)]`` counts the stores of ``h`` by instance ``i`` beyond its first (one
+    hash stored by several full-attention groups), so a removal clears the bit only with the last of them."""
 
-    __slots__ = ("_decode", "_decode_maps", "held", "holders", "num_events")
+    __slots__ = ("_decode", "_decode_maps", "_repeats", "holders", "num_events", "num_instances")
 
     def __init__(self, num_instances: int) -> None:
         self._decode = msgspec.msgpack.Decoder().decode
         # 0.32/0.34 maps decode straight into the few fields read (token ids are skipped, not built);
         # anything else (0.23's arrays, a malformed payload) takes the general path below.
         self._decode_maps = msgspec.msgpack.Decoder(_MapBatch).decode
-        self.holders: dict[Any, dict[int, int]] = {}
-        self.held: list[set[Any]] = [set() for _ in range(num_instances)]
+        self.num_instances = num_instances
+        # A bitmask per hash rather than a set or a dict of instances: a store, a removal and a prefix walk
+        # are then a dict lookup and an integer operation each, per block.
+        self.holders: dict[Any, int] = {}
+        self._repeats: dict[tuple[Any, int], int] = {}
         self.num_events = 0
+
+    def held(self, instance: int) -> set[Any]:
+        """The hashes ``instance`` holds (a scan of the index: for tests and reports, not the hot path)."""
+        bit = 1 << instance
+        return {h for h, mask in self.holders.items() if mask & bit}
 
     def apply(self, instance: int, payload: bytes) -> None:
         """One publisher payload ``[ts, events, dp_rank]`` of ``instance``."""
@@ -114,67 +123,77 @@ class KVEventIndex:
         BlockRemoved per evicted hash). A store counts only for kinds that keep a whole prefix; a removal
         of a hash the instance does not hold (an untracked group's) is ignored."""
         holders = self.holders
-        held = self.held[instance]
+        repeats = self._repeats
+        bit = 1 << instance
         self.num_events += len(events)
         for item in events:
             if type(item) is _Removed:
                 for h in item.block_hashes:
-                    entry = holders.get(h)
-                    if entry is None:
-                        continue
-                    count = entry.get(instance)
-                    if count is None:
+                    mask = holders.get(h, 0)
+                    if not mask & bit:
                         continue  # a removal of a group the index does not track (sliding window, Mamba)
-                    if count > 1:
-                        entry[instance] = count - 1
-                        continue
-                    del entry[instance]
-                    held.discard(h)
-                    if not entry:
+                    if repeats:
+                        key = (h, instance)
+                        more = repeats.get(key)
+                        if more is not None:
+                            if more > 1:
+                                repeats[key] = more - 1
+                            else:
+                                del repeats[key]
+                            continue
+                    mask ^= bit
+                    if mask:
+                        holders[h] = mask
+                    else:
                         del holders[h]
             elif type(item) is _Stored:
                 kind = item.kv_cache_spec_kind
                 if kind is not None and kind not in PREFIX_KINDS:
                     continue
                 for h in item.block_hashes:
-                    entry = holders.get(h)
-                    if entry is None:
-                        holders[h] = {instance: 1}
+                    mask = holders.get(h, 0)
+                    if mask & bit:
+                        key = (h, instance)
+                        repeats[key] = repeats.get(key, 0) + 1
                     else:
-                        entry[instance] = entry.get(instance, 0) + 1
-                    held.add(h)
+                        holders[h] = mask | bit
             else:
                 self._cleared(instance)
-                held = self.held[instance]  # a clear starts a new set
 
     def _cleared(self, instance: int) -> None:
-        for h in self.held[instance]:
-            entry = self.holders.get(h)
-            if entry is not None:
-                entry.pop(instance, None)
-                if not entry:
-                    del self.holders[h]
-        self.held[instance] = set()
+        bit = 1 << instance
+        holders = self.holders
+        for h in [h for h, mask in holders.items() if mask & bit]:
+            mask = holders[h] ^ bit
+            if mask:
+                holders[h] = mask
+            else:
+                del holders[h]
+        for key in [key for key in self._repeats if key[1] == instance]:
+            del self._repeats[key]
 
     def overlap(self, block_hashes: Sequence[Any]) -> list[int]:
         """Per instance, how many of ``block_hashes`` it holds consecutively from block 0."""
-        depth = [0] * len(self.held)
-        if not block_hashes:
+        depth = [0] * self.num_instances
+        holders = self.holders
+        alive = holders.get(block_hashes[0], 0) if block_hashes else 0
+        if not alive:
             return depth
-        first = self.holders.get(block_hashes[0])
-        if not first:
-            return depth
-        alive = set(first)
         for position, h in enumerate(block_hashes):
-            entry = self.holders.get(h)
-            if entry is None:
-                break
-            if position:
-                alive.intersection_update(entry)
-                if not alive:
-                    break
-            for i in alive:
-                depth[i] = position + 1
+            still = alive & holders.get(h, 0)
+            if still != alive:
+                gone = alive ^ still
+                while gone:
+                    low = gone & -gone
+                    depth[low.bit_length() - 1] = position
+                    gone ^= low
+                if not still:
+                    return depth
+                alive = still
+        while alive:
+            low = alive & -alive
+            depth[low.bit_length() - 1] = len(block_hashes)
+            alive ^= low
         return depth
 
 

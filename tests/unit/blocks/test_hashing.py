@@ -7,6 +7,8 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvspec import BlockHasher, MultiModalFeature, Request
 from kvspec.blocks.hashing import (
@@ -16,7 +18,7 @@ from kvspec.blocks.hashing import (
     get_group_id,
     make_block_hash_with_group_id,
 )
-from kvspec.errors import UnknownHashFunctionError
+from kvspec.errors import KVSpecError, UnknownHashFunctionError
 
 
 def extra(
@@ -177,3 +179,46 @@ def test_token_ids_must_fit_uint32() -> None:
 
     with pytest.raises(KVSpecError, match=r"Token id -1 is outside \[0, 2\*\*32\)"):
         BlockHasher(2, seed="s").hash_block_tokens(None, [1, -1])
+
+
+class TestRuns:
+    """``hash_runs`` (a trace's hash ids hashed run by run) gives the hashes the expanded tokens give, and a
+    request that adopts them goes on hashing as one hashed from tokens does."""
+
+    @given(
+        runs=st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 40)), min_size=0, max_size=8),
+        block_size=st.sampled_from([1, 3, 16, 64]),
+        algorithm=st.sampled_from(["sha256", "xxhash"]),
+    )
+    @settings(max_examples=60, deadline=None)
+    def test_runs_hash_as_their_tokens(
+        self, runs: list[tuple[int, int]], block_size: int, algorithm: str
+    ) -> None:
+        hasher = BlockHasher(block_size, algorithm=algorithm, seed=b"runs")
+        tokens = [token for token, count in runs for _ in range(count)]
+        assert hasher.hash_runs(runs) == Request("r", tokens, block_hasher=hasher).block_hashes
+
+    def test_adopted_hashes_extend_with_output_tokens(self) -> None:
+        hasher = BlockHasher(4, seed=b"runs")
+        runs = [(7, 4), (9, 6)]  # 10 tokens: two full blocks and two tokens of a third
+        tokens = [7] * 4 + [9] * 6
+        adopted = Request("a", tokens)
+        adopted.adopt_block_hashes(hasher, hasher.hash_runs(runs))
+        plain = Request("p", tokens, block_hasher=hasher)
+        assert adopted.block_hashes == plain.block_hashes and len(plain.block_hashes) == 2
+        for request in (adopted, plain):
+            request.append_output_token_ids([3, 4, 5])
+        assert adopted.block_hashes == plain.block_hashes and len(plain.block_hashes) == 3
+        assert adopted.block_hasher is hasher
+
+    def test_adoption_is_refused_when_it_cannot_hold(self) -> None:
+        hasher = BlockHasher(4, seed=b"runs")
+        hashes = hasher.hash_runs([(7, 8)])
+        with pytest.raises(KVSpecError, match=r"1 block hashes for 2 full blocks of 4 tokens"):
+            Request("a", [7] * 8).adopt_block_hashes(hasher, hashes[:1])
+        with pytest.raises(KVSpecError, match=r"built without a hasher and without extra keys"):
+            Request("b", [7] * 8, block_hasher=hasher).adopt_block_hashes(hasher, hashes)
+        with pytest.raises(KVSpecError, match=r"built without a hasher and without extra keys"):
+            Request("c", [7] * 8, cache_salt="x").adopt_block_hashes(hasher, hashes)
+        with pytest.raises(KVSpecError, match=r"counts are >= 0 and ids in \[0, 2\*\*32\)"):
+            hasher.hash_runs([(2**32, 1)])

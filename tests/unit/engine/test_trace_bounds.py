@@ -103,8 +103,8 @@ def test_a_timed_replay_refuses_a_prompt_larger_than_the_cache_on_arrival() -> N
     [
         (b"\x00\xff\xfe garbage\n", r"trace.jsonl line 1: not UTF-8 text"),
         (
-            b'{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [8388608]}\n',
-            r"line 1: 'hash_ids' holds 8,388,608; entries must be below 8,388,608",
+            b'{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [2147483648]}\n',
+            r"line 1: 'hash_ids' holds 2,147,483,648; entries must be below 2,147,483,648 \(a hash id is its",
         ),
         (b'{"token_ids": [4294967296], "output_length": 1}\n', r"line 1: 'token_ids' holds 4,294,967,296"),
         (

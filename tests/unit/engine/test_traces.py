@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from kvspec.blocks.hashing import BlockHasher
+from kvspec.blocks.request import Request
 from kvspec.contracts.spec import SchedulerLimits
-from kvspec.engine.replay import TraceClock, replay_cache, replay_coordinator
+from kvspec.engine.replay import TraceClock, replay_cache, replay_coordinator, trace_request
 from kvspec.engine.timed_replay import StepTimeModel, replay_timed
-from kvspec.engine.traces import TraceRequest, parse_line, prompt_tokens, read_trace
+from kvspec.engine.traces import HASH_ID_LIMIT, TraceRequest, parse_line, prompt_tokens, read_trace
 from kvspec.errors import KVSpecError, SchedulingError, TraceFormatError
 from tests.helpers import full_spec, make_config, make_coordinator, sw_spec
 
@@ -54,9 +56,13 @@ def test_equal_hash_prefixes_give_equal_token_prefixes(tmp_path: Path) -> None:
     )
     first, second = (prompt_tokens(r) for r in read_trace(path))
     assert (len(first), len(second)) == (1000, 700)
-    assert first[:512] == second[:512] == list(range(7 * 512, 8 * 512))
-    assert first[512] == 8 * 512 and second[512] == 9 * 512  # distinct ids share no token
-    assert not set(first[512:]) & set(second[512:])
+    assert first[:512] == second[:512] == [7] * 512
+    assert first[512:] == [8] * 488 and second[512:] == [9] * 188  # distinct ids share no token
+    # The biggest id a trace may hold is expanded as itself (below the generated tokens' 3 * 10**9).
+    top = parse_line(
+        {"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [2**31 - 1]}, line=1, where="x"
+    )
+    assert prompt_tokens(top) == [2**31 - 1] * 3
 
 
 @pytest.mark.parametrize(
@@ -392,3 +398,27 @@ def test_a_timed_replay_cuts_mamba_align_chunks_on_block_boundaries() -> None:
     stats = replay_timed(rows, coord, max_num_batched_tokens=40, max_num_seqs=4)
     assert (stats.first_admission_hit_tokens, stats.steps) == (96, 12)
     coord.check_invariants()
+
+
+@pytest.mark.parametrize("input_length", [1000, 1024, 513, 30])
+def test_trace_requests_hash_their_runs_as_their_tokens(input_length: int) -> None:
+    """A trace request is hashed run by run; its hashes are those its expanded prompt gives, and the
+    generated tokens go on into the same chain."""
+    ids = [7, 8] if input_length > 512 else [7]
+    item = parse_line(
+        {"timestamp": 0, "input_length": input_length, "output_length": 1, "hash_ids": ids}, line=3, where="x"
+    )
+    hasher = BlockHasher(16, seed=b"trace")
+    fast = trace_request(item, hasher)
+    plain = Request("plain", prompt_tokens(item), block_hasher=hasher)
+    assert fast.request_id == "trace-3" and fast.all_token_ids == plain.all_token_ids
+    assert fast.block_hashes == plain.block_hashes and len(plain.block_hashes) == input_length // 16
+    for request in (fast, plain):
+        request.append_output_token_ids(list(range(3_000_000_000, 3_000_000_040)))
+    assert fast.block_hashes == plain.block_hashes
+
+
+def test_hash_ids_stay_below_generated_tokens() -> None:
+    from kvspec.engine.instance import _GENERATED_BASE
+
+    assert HASH_ID_LIMIT <= _GENERATED_BASE  # a prompt token never equals a generated one

@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.errors import EventWireError
@@ -97,7 +99,7 @@ def test_the_index_tracks_stores_removals_and_clears(wire: str) -> None:
     assert index.overlap(H[:4]) == [1, 2, 0]  # consecutive from block 0: block 2 and 3 no longer count
     assert index.overlap([H[5]]) == [0, 1, 0] and index.overlap([H[6]]) == [0, 0, 0]
     index.apply(1, encode_event_batch([AllBlocksCleared()], ts=0, wire=wire))
-    assert index.overlap(H[:4]) == [1, 0, 0] and not index.held[1]
+    assert index.overlap(H[:4]) == [1, 0, 0] and not index.held(1)
     assert set(index.holders) == {H[0], H[2], H[3]}
 
 
@@ -105,10 +107,10 @@ def test_the_index_tracks_stores_removals_and_clears(wire: str) -> None:
 def test_stores_after_a_clear_in_one_batch_are_kept(wire: str) -> None:
     index = KVEventIndex(2)
     index.apply(0, encode_event_batch([_stored(H[:2]), AllBlocksCleared(), _stored(H[4:6])], ts=0, wire=wire))
-    assert index.held[0] == set(H[4:6]) and index.overlap(H[4:6]) == [2, 0]
+    assert index.held(0) == set(H[4:6]) and index.overlap(H[4:6]) == [2, 0]
     assert index.overlap(H[:2]) == [0, 0] and index.num_events == 3
     index.apply(0, encode_event_batch([BlockRemoved(block_hashes=[H[4]], medium="GPU")], ts=0, wire=wire))
-    assert index.held[0] == {H[5]} and H[4] not in index.holders
+    assert index.held(0) == {H[5]} and H[4] not in index.holders
 
 
 def test_two_groups_storing_one_hash_keep_it_until_both_remove_it() -> None:
@@ -118,6 +120,11 @@ def test_two_groups_storing_one_hash_keep_it_until_both_remove_it() -> None:
     assert index.overlap(H[:2]) == [2]
     index.apply(0, encode_event_batch([BlockRemoved(block_hashes=[H[0]], medium="GPU", group_idx=1)], ts=0))
     assert index.overlap(H[:2]) == [0]
+    # A clear forgets the repeats too: after it, one store is undone by one removal.
+    index.apply(0, encode_event_batch([_stored(H[1:3], group=0), _stored(H[1:3], group=1)], ts=0))
+    index.apply(0, encode_event_batch([AllBlocksCleared(), _stored([H[2]])], ts=0))
+    index.apply(0, encode_event_batch([BlockRemoved(block_hashes=[H[2]], medium="GPU")], ts=0))
+    assert index.held(0) == set() and not index.holders
 
 
 @pytest.mark.parametrize("kind", ["sliding_window", "mamba"])
@@ -140,3 +147,54 @@ def test_a_bad_payload_names_the_instance() -> None:
         index.apply(0, msgspec.msgpack.encode({"ts": 0}))
     with pytest.raises(EventWireError, match=r"unknown KV event wire format '0\.99'"):
         encode_event_batch([], ts=0, wire="0.99")
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["store", "remove", "clear"]),
+        st.integers(0, 2),  # instance
+        st.integers(0, 1),  # group
+        st.lists(st.integers(0, 5), min_size=1, max_size=4),  # hashes
+    ),
+    max_size=30,
+)
+
+
+@given(ops=_OPS, wire=st.sampled_from(["0.34", "0.23"]))
+@settings(max_examples=150, deadline=None)
+def test_the_index_agrees_with_a_model_of_counts_per_instance(
+    ops: list[tuple[str, int, int, list[int]]], wire: str
+) -> None:
+    """Against a plain model (per instance, how many groups hold each hash): every prefix walk and every
+    instance's hashes agree after each event, repeats and clears included."""
+    index = KVEventIndex(3)
+    model: list[dict[bytes, int]] = [{}, {}, {}]
+    for op, instance, group, ids in ops:
+        hashes = [H[i] for i in ids]
+        event: KVCacheEvent
+        if op == "store":
+            event = _stored(hashes, group=group)
+            for h in hashes:
+                model[instance][h] = model[instance].get(h, 0) + 1
+        elif op == "remove":
+            event = BlockRemoved(block_hashes=hashes, medium="GPU", group_idx=group)
+            for h in hashes:
+                if model[instance].get(h, 0) > 1:
+                    model[instance][h] -= 1
+                else:
+                    model[instance].pop(h, None)
+        else:
+            event = AllBlocksCleared()
+            model[instance] = {}
+        index.apply(instance, encode_event_batch([event], ts=0, wire=wire))
+        for i in range(3):
+            assert index.held(i) == set(model[i])
+        for start in range(len(H)):
+            walk = [H[(start + k) % len(H)] for k in range(4)]
+            expected = []
+            for held in model:
+                depth = 0
+                while depth < len(walk) and walk[depth] in held:
+                    depth += 1
+                expected.append(depth)
+            assert index.overlap(walk) == expected

@@ -31,6 +31,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kvspec/eviction/hybrid.py",
     "kvspec/engine/scheduler.py",
     "kvspec/engine/instance.py",
+    "kvspec/fleet/index.py",
 )
 
 Build = Literal["pure", "compiled", "mixed"]

@@ -19,32 +19,10 @@ from typing import Any, Final
 import msgspec
 
 from kvspec.errors import EventWireError
+from kvspec.fleet.index_events import STORED_KIND_AT, ClearedRead, MapBatch, RemovedRead, StoredRead
 
 #: Group kinds whose stores say "this prefix is servable" (llm-d's accepted kinds).
 PREFIX_KINDS: Final = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
-
-#: Where vLLM 0.23's BlockStored array holds the group's kind: [tag, hashes, parent, tokens, block_size,
-#: lora_id, medium, lora_name, extra_keys, group_idx, kind, window].
-_STORED_KIND_AT = 10
-
-
-class _Stored(msgspec.Struct, tag="BlockStored", tag_field="type"):
-    """What the index reads of a 0.32/0.34 BlockStored map (msgspec skips the other fields unread)."""
-
-    block_hashes: list[Any]
-    kv_cache_spec_kind: str | None = None
-
-
-class _Removed(msgspec.Struct, tag="BlockRemoved", tag_field="type"):
-    block_hashes: list[Any]
-    group_idx: int | None = None
-
-
-class _Cleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):
-    pass
-
-
-_MapBatch = tuple[float, list[_Stored | _Removed | _Cleared], int | None]
 
 
 class KVEventIndex:
@@ -59,7 +37,7 @@ class KVEventIndex:
         self._decode = msgspec.msgpack.Decoder().decode
         # 0.32/0.34 maps decode straight into the few fields read (token ids are skipped, not built);
         # anything else (0.23's arrays, a malformed payload) takes the general path below.
-        self._decode_maps = msgspec.msgpack.Decoder(_MapBatch).decode
+        self._decode_maps = msgspec.msgpack.Decoder(MapBatch).decode
         self.num_instances = num_instances
         # A bitmask per hash rather than a set or a dict of instances: a store, a removal and a prefix walk
         # are then a dict lookup and an integer operation each, per block.
@@ -91,34 +69,34 @@ class KVEventIndex:
             raise EventWireError(f"instance {instance}: a KV event batch is [ts, events, dp_rank]")
         # The general path reads each event into the typed form the maps decode to, then applies them
         # all; a bad event is refused before any of its batch is applied.
-        events: list[_Stored | _Removed | _Cleared] = []
+        events: list[StoredRead | RemovedRead | ClearedRead] = []
         for event in raw[1]:
             if isinstance(event, dict):
                 kind = event.get("type")
                 if kind == "BlockStored":
-                    events.append(_Stored(event.get("block_hashes", []), event.get("kv_cache_spec_kind")))
+                    events.append(StoredRead(event.get("block_hashes", []), event.get("kv_cache_spec_kind")))
                 elif kind == "BlockRemoved":
-                    events.append(_Removed(event.get("block_hashes", []), event.get("group_idx")))
+                    events.append(RemovedRead(event.get("block_hashes", []), event.get("group_idx")))
                 elif kind == "AllBlocksCleared":
-                    events.append(_Cleared())
+                    events.append(ClearedRead())
                 else:
                     raise EventWireError(f"instance {instance}: unknown KV event type {kind!r}")
             elif isinstance(event, list) and event:
                 kind = event[0]
                 if kind == "BlockStored":
-                    spec_kind = event[_STORED_KIND_AT] if len(event) > _STORED_KIND_AT else None
-                    events.append(_Stored(event[1], spec_kind))
+                    spec_kind = event[STORED_KIND_AT] if len(event) > STORED_KIND_AT else None
+                    events.append(StoredRead(event[1], spec_kind))
                 elif kind == "BlockRemoved":
-                    events.append(_Removed(event[1], event[3] if len(event) > 3 else None))
+                    events.append(RemovedRead(event[1], event[3] if len(event) > 3 else None))
                 elif kind == "AllBlocksCleared":
-                    events.append(_Cleared())
+                    events.append(ClearedRead())
                 else:
                     raise EventWireError(f"instance {instance}: unknown KV event type {kind!r}")
             else:
                 raise EventWireError(f"instance {instance}: a KV event must be a map or an array")
         self._apply_events(instance, events)
 
-    def _apply_events(self, instance: int, events: list[_Stored | _Removed | _Cleared]) -> None:
+    def _apply_events(self, instance: int, events: list[StoredRead | RemovedRead | ClearedRead]) -> None:
         """``instance``'s events in order, in one loop (a fleet applies every step's events; vLLM sends one
         BlockRemoved per evicted hash). A store counts only for kinds that keep a whole prefix; a removal
         of a hash the instance does not hold (an untracked group's) is ignored."""
@@ -127,7 +105,7 @@ class KVEventIndex:
         bit = 1 << instance
         self.num_events += len(events)
         for item in events:
-            if type(item) is _Removed:
+            if type(item) is RemovedRead:
                 for h in item.block_hashes:
                     mask = holders.get(h, 0)
                     if not mask & bit:
@@ -146,7 +124,7 @@ class KVEventIndex:
                         holders[h] = mask
                     else:
                         del holders[h]
-            elif type(item) is _Stored:
+            elif type(item) is StoredRead:
                 kind = item.kv_cache_spec_kind
                 if kind is not None and kind not in PREFIX_KINDS:
                     continue

@@ -107,8 +107,9 @@ _TUPLES: Final = frozenset({"block_hashes", "token_ids", "extra_keys"})
 
 # What encode_event_batch writes for 0.32 / 0.34: maps tagged "type", in vLLM's field order, fields at None
 # left out but BlockStored's first six (which vLLM's classes declare without a default). Structs, not dicts:
-# msgspec writes them in C, and a fleet encodes every step's events.
-class _StoredMap(msgspec.Struct, tag="BlockStored", tag_field="type", omit_defaults=True):
+# msgspec writes them in C, and a fleet encodes every step's events. gc=False: they hold lists of hashes and
+# ids, never themselves, so the cycle collector need not track millions of them.
+class _StoredMap(msgspec.Struct, tag="BlockStored", tag_field="type", omit_defaults=True, gc=False):
     block_hashes: list[Any]
     parent_block_hash: Any
     token_ids: list[int]
@@ -122,7 +123,7 @@ class _StoredMap(msgspec.Struct, tag="BlockStored", tag_field="type", omit_defau
     kv_cache_spec_sliding_window: int | None = None
 
 
-class _RemovedMap(msgspec.Struct, tag="BlockRemoved", tag_field="type", omit_defaults=True):
+class _RemovedMap(msgspec.Struct, tag="BlockRemoved", tag_field="type", omit_defaults=True, gc=False):
     block_hashes: list[Any]
     medium: str | None = None
     group_idx: int | None = None

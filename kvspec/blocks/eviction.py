@@ -71,6 +71,11 @@ class EvictionPolicy(Protocol):
     only while free (``ref_cnt == 0``) and not already held by the policy; ``remove`` and ``pop_victim`` only
     take blocks the policy holds. A policy must be deterministic (same calls, same victims) and must not
     change blocks (their hash, ref count and free-list links are the pool's).
+
+    A policy whose ``on_cached`` and ``on_hit`` do nothing may say so with a class attribute
+    ``watches_block_use = False``: the pool then never calls them (it is spared building a list and a
+    :class:`BlockUse` per publish and hit). ``kvspec.testing.check_eviction_policy`` runs such a policy with
+    the calls too and requires the same block ids.
     """
 
     def add(self, block: KVCacheBlock) -> None:
@@ -121,6 +126,12 @@ class BatchEvictionPolicy(EvictionPolicy, Protocol):
         ...
 
 
+def watches_block_use(policy: object) -> bool:
+    """Whether the pool calls ``policy``'s ``on_cached`` and ``on_hit``: unless its class says
+    ``watches_block_use = False`` (see :class:`EvictionPolicy`)."""
+    return getattr(policy, "watches_block_use", True) is not False
+
+
 #: Builds one policy for one pool.
 EvictionPolicyFactory = Callable[[EvictionContext], EvictionPolicy]
 
@@ -132,4 +143,5 @@ __all__ = [
     "EvictionPolicy",
     "EvictionPolicyFactory",
     "GroupInfo",
+    "watches_block_use",
 ]

@@ -18,7 +18,7 @@ from mypy_extensions import mypyc_attr
 
 from kvspec.blocks.block import BlockId, KVCacheBlock
 from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from kvspec.blocks.eviction import BatchEvictionPolicy, BlockUse, EvictionPolicy
+from kvspec.blocks.eviction import BatchEvictionPolicy, BlockUse, EvictionPolicy, watches_block_use
 from kvspec.blocks.hashing import (
     GROUP_SUFFIXES,
     BlockHashListWithBlockSize,
@@ -543,6 +543,11 @@ class BlockPool:
         #: Orders the eviction of free cached blocks (``kvspec.blocks.eviction``); None: LRU in vLLM's own
         #: free-queue order (the linked list alone, the fast path).
         self.eviction_policy = eviction_policy
+        #: The policy again when it reads who uses blocks (``watches_block_use``): on_cached and on_hit go to
+        #: it; a policy that ignores them is spared building the calls (a list and a BlockUse per publish).
+        self._use_watcher: EvictionPolicy | None = (
+            eviction_policy if eviction_policy is not None and watches_block_use(eviction_policy) else None
+        )
         self.free_block_queue: FreeKVCacheBlockQueue = (
             FreeKVCacheBlockQueue(self.blocks)
             if eviction_policy is None
@@ -635,8 +640,8 @@ class BlockPool:
         )
         if promoted:
             self._removed_events(promoted)
-        if self.eviction_policy is not None:
-            self.eviction_policy.on_cached(
+        if self._use_watcher is not None:
+            self._use_watcher.on_cached(
                 [
                     b
                     for i, b in enumerate(blocks[num_cached_blocks:num_full_blocks], num_cached_blocks)
@@ -783,8 +788,8 @@ class BlockPool:
             cache.insert(key, block)
         elif not already:
             cache.add_secondary(key, block)
-        if self.eviction_policy is not None and not already:
-            self.eviction_policy.on_cached([block], block_use(request))
+        if self._use_watcher is not None and not already:
+            self._use_watcher.on_cached([block], block_use(request))
         if self.enable_kv_cache_events and not already:
             start = num_tokens - hash_block
             lookahead = self.hash_lookahead_tokens
@@ -826,8 +831,8 @@ class BlockPool:
         cache.insert(key, dst_block)
         for extra in secondary:
             cache.add_secondary(extra, dst_block)
-        if self.eviction_policy is not None and use is not None:
-            self.eviction_policy.on_cached([dst_block], use)
+        if self._use_watcher is not None and use is not None:
+            self._use_watcher.on_cached([dst_block], use)
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks; free ones leave the free queue."""
@@ -844,10 +849,10 @@ class BlockPool:
     def note_hit(self, request: RequestView, blocks: Sequence[KVCacheBlock]) -> None:
         """Tell the eviction policy (if any) that ``request`` was admitted with ``blocks`` as its prefix hit
         (after ``touch``); null blocks are left out."""
-        if self.eviction_policy is not None:
+        if self._use_watcher is not None:
             hit = [b for b in blocks if not b.is_null]
             if hit:
-                self.eviction_policy.on_hit(hit, block_use(request))
+                self._use_watcher.on_hit(hit, block_use(request))
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], prepend: bool = False) -> None:
         """Drop one reference on each block; blocks reaching 0 join the free queue in the given order

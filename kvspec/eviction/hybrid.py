@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from kvspec.blocks.eviction import BlockUse, EvictionContext
 from kvspec.blocks.hashing import get_group_id, group_suffix
@@ -64,6 +64,9 @@ class HybridAwarePolicy:
         "alpha",
         "coherent",
     )
+
+    #: Scores come from release order and the groups alone: the pool need not tell it who uses blocks.
+    watches_block_use: ClassVar[bool] = False
 
     def __init__(self, context: EvictionContext, alpha: float = 0.5, coherent: bool = True) -> None:
         if alpha < 0:
@@ -192,9 +195,18 @@ class HybridAwarePolicy:
                 break
         if victim is None:
             victim = heap.pop()
-        self._unindex(victim.block_id)
+        if self._prefix_of[victim.block_id] is not None:
+            self._unindex(victim.block_id)
         key = victim.block_hash
-        if self._dooms and key is not None and self._peers:
+        if not self._dooms or key is None:
+            return victim
+        if self._anchor_suffix is not None:
+            # Peers are filed under the left-closed group's keys: only its victims' keys find any, and
+            # they are never of that group (it is not indexed).
+            filed = self._peers.get(key)
+            if filed:
+                self._doom(victim, key, filed, check_copies=True)
+        elif self._peers:
             gid = get_group_id(key)
             if gid < len(self._needed) and self._needed[gid]:
                 self._doom_peers(victim, key, gid)
@@ -208,14 +220,20 @@ class HybridAwarePolicy:
         its position (a prefix recomputed after a shorter hit, as Mamba hybrids do), the indexed free blocks
         there serve no hit any more and are evicted next. State snapshots are never indexed: recomputing the
         attention up to one brings its hit back, while the state returns only if a chunk ends there again."""
-        peers = self._peers.get(key if self._anchor_suffix is not None else key[:-4])
+        peers = self._peers.get(key[:-4])
         if not peers:
             return
-        gids = [get_group_id(p.block_hash) if p.block_hash is not None else -1 for p in peers]
-        if gid in gids:
-            return
+        if any(p.block_hash is not None and get_group_id(p.block_hash) == gid for p in peers):
+            return  # a free copy of the victim's content is filed there: the position still serves hits
+        self._doom(victim, key, peers, check_copies=not self._indexed[gid])
+
+    def _doom(
+        self, victim: KVCacheBlock, key: bytes, peers: list[KVCacheBlock], *, check_copies: bool
+    ) -> None:
+        """Evict ``peers`` next, unless (``check_copies``: the victim's group is not indexed) the pool's map
+        holds another free block with the victim's content."""
         heap = self._heap
-        if not self._indexed[gid]:
+        if check_copies:
             lookup = self._cached_blocks
             assert lookup is not None  # the group is indexed without the pool's map
             if any(copy is not victim and heap.holds(copy) for copy in lookup(key)):

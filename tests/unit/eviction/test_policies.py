@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvspec import BlockPool, KVCacheBlock, Request
-from kvspec.blocks.eviction import EvictionContext, EvictionPolicy, EvictionPolicyFactory, GroupInfo
+from kvspec.blocks.eviction import (
+    BlockUse,
+    EvictionContext,
+    EvictionPolicy,
+    EvictionPolicyFactory,
+    GroupInfo,
+    watches_block_use,
+)
 from kvspec.blocks.hashing import BlockHasher
 from kvspec.blocks.pool import CachedBlocksLookup, PolicyFreeQueue
 from kvspec.contracts.release import VLLM_0_23
@@ -372,6 +379,35 @@ class TestPolicyFreeQueue:
         assert ids(scratch[5:]) == list(reversed(ids(first)))[:2]
         pool.check_invariants()
 
+    @pytest.mark.parametrize("watches", [True, False])
+    def test_a_policy_blind_to_use_is_not_told_of_publishes_and_hits(self, watches: bool) -> None:
+        told: list[str] = []
+
+        class Told(ReleaseOrderLRU):
+            watches_block_use = watches
+
+            def on_cached(self, blocks: Sequence[KVCacheBlock], use: BlockUse) -> None:
+                told.append(f"cached {use.request_id} {len(blocks)}")
+
+            def on_hit(self, blocks: Sequence[KVCacheBlock], use: BlockUse) -> None:
+                told.append(f"hit {use.request_id} {len(blocks)}")
+
+        pool = make_pool(Told, num_blocks=9)
+        (blocks,) = fill(pool, request("a", 0, 3))
+        hit(pool, request("b", 0, 2), blocks[:2])
+        assert told == (["cached a 3", "hit b 2"] if watches else [])
+        assert watches_block_use(policy_of(pool)) is watches
+
+    def test_the_built_in_policies_say_whether_they_watch_use(self) -> None:
+        context = EvictionContext(num_blocks=4, groups=(GroupInfo(block_tokens=16, page_bytes=64),))
+        policies = {p: p(context) for p in (ReleaseOrderLRU, HybridAwarePolicy, LFUPolicy, SLRUPolicy)}
+        assert {type(p).__name__: watches_block_use(p) for p in policies.values()} == {
+            "ReleaseOrderLRU": True,  # plugins subclass it to watch use
+            "HybridAwarePolicy": False,
+            "LFUPolicy": True,
+            "SLRUPolicy": True,
+        }
+
     def test_a_hit_on_a_free_cached_block_takes_it_out_of_the_policy(self) -> None:
         pool = make_pool(LFUPolicy)
         (blocks,) = fill(pool, request("a", 0, 2))
@@ -504,10 +540,37 @@ class BatchesBackwards(ReleaseOrderLRU):
             self.add(block)
 
 
+class SaysBlindButWatches(ReleaseOrderLRU):
+    """Keeps blocks requests have hit until last, yet says ``watches_block_use = False``: the pool never
+    tells it of a hit, so its order is not the one it would give."""
+
+    watches_block_use = False
+
+    def __init__(self, context: EvictionContext) -> None:
+        super().__init__(context)
+        self._hit: set[int] = set()
+
+    def on_hit(self, blocks: Sequence[KVCacheBlock], use: BlockUse) -> None:
+        self._hit.update(block.block_id for block in blocks)
+
+    def _order(self) -> list[KVCacheBlock]:
+        blocks = list(self._free.values())
+        return [b for b in blocks if b.block_id not in self._hit] + [
+            b for b in blocks if b.block_id in self._hit
+        ]
+
+    def pop_victim(self) -> KVCacheBlock:
+        return self._free.pop(self._order()[0].block_id)
+
+    def evictable_blocks(self) -> list[KVCacheBlock]:
+        return self._order()
+
+
 @pytest.mark.parametrize(
     ("policy", "message"),
     [
-        (BatchesBackwards, "do not act as add / pop_victim"),
+        (BatchesBackwards, "do not act as the per-block calls"),
+        (SaysBlindButWatches, "says watches_block_use = False and the calls change its order"),
         (LiesAboutItsOrder, "evictable_blocks\\(\\) promised"),
         (Forgetful, "invariants broke at step"),
         (Random, "evictable_blocks\\(\\) promised|not deterministic"),

@@ -14,7 +14,7 @@ Hash ids become tokens deterministically (:func:`prompt_tokens`): id ``h`` cover
 ``h`` (the last id only as many as ``input_length`` leaves), so equal hash prefixes give equal token prefixes
 and distinct ids never share a token. Every block of ``h`` holds the one int object ``h``: a 12,000-request
 trace expands to 144 million token slots but only as many ints as it has blocks. Hash ids stay below
-:data:`HASH_ID_LIMIT` (2**31), under every token id an engine here generates (from 3 * 10**9). A bad line raises
+:data:`HASH_ID_LIMIT` (2**31), under every token id a replay generates (from 3 * 10**9). A bad line raises
 :class:`TraceFormatError` naming the file, the line and the field.
 
 Reading is bounded: the file is streamed a line at a time (gzip read transparently, by its ``.gz`` suffix or

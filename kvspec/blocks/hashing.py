@@ -162,15 +162,18 @@ class BlockHasher:
                     f"A run of {count} tokens of id {token}: counts are >= 0 and ids in [0, 2**32)."
                 )
             parts.append(_UINT32.pack(token) * count)
-        raw = b"".join(parts)
+        return cast("list[BlockHash]", self._chain(self.root_hash, b"".join(parts)))
+
+    def _chain(self, parent: bytes, raw: bytes) -> list[bytes]:
+        """The hashes of the full blocks of token bytes ``raw`` (no extra keys), chained from ``parent``; a
+        partial last block is left out."""
         step = self._token_bytes
-        parent: bytes = self.root_hash
         new_hash = self._new_hash
         out: list[bytes] = []
         for i in range(0, len(raw) - step + 1, step):
             parent = new_hash(parent + raw[i : i + step]).digest()
             out.append(parent)
-        return cast("list[BlockHash]", out)
+        return out
 
     def hash_new_blocks(self, request: HashedRequest) -> list[BlockHash]:
         """Hashes of the request's full blocks that are not hashed yet (appended to the request)."""
@@ -184,23 +187,20 @@ class BlockHasher:
         end = num_tokens - (num_tokens - start) % bs
         # A new prompt is hashed whole: no slice copy of its token list.
         raw = _token_bytes(tokens if start == 0 and end == num_tokens else tokens[start:end])
-        step = self._token_bytes
         parent: bytes = hashes[-1] if hashes else self.root_hash
-        new: list[bytes] = []
-        append = new.append
-        new_hash = self._new_hash
-        # One loop for every algorithm and request; a request without extra keys (the common case) pays
-        # one test per block for them.
-        extras = request.block_extra_keys if request.needs_extra_keys else None
-        for i in range(0, len(raw), step):
-            if extras is None:
-                parent = new_hash(parent + raw[i : i + step]).digest()
-            else:
+        if not request.needs_extra_keys:
+            new = self._chain(parent, raw)  # the common case
+        else:
+            step = self._token_bytes
+            new_hash = self._new_hash
+            extras = request.block_extra_keys
+            new = []
+            for i in range(0, len(raw), step):
                 block_start = start + (i // step) * bs
                 extra = request.extra_keys_for_block(block_start, block_start + bs)
                 extras.append(extra)
                 parent = new_hash(_block_message(parent, raw[i : i + step], extra)).digest()
-            append(parent)
+                new.append(parent)
         out = cast("list[BlockHash]", new)
         hashes.extend(out)
         return out

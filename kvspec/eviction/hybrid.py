@@ -195,8 +195,7 @@ class HybridAwarePolicy:
                 break
         if victim is None:
             victim = heap.pop()
-        if self._prefix_of[victim.block_id] is not None:
-            self._unindex(victim.block_id)
+        self._unindex(victim.block_id)
         key = victim.block_hash
         if not self._dooms or key is None:
             return victim

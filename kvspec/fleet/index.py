@@ -141,7 +141,7 @@ class KVEventIndex:
     def _cleared(self, instance: int) -> None:
         bit = 1 << instance
         holders = self.holders
-        for h in [h for h, mask in holders.items() if mask & bit]:
+        for h in self.held(instance):
             mask = holders[h] ^ bit
             if mask:
                 holders[h] = mask
@@ -160,19 +160,20 @@ class KVEventIndex:
         for position, h in enumerate(block_hashes):
             still = alive & holders.get(h, 0)
             if still != alive:
-                gone = alive ^ still
-                while gone:
-                    low = gone & -gone
-                    depth[low.bit_length() - 1] = position
-                    gone ^= low
+                _set_depth(depth, alive ^ still, position)
                 if not still:
                     return depth
                 alive = still
-        while alive:
-            low = alive & -alive
-            depth[low.bit_length() - 1] = len(block_hashes)
-            alive ^= low
+        _set_depth(depth, alive, len(block_hashes))
         return depth
+
+
+def _set_depth(depth: list[int], instances: int, value: int) -> None:
+    """``depth[i] = value`` for each instance ``i`` whose bit is set in ``instances``."""
+    while instances:
+        low = instances & -instances
+        depth[low.bit_length() - 1] = value
+        instances ^= low
 
 
 __all__ = ["PREFIX_KINDS", "KVEventIndex"]

@@ -232,3 +232,23 @@ class VllmConflictingLayerSpecError(ConflictingLayerSpecError, AssertionError):
 
 class VllmPageSizeUnificationError(PageSizeUnificationError, NotImplementedError):
     """Page sizes that block sizes cannot unify (vLLM raises NotImplementedError; kvspec's message)."""
+
+
+class TierError(RegistrationError):
+    """An offload tier plugin refused at registration: its name or factory is not what an engine can run, or
+    the tier it builds lacks a method of :class:`kvspec.tiers.OffloadTier` (the message names which)."""
+
+
+class UnknownTierError(KVSpecError, LookupError):
+    """A tier or tier cache policy name nobody registered (the message lists the registered ones)."""
+
+
+class TierConfigError(KVSpecError, ValueError):
+    """Tier settings that cannot run: a size that is not a byte count, a capacity below one block, an unknown
+    group family to offload, a bandwidth that is not positive; the message names the setting and what it
+    accepts."""
+
+
+class TierStateError(KVSpecError, RuntimeError):
+    """A tier used out of order: a load of a key it does not hold ready, a completion nobody prepared; the
+    message names the key and the call."""

@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvspec.blocks.events import KVCacheEvent
+from kvspec.blocks.events import BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.blocks.request import Request
 from kvspec.coordinator import KVCacheCoordinator
 from kvspec.engine.replay import PromptAdmission, TraceClock
@@ -31,6 +31,8 @@ from kvspec.engine.step_time import StepBatch, StepTime, StepTimeModel
 from kvspec.engine.traces import TraceRequest
 from kvspec.errors import SchedulingError
 from kvspec.intmath import cdiv
+from kvspec.tiers.base import key_block_hash, key_group
+from kvspec.tiers.connector import TierConnector, TierStats
 
 #: Generated token ids: ``_GENERATED_BASE + (line * _OUTPUT_SPAN + i) % _GENERATED_RANGE`` for the i-th token
 #: of the request on trace line ``line``: distinct across requests of any real trace, above every prompt
@@ -72,6 +74,9 @@ class TimedReplayStats:
     #: Per finished request (only when the instance records them): trace line, first admission's hit
     #: tokens, queueing, TTFT and end-to-end ms, in finishing order.
     per_request: list[tuple[int, int, float, float, float]] = field(default_factory=list)
+    #: What the offload tiers gave and moved (None without tiers). Their hits are part of ``hit_tokens``
+    #: and ``first_admission_hit_tokens`` (tokens a request did not compute); the GPU's share is the rest.
+    tiers: TierStats | None = None
 
     @property
     def token_hit_rate(self) -> float:
@@ -87,6 +92,12 @@ class TimedReplayStats:
     def block_hit_rate(self) -> float:
         """Trace blocks a first admission's hit reaches into over every prompt's trace blocks."""
         return self.first_admission_hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
+
+    @property
+    def gpu_first_hit_tokens(self) -> int:
+        """First-admission hit tokens the GPU cache gave (the rest came from tiers)."""
+        tiers = 0 if self.tiers is None else sum(self.tiers.first_hit_tokens.values())
+        return self.first_admission_hit_tokens - tiers
 
     def summary(self) -> dict[str, float | int]:
         return {
@@ -168,6 +179,7 @@ class EngineInstance:
         "_items",
         "_model",
         "_quiet_blocks",
+        "connector",
         "coordinator",
         "fast_decode",
         "index",
@@ -189,6 +201,7 @@ class EngineInstance:
         clock: TraceClock | None = None,
         index: int = 0,
         on_finish: Callable[[TraceRequest], None] | None = None,
+        tiers: TierConnector | None = None,
     ) -> None:
         if max_num_batched_tokens < coordinator.scheduler_block_size:
             raise SchedulingError(
@@ -203,8 +216,14 @@ class EngineInstance:
             coordinator, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs
         )
         self._admission = PromptAdmission(coordinator, chunk_tokens=max_num_batched_tokens)
+        #: Offload tiers under the GPU cache (``tiers``; None: none). Loads are charged in the step that
+        #: admits the request, stores overlap the step's compute (see kvspec.tiers.connector).
+        self.connector = tiers
+        self.scheduler.connector = tiers
         self._block_tokens = coordinator.scheduler_block_size
-        self.stats = TimedReplayStats()
+        self.stats = TimedReplayStats(tiers=None if tiers is None else tiers.stats)
+        if tiers is not None:
+            tiers.publish = coordinator.options.enable_kv_cache_events
         self.now_ms = 0.0
         self.on_finish = on_finish
         self._items: dict[str, TraceRequest] = {}
@@ -280,9 +299,12 @@ class EngineInstance:
             self._clock.now = start / 1000.0
         output = scheduler.schedule()
         stats.preemptions += len(output.preempted)
+        connector = self.connector
         if not output.scheduled:
             refused = scheduler.waiting.popleft()
             coordinator.free(refused)
+            if connector is not None:
+                connector.finished(refused.request_id)
             stats.refused += 1
             return
         stats.steps += 1
@@ -297,7 +319,22 @@ class EngineInstance:
                 decode += 1
             else:
                 prefill += scheduled.num_new_tokens
-        now = start + self._step_ms(prefill, decode, len(output.scheduled))
+        duration = self._step_ms(prefill, decode, len(output.scheduled))
+        if connector is not None:
+            for scheduled in output.scheduled:
+                if scheduled.resumed:
+                    rid = scheduled.request.request_id
+                    duration += connector.begin_load(rid, first_admission=rid not in self._admitted_once)
+            duration = max(
+                duration,
+                connector.end_step(
+                    [
+                        (s.request.request_id, s.request.block_hashes, s.num_computed + s.num_new_tokens)
+                        for s in output.scheduled
+                    ]
+                ),
+            )
+        now = start + duration
         self.now_ms = now
         items = self._items
         generated = self._generated
@@ -335,6 +372,8 @@ class EngineInstance:
             stats.generated_tokens += 1
             if count + 1 >= max(1, item.output_length):
                 scheduler.finish(request)
+                if connector is not None:
+                    connector.finished(rid)
                 del items[rid], generated[rid]
                 self._admitted_once.discard(rid)
                 stats.finished += 1
@@ -448,12 +487,43 @@ class EngineInstance:
 
     def probe_hit(self, request: Request) -> int:
         """Tokens of ``request``'s prompt this instance's cache would give it if admitted now (the engine's
-        rules: every group's retention, the last token recomputed). Side-effect free."""
-        return self.coordinator.lookup_prefix(request, request.num_tokens - 1)[1]
+        rules: every group's retention, the last token recomputed; its tiers' hit past the GPU's included).
+        Side-effect free."""
+        hit = self.coordinator.lookup_prefix(request, request.num_tokens - 1)[1]
+        if self.connector is not None:
+            hit += self.connector.probe(request.block_hashes, hit, request.num_tokens - 1)
+        return hit
 
     def take_events(self) -> list[KVCacheEvent]:
-        """KV events since the last call (empty unless the coordinator has ``enable_kv_cache_events``)."""
-        return self.coordinator.take_events()
+        """KV events since the last call (empty unless the coordinator has ``enable_kv_cache_events``): the
+        GPU cache's, then this instance's tiers' (``medium`` the tier's; a store as vLLM's offloading
+        connector announces it by default: the hash alone, no tokens, block size 0)."""
+        events = self.coordinator.take_events()
+        if self.connector is not None and self.connector.publish:
+            for event in self.connector.take_events():
+                for key in event.keys:
+                    if event.removed:
+                        events.append(
+                            BlockRemoved(
+                                block_hashes=[key_block_hash(key)],
+                                medium=event.medium,
+                                group_idx=key_group(key),
+                            )
+                        )
+                    else:
+                        events.append(
+                            BlockStored(
+                                block_hashes=[key_block_hash(key)],
+                                parent_block_hash=None,
+                                token_ids=[],
+                                block_size=0,
+                                lora_id=None,
+                                medium=event.medium,
+                                lora_name=None,
+                                group_idx=key_group(key),
+                            )
+                        )
+        return events
 
 
 __all__ = ["EngineInstance", "InstanceLoad", "TimedReplayStats", "percentile"]

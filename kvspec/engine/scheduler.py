@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from kvspec.blocks.request import Request
 from kvspec.coordinator import KVCacheCoordinator, shared_prefix_junction
+from kvspec.tiers.connector import TierConnector
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, init=False)
@@ -69,6 +70,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        #: Offload tiers below the GPU cache (None: none): an admission's hit extends past the GPU's with
+        #: the tokens they hold, as vLLM's KV connector's external computed tokens.
+        self.connector: TierConnector | None = None
         self._aligned_block = (
             coordinator.scheduler_block_size
             if coordinator.enable_caching and any(t.hits_at_own_block_boundaries for t in coordinator.traits)
@@ -141,27 +145,43 @@ class Scheduler:
             request = self.waiting[0]
             computed, num_computed, uncached = coord.lookup_prefix(request, request.num_tokens - 1)
             coord.record_prefix_hit(request, num_computed)
+            external = 0
+            connector = self.connector
+            if connector is not None:
+                external = connector.find_hit(
+                    request.request_id, request.block_hashes, num_computed, request.num_tokens - 1
+                )
             # The shared-prefix junction (where one group's hit reached past the common one) is pinned as
             # vLLM 0.34's Scheduler pins it: the first chunk ends there, so sparse retention caches it.
-            junction = shared_prefix_junction(num_computed, uncached)
+            # A tier hit reaching past it loads the span instead.
+            junction = shared_prefix_junction(num_computed, uncached) if not external else 0
             request.shared_prefix_boundary = junction
-            num_new = min(request.num_tokens - num_computed, budget)
+            start = num_computed + external
+            num_new = min(request.num_tokens - start, budget)
             if junction > num_computed:
                 num_new = min(num_new, junction - num_computed)
             if self._aligned_block:
-                num_new = self._aligned(request, num_computed, num_new)
-                if not num_new:
-                    break
-            new_blocks = coord.allocate_slots(request, num_new, num_computed, computed)
+                num_new = self._aligned(request, start, num_new)
+            new_blocks = (
+                coord.allocate_slots(
+                    request, num_new, num_computed, computed, num_external_computed_tokens=external
+                )
+                if num_new
+                else None
+            )
             if new_blocks is None:
+                if connector is not None:
+                    connector.dropped(request.request_id)
                 break
+            if connector is not None:
+                connector.admitted(request.request_id, start)
             self.waiting.popleft()
-            request.num_computed_tokens = num_computed
+            request.num_computed_tokens = start
             self.running.append(request)
             out.scheduled.append(
                 ScheduledRequest(
                     request=request,
-                    num_computed=num_computed,
+                    num_computed=start,
                     num_new_tokens=num_new,
                     new_block_ids=coord.get_block_ids(request.request_id),
                     resumed=True,

@@ -26,6 +26,7 @@ from kvspec.engine.instance import EngineInstance, TimedReplayStats
 from kvspec.engine.replay import TraceClock, trace_request
 from kvspec.engine.step_time import DynoSimStepTime, StepBatch, StepTime, StepTimeModel
 from kvspec.engine.traces import TraceRequest
+from kvspec.tiers.settings import TierSettings
 
 
 def replay_timed(
@@ -37,6 +38,7 @@ def replay_timed(
     step_time: StepTime | None = None,
     clock: TraceClock | None = None,
     on_finish: Callable[[TraceRequest], None] | None = None,
+    tiers: TierSettings | None = None,
 ) -> TimedReplayStats:
     """Replay ``requests`` at their arrival times (``arrival_ms``, non-decreasing order not required) through
     kvspec's FCFS scheduler over ``coordinator`` (prefix caching on, holding no request); returns the
@@ -45,7 +47,12 @@ def replay_timed(
     A request longer than ``max_model_len`` (prompt and output) is refused on arrival, one that does not fit
     the empty cache when its turn comes is refused then; both are counted. The coordinator holds no request
     afterwards. One :class:`~kvspec.engine.instance.EngineInstance`; arrivals at or before a step's start
-    join that step."""
+    join that step.
+
+    ``tiers``: offload tiers under the GPU cache (host memory, a pool; see kvspec.tiers): hits they give
+    are loaded, not computed, and their transfer time is charged (``stats.tiers`` says what moved)."""
+    from kvspec.engine.offload import build_connector
+
     instance = EngineInstance(
         coordinator,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -53,6 +60,7 @@ def replay_timed(
         step_time=step_time,
         clock=clock,
         on_finish=on_finish,
+        tiers=None if tiers is None else build_connector(coordinator, tiers),
     )
     hasher = coordinator.make_block_hasher(seed="kvspec-replay")
     pending = deque(sorted(requests, key=lambda r: r.arrival_ms))  # stable: trace order among equals

@@ -29,6 +29,7 @@ from typing import Any
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheCoordinator
 from kvspec.engine.instance import EngineInstance, InstanceLoad, TimedReplayStats, percentile
+from kvspec.engine.offload import build_connector, build_pool
 from kvspec.engine.replay import PLANNED_RETENTION, TraceClock, trace_request
 from kvspec.engine.step_time import StepTime, StepTimeModel
 from kvspec.engine.traces import TraceRequest
@@ -39,6 +40,8 @@ from kvspec.fleet.routing import ReadsKVEvents, Router, RouterContext, RouteRequ
 from kvspec.integrations.vllm_event_wire import encode_event_batch
 from kvspec.intmath import cdiv
 from kvspec.planning.config import KVCacheConfig
+from kvspec.tiers.connector import TierStats
+from kvspec.tiers.settings import TierSettings
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,6 +70,8 @@ class FleetSettings:
     per_request: bool = False
     #: Run quiet decode steps as bookkeeping where the layout allows (the same figures; off to compare).
     quiet_decode: bool = True
+    #: Offload tiers: host memory per instance and one pool all instances share (None: the GPU cache only).
+    tiers: TierSettings | None = None
 
     def __post_init__(self) -> None:
         count: object = self.num_instances
@@ -167,14 +172,40 @@ def _figures(stats: TimedReplayStats, seconds: float) -> dict[str, Any]:
         "total_tokens_per_s": round((stats.prompt_tokens + stats.generated_tokens) / seconds, 1)
         if seconds
         else 0.0,
+        **tier_figures(stats),
     }
+
+
+def tier_figures(stats: TimedReplayStats) -> dict[str, Any]:
+    """Reuse per tier (first admissions: GPU, host, pool; tokens and ratio of prompt tokens) and the
+    bytes moved, for a run with tiers (empty without)."""
+    tiers = stats.tiers
+    if tiers is None:
+        return {}
+    prompt = stats.prompt_tokens or 1
+    row: dict[str, Any] = {"gpu_reused_tokens": stats.gpu_first_hit_tokens}
+    row["gpu_reuse_ratio"] = round(stats.gpu_first_hit_tokens / prompt, 4)
+    for name in sorted(set(tiers.first_hit_tokens) | set(tiers.stored_blocks) | set(tiers.loaded_blocks)):
+        tokens = tiers.first_hit_tokens.get(name, 0)
+        row[f"{name}_reused_tokens"] = tokens
+        row[f"{name}_reuse_ratio"] = round(tokens / prompt, 4)
+        row[f"{name}_loaded_bytes"] = tiers.loaded_bytes.get(name, 0)
+        row[f"{name}_stored_bytes"] = tiers.stored_bytes.get(name, 0)
+        row[f"{name}_evicted_blocks"] = tiers.evicted_blocks.get(name, 0)
+    row["load_ms_total"] = round(tiers.load_ms, 1)
+    return row
 
 
 def _merge(parts: Sequence[TimedReplayStats]) -> TimedReplayStats:
     total = TimedReplayStats()
+    tiers = [part.tiers for part in parts if part.tiers is not None]
+    if tiers:
+        total.tiers = TierStats.merged(tiers)
     for part in parts:
         for f in dataclasses.fields(TimedReplayStats):
             value = getattr(part, f.name)
+            if f.name == "tiers":
+                continue
             if isinstance(value, list):
                 getattr(total, f.name).extend(value)
             elif f.name == "simulated_ms":
@@ -182,6 +213,21 @@ def _merge(parts: Sequence[TimedReplayStats]) -> TimedReplayStats:
             else:
                 setattr(total, f.name, getattr(total, f.name) + value)
     return total
+
+
+def _tier_settings(tiers: TierSettings | None, pool: object) -> dict[str, Any]:
+    if tiers is None:
+        return {}
+    return {
+        "host_bytes_per_instance": tiers.host_bytes,
+        "host_tier": tiers.host_tier,
+        "host_options": dict(tiers.host_options),
+        "shared_pool_bytes": tiers.pool_bytes,
+        "pool_blocks": getattr(pool, "capacity_blocks", 0),
+        "offload": list(tiers.offload),
+        "host_link": repr(tiers.host_link),
+        "pool_link": repr(tiers.pool_link),
+    }
 
 
 def fleet_coordinator(
@@ -224,15 +270,21 @@ def run_fleet(
     n = settings.num_instances
     wants_events = "kv_events" in spec.reads
     clocks = [TraceClock() for _ in range(n)]
+    coordinators = [
+        fleet_coordinator(config, limits, settings, clock=clocks[i], events=wants_events) for i in range(n)
+    ]
+    tiers = settings.tiers if settings.tiers is not None and settings.tiers.enabled else None
+    pool = None if tiers is None else build_pool(coordinators[0], tiers)  # one pool, every instance's
     instances = [
         EngineInstance(
-            fleet_coordinator(config, limits, settings, clock=clocks[i], events=wants_events),
+            coordinators[i],
             max_num_batched_tokens=settings.max_num_batched_tokens,
             max_num_seqs=settings.max_num_seqs,
             step_time=settings.step_time,
             clock=clocks[i],
             index=i,
             on_finish=on_request,
+            tiers=None if tiers is None else build_connector(coordinators[i], tiers, pool=pool),
         )
         for i in range(n)
     ]
@@ -349,6 +401,7 @@ def run_fleet(
             "event_wire": settings.event_wire,
             "speedup": settings.speedup,
             "seed": settings.seed,
+            **_tier_settings(tiers, pool),
         },
         total=summary,
         instances=rows,

@@ -181,6 +181,13 @@ class MambaManager(SingleTypeKVCacheManager):
             )
         required = cdiv(num_tokens_main_model, self.block_size) + self.num_speculative_blocks
         have = len(self.req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
+        external = 0
+        if request_id not in self.num_cached_block and cdiv(total_computed_tokens, self.block_size) > have:
+            # An admission with external tokens (a KV connector's load) past the hit's blocks: attaching them
+            # takes a real block for the loaded state (behind null placeholders), before the running
+            # state's. vLLM 0.34 counts only the latter, and its pool raises when that one block is short.
+            external = 1
+            have = cdiv(total_computed_tokens, self.block_size)
         checkpoint = 0
         if self.has_prefill_checkpoint_blocks:
             checkpoint = self._checkpoint_position(request_id, total_computed_tokens, num_tokens_main_model)
@@ -202,6 +209,7 @@ class MambaManager(SingleTypeKVCacheManager):
             if request_id not in self._allocated_block_reqs:
                 cap += self.num_speculative_blocks
             num_new = min(max(required - have, 0) + moving, cap)
+        num_new += external
         evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
         return num_new + evictable
 

@@ -200,8 +200,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "coordinator",
         "device",
     },
+    "tiers": BASE,
     "engine": BASE
-    | {"blocks", "contracts", "specs", "eviction", "planning", "coordinator", "device", "models"},
+    | {"blocks", "contracts", "specs", "eviction", "planning", "coordinator", "device", "models", "tiers"},
     "integrations": BASE
     | {"blocks", "contracts", "specs", "managers", "eviction", "registry", "planning", "coordinator"},
     "fleet": BASE
@@ -214,6 +215,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "coordinator",
         "models",
         "engine",
+        "tiers",
         "integrations",
     },
     "cli": BASE
@@ -229,6 +231,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "device",
         "models",
         "engine",
+        "tiers",
         "integrations",
     },
     "builtins": frozenset({"registry"}),

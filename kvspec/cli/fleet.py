@@ -11,6 +11,7 @@ from kvspec.cli.args import parse_bytes
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
+from kvspec.cli.tiers import add_tier_options
 from kvspec.errors import KVSpecError, OptionError
 
 #: Per-instance KV blocks when neither --memory nor --num-blocks is given: DynoSim's default.
@@ -108,6 +109,7 @@ def add_fleet_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", metavar="PNG", default=None, help="draw reuse and TTFT per router")
+    add_tier_options(p, sweep=True)
     add_plugin_options(p)
     p.set_defaults(func=cmd_fleet)
 
@@ -134,9 +136,30 @@ def _points(args: argparse.Namespace) -> list[Any]:
         "seed": args.seed,
         "router_options": tuple(args.router_option),
     }
+    for flag, name in (
+        ("host_policy", "host_policy"),
+        ("store_threshold", "store_threshold"),
+        ("offload", "offload"),
+        ("host_link", "host_link"),
+        ("pool_link", "pool_link"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            base[name] = tuple(value) if isinstance(value, tuple) else value
+    tiers: dict[str, list[Any]] = {}
+    if args.host_memory is not None:
+        tiers["host_memory"] = args.host_memory
+    if args.shared_pool is not None:
+        tiers["shared_pool"] = args.shared_pool
     return expand_points(
         base,
-        {"num_instances": args.instances, **sizes, "router": args.router, "eviction_policy": args.eviction},
+        {
+            "num_instances": args.instances,
+            **sizes,
+            **tiers,
+            "router": args.router,
+            "eviction_policy": args.eviction,
+        },
     )
 
 
@@ -166,7 +189,11 @@ def _check(args: argparse.Namespace, points: list[Any]) -> None:
     check_point(points[0])
 
 
-def _row(row: dict[str, Any]) -> dict[str, Any]:
+def _has_tiers(rows: list[dict[str, Any]]) -> bool:
+    return any(r["point"].get("host_memory") or r["point"].get("shared_pool") for r in rows)
+
+
+def _row(row: dict[str, Any], tiers: bool = False) -> dict[str, Any]:
     point, total = row["point"], row["total"]
     return {
         "instances": point["num_instances"],
@@ -174,6 +201,17 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
         "eviction": point["eviction_policy"],
         "blocks": row["blocks_per_instance"],
         "kv_gib": row["kv_cache_gib_per_instance"],
+        **(
+            {
+                "host_gib": round(point.get("host_memory", 0) / 2**30, 1),
+                "pool_gib": round(point.get("shared_pool", 0) / 2**30, 1),
+                "gpu_reuse": total.get("gpu_reuse_ratio", total["reuse_ratio"]),
+                "host_reuse": total.get("host_reuse_ratio", 0.0),
+                "pool_reuse": total.get("pool_reuse_ratio", 0.0),
+            }
+            if tiers
+            else {}
+        ),
         "reuse": total["reuse_ratio"],
         "ttft_mean": total["ttft_ms_mean"],
         "ttft_p90": total["ttft_ms_p90"],
@@ -185,7 +223,7 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_sweep(rows: list[dict[str, Any]]) -> None:
-    table = [_row(r) for r in rows]
+    table = [_row(r, _has_tiers(rows)) for r in rows]
     if not table:
         print("nothing to run: every point is already in --out")
         return

@@ -12,10 +12,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvspec.cli.args import bounded_int, capacity_message, check_layout_options, check_plot_path, parse_bytes
+from kvspec.cli.args import (
+    bounded_int,
+    capacity_message,
+    check_layout_options,
+    check_plot_path,
+    human_bytes,
+    parse_bytes,
+)
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
+from kvspec.cli.tiers import add_tier_options, given_tier_options, tier_settings
 
 # Only light modules at import time (the parser is built for `kvspec --help`); the command imports
 # the engine, torch and the library when it runs.
@@ -29,8 +37,10 @@ from kvspec.errors import (
     PlotPathError,
     PluginError,
     SchedulingError,
+    TierConfigError,
     TraceFormatError,
     UnknownEvictionPolicyError,
+    UnknownTierError,
 )
 
 if TYPE_CHECKING:
@@ -191,6 +201,7 @@ def add_simulate_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", metavar="PNG", default=None, help="draw block usage and hit rate over time")
+    add_tier_options(p, sweep=False)
     add_plugin_options(p)
     p.set_defaults(func=cmd_simulate)
 
@@ -233,6 +244,13 @@ def check_options(args: argparse.Namespace) -> None:
                 refuse(flag, "applies to a trace replay: add --trace FILE (with a preset or a config.json)")
     if args.step_time is not None and not args.timed:
         refuse("--step-time", "is the timed replay's step-time model: add --timed (with --trace FILE)")
+    tier_flags = given_tier_options(args)
+    if tier_flags and not args.timed:
+        refuse(
+            tier_flags[0], "sets offload tiers, which the timed replay runs: add --timed (with --trace FILE)"
+        )
+    if tier_flags and not (args.host_memory or args.shared_pool):
+        refuse(tier_flags[0], "sets up offload tiers: add --host-memory and/or --shared-pool (a size > 0)")
     if trace:
         for flag, dest in SYNTHETIC_ONLY_OPTIONS:
             if given(dest):
@@ -615,6 +633,7 @@ class _ReplayRun:
     max_num_seqs: int
     step_time: Any
     bytes_per_block: float
+    tiers: Any = None
 
 
 def _replay_run(run: _ReplayRun, advance: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -639,6 +658,7 @@ def _replay_run(run: _ReplayRun, advance: Callable[[], None] | None = None) -> d
             step_time=run.step_time,
             clock=clock,
             on_finish=lambda _request: tick(),
+            tiers=run.tiers,
         ).summary()
     else:
         summary = replay_cache(
@@ -691,6 +711,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         for name in policies:
             resolve_eviction_policy(name)  # an unknown name fails before the trace is read
         step_time = parse_step_time(args.step_time) if args.timed else None
+        tiers = tier_settings(args)
         retention: int | None = (
             PLANNED_RETENTION
             if args.retention_interval == "planned"
@@ -722,6 +743,10 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         )
         # The layout's scheduler block may differ from --block-size (Mamba "align"): the coordinator's.
         scheduler_block = probe.scheduler_block_size
+        if tiers is not None:  # tier memory below one block of this model fails here, before any replay
+            from kvspec.engine.offload import build_connector
+
+            build_connector(probe, tiers)
     except (
         ModelConfigError,
         OptionError,
@@ -729,6 +754,8 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         PlotPathError,
         UnknownEvictionPolicyError,
         SchedulingError,
+        TierConfigError,
+        UnknownTierError,
     ) as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 2
@@ -766,6 +793,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs or DEFAULT_TRACE_SEQS,
             step_time=step_time,
             bytes_per_block=bytes_per_block,
+            tiers=tiers,
         )
         for policy in policies
         for num_blocks in sizes
@@ -824,6 +852,11 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         "kv_cache_groups": groups,
         "prefix_cache_retention_interval": "dense" if retention is None else retention,
     }
+    if tiers is not None:
+        report["host_memory"] = human_bytes(tiers.host_bytes) if tiers.host_bytes else "none"
+        report["shared_pool"] = human_bytes(tiers.pool_bytes) if tiers.pool_bytes else "none"
+        report["host_options"] = dict(tiers.host_options) or "lru"
+        report["offload"] = ",".join(tiers.offload)
     if args.sweep or len(rows) > 1:
         report["sweep"] = rows
     else:

@@ -99,6 +99,26 @@ class TimedReplayStats:
         tiers = 0 if self.tiers is None else sum(self.tiers.first_hit_tokens.values())
         return self.first_admission_hit_tokens - tiers
 
+    def tier_figures(self) -> dict[str, float | int]:
+        """Reuse per tier at first admissions (GPU, then each tier: tokens and share of prompt tokens), the
+        bytes each tier loaded and stored, the blocks it evicted, and the load time charged; empty without
+        tiers."""
+        tiers = self.tiers
+        if tiers is None:
+            return {}
+        prompt = self.prompt_tokens or 1
+        gpu = self.gpu_first_hit_tokens
+        row: dict[str, float | int] = {"gpu_reused_tokens": gpu, "gpu_reuse_ratio": round(gpu / prompt, 4)}
+        for name in sorted(set(tiers.first_hit_tokens) | set(tiers.stored_blocks) | set(tiers.loaded_blocks)):
+            tokens = tiers.first_hit_tokens.get(name, 0)
+            row[f"{name}_reused_tokens"] = tokens
+            row[f"{name}_reuse_ratio"] = round(tokens / prompt, 4)
+            row[f"{name}_loaded_bytes"] = tiers.loaded_bytes.get(name, 0)
+            row[f"{name}_stored_bytes"] = tiers.stored_bytes.get(name, 0)
+            row[f"{name}_evicted_blocks"] = tiers.evicted_blocks.get(name, 0)
+        row["load_ms_total"] = round(tiers.load_ms, 1)
+        return row
+
     def summary(self) -> dict[str, float | int]:
         return {
             "requests": self.requests,
@@ -115,6 +135,7 @@ class TimedReplayStats:
             "ttft_ms_p99": round(percentile(self.ttft_ms, 0.99), 1),
             "e2e_ms_median": round(statistics.median(self.e2e_ms), 1) if self.e2e_ms else 0.0,
             "e2e_ms_p99": round(percentile(self.e2e_ms, 0.99), 1),
+            **self.tier_figures(),
         }
 
 
@@ -500,6 +521,7 @@ class EngineInstance:
         connector announces it by default: the hash alone, no tokens, block size 0)."""
         events = self.coordinator.take_events()
         if self.connector is not None and self.connector.publish:
+            kinds = self.coordinator.block_pool.stored_event_kinds
             for event in self.connector.take_events():
                 for key in event.keys:
                     if event.removed:
@@ -521,6 +543,8 @@ class EngineInstance:
                                 medium=event.medium,
                                 lora_name=None,
                                 group_idx=key_group(key),
+                                kv_cache_spec_kind=kinds[key_group(key)][0] if kinds else None,
+                                kv_cache_spec_sliding_window=kinds[key_group(key)][1] if kinds else None,
                             )
                         )
         return events

@@ -172,28 +172,8 @@ def _figures(stats: TimedReplayStats, seconds: float) -> dict[str, Any]:
         "total_tokens_per_s": round((stats.prompt_tokens + stats.generated_tokens) / seconds, 1)
         if seconds
         else 0.0,
-        **tier_figures(stats),
+        **stats.tier_figures(),
     }
-
-
-def tier_figures(stats: TimedReplayStats) -> dict[str, Any]:
-    """Reuse per tier (first admissions: GPU, host, pool; tokens and ratio of prompt tokens) and the
-    bytes moved, for a run with tiers (empty without)."""
-    tiers = stats.tiers
-    if tiers is None:
-        return {}
-    prompt = stats.prompt_tokens or 1
-    row: dict[str, Any] = {"gpu_reused_tokens": stats.gpu_first_hit_tokens}
-    row["gpu_reuse_ratio"] = round(stats.gpu_first_hit_tokens / prompt, 4)
-    for name in sorted(set(tiers.first_hit_tokens) | set(tiers.stored_blocks) | set(tiers.loaded_blocks)):
-        tokens = tiers.first_hit_tokens.get(name, 0)
-        row[f"{name}_reused_tokens"] = tokens
-        row[f"{name}_reuse_ratio"] = round(tokens / prompt, 4)
-        row[f"{name}_loaded_bytes"] = tiers.loaded_bytes.get(name, 0)
-        row[f"{name}_stored_bytes"] = tiers.stored_bytes.get(name, 0)
-        row[f"{name}_evicted_blocks"] = tiers.evicted_blocks.get(name, 0)
-    row["load_ms_total"] = round(tiers.load_ms, 1)
-    return row
 
 
 def _merge(parts: Sequence[TimedReplayStats]) -> TimedReplayStats:

@@ -9,6 +9,12 @@ Hybrid models: only stores of groups whose declared kind keeps every block of a 
 does; a sliding-window or Mamba group's stores would claim prefixes those groups cannot serve. So the index
 knows full attention's residency, and a hybrid's real hit (bounded by its other groups) can be shorter:
 that is the gap kvspec's ``exact`` router closes.
+
+Offloaded media: stores and removals naming a medium other than "GPU" (vLLM's offloading connector's
+"CPU" and "STORAGE" events) are kept apart, per medium, and read only by :meth:`KVEventIndex.weighted_overlap`,
+which scores each block by the best medium an instance holds it on (llm-d: GPU 1.0, CPU 0.8; Dynamo's
+credits: device 1.0, host 0.75, disk 0.25). A fleet without tiers never fills them: :meth:`overlap` and its
+speed are as before.
 """
 
 from __future__ import annotations
@@ -19,7 +25,15 @@ from typing import Any, Final
 import msgspec
 
 from kvspec.errors import EventWireError
-from kvspec.fleet.index_events import STORED_KIND_AT, ClearedRead, MapBatch, RemovedRead, StoredRead
+from kvspec.fleet.index_events import (
+    REMOVED_MEDIUM_AT,
+    STORED_KIND_AT,
+    STORED_MEDIUM_AT,
+    ClearedRead,
+    MapBatch,
+    RemovedRead,
+    StoredRead,
+)
 
 #: Group kinds whose stores say "this prefix is servable" (llm-d's accepted kinds).
 PREFIX_KINDS: Final = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
@@ -31,7 +45,7 @@ class KVEventIndex:
     has no entry); ``_repeats[(h, i)]`` counts the stores of ``h`` by instance ``i`` beyond its first (one
     hash stored by several full-attention groups), so a removal clears the bit only with the last of them."""
 
-    __slots__ = ("_decode", "_decode_maps", "_repeats", "holders", "num_events", "num_instances")
+    __slots__ = ("_decode", "_decode_maps", "_repeats", "holders", "num_events", "num_instances", "offloaded")
 
     def __init__(self, num_instances: int) -> None:
         self._decode = msgspec.msgpack.Decoder().decode
@@ -44,6 +58,9 @@ class KVEventIndex:
         self.holders: dict[Any, int] = {}
         self._repeats: dict[tuple[Any, int], int] = {}
         self.num_events = 0
+        #: Per offloaded medium ("CPU", "STORAGE"): hash -> bitmask of instances, as ``holders`` (a tier
+        #: keeps one copy per key, so a store of a held hash by another group of the instance is ignored).
+        self.offloaded: dict[str, dict[Any, int]] = {}
 
     def held(self, instance: int) -> set[Any]:
         """The hashes ``instance`` holds (a scan of the index: for tests and reports, not the hot path)."""
@@ -74,9 +91,19 @@ class KVEventIndex:
             if isinstance(event, dict):
                 kind = event.get("type")
                 if kind == "BlockStored":
-                    events.append(StoredRead(event.get("block_hashes", []), event.get("kv_cache_spec_kind")))
+                    events.append(
+                        StoredRead(
+                            event.get("block_hashes", []),
+                            event.get("kv_cache_spec_kind"),
+                            event.get("medium", "GPU"),
+                        )
+                    )
                 elif kind == "BlockRemoved":
-                    events.append(RemovedRead(event.get("block_hashes", []), event.get("group_idx")))
+                    events.append(
+                        RemovedRead(
+                            event.get("block_hashes", []), event.get("group_idx"), event.get("medium", "GPU")
+                        )
+                    )
                 elif kind == "AllBlocksCleared":
                     events.append(ClearedRead())
                 else:
@@ -85,9 +112,11 @@ class KVEventIndex:
                 kind = event[0]
                 if kind == "BlockStored":
                     spec_kind = event[STORED_KIND_AT] if len(event) > STORED_KIND_AT else None
-                    events.append(StoredRead(event[1], spec_kind))
+                    medium = event[STORED_MEDIUM_AT] if len(event) > STORED_MEDIUM_AT else "GPU"
+                    events.append(StoredRead(event[1], spec_kind, medium))
                 elif kind == "BlockRemoved":
-                    events.append(RemovedRead(event[1], event[3] if len(event) > 3 else None))
+                    medium = event[REMOVED_MEDIUM_AT] if len(event) > REMOVED_MEDIUM_AT else "GPU"
+                    events.append(RemovedRead(event[1], event[3] if len(event) > 3 else None, medium))
                 elif kind == "AllBlocksCleared":
                     events.append(ClearedRead())
                 else:
@@ -106,6 +135,9 @@ class KVEventIndex:
         self.num_events += len(events)
         for item in events:
             if type(item) is RemovedRead:
+                if item.medium != "GPU" and item.medium is not None:
+                    self._apply_offloaded(instance, item)
+                    continue
                 for h in item.block_hashes:
                     mask = holders.get(h, 0)
                     if not mask & bit:
@@ -125,6 +157,9 @@ class KVEventIndex:
                     else:
                         del holders[h]
             elif type(item) is StoredRead:
+                if item.medium != "GPU" and item.medium is not None:
+                    self._apply_offloaded(instance, item)
+                    continue
                 kind = item.kv_cache_spec_kind
                 if kind is not None and kind not in PREFIX_KINDS:
                     continue
@@ -137,6 +172,56 @@ class KVEventIndex:
                         holders[h] = mask | bit
             else:
                 self._cleared(instance)
+
+    def _apply_offloaded(self, instance: int, item: StoredRead | RemovedRead | ClearedRead) -> None:
+        """A store or removal on an offloaded medium (the tiers' events: one copy per key)."""
+        bit = 1 << instance
+        if type(item) is StoredRead:
+            kind = item.kv_cache_spec_kind
+            if kind is not None and kind not in PREFIX_KINDS:
+                return
+            held = self.offloaded.setdefault(str(item.medium), {})
+            for h in item.block_hashes:
+                held[h] = held.get(h, 0) | bit
+        elif type(item) is RemovedRead:
+            held = self.offloaded.get(str(item.medium), {})
+            for h in item.block_hashes:
+                mask = held.get(h, 0) & ~bit
+                if mask:
+                    held[h] = mask
+                else:
+                    held.pop(h, None)
+
+    def weighted_overlap(self, block_hashes: Sequence[Any], weights: dict[str, float]) -> list[float]:
+        """Per instance, the sum over its consecutive blocks from block 0 of the best weight among the media
+        holding each block (``weights`` per medium, "GPU" included; a medium without a weight counts 0 and
+        does not extend a prefix); an instance drops out at the first block no weighted medium holds (llm-d's
+        tier-weighted longest prefix). Without offloaded entries: :meth:`overlap` times the GPU weight."""
+        gpu = weights.get("GPU", 1.0)
+        media = [
+            (w, self.offloaded[m]) for m, w in weights.items() if m != "GPU" and m in self.offloaded and w > 0
+        ]
+        if not media:
+            return [d * gpu for d in self.overlap(block_hashes)]
+        media.sort(key=lambda pair: -pair[0])
+        layers = [(gpu, self.holders), *media] if gpu > 0 else media
+        layers.sort(key=lambda pair: -pair[0])
+        score = [0.0] * self.num_instances
+        alive = (1 << self.num_instances) - 1
+        for h in block_hashes:
+            placed = 0
+            for weight, held in layers:
+                new = held.get(h, 0) & alive & ~placed
+                if new:
+                    placed |= new
+                    while new:
+                        low = new & -new
+                        score[low.bit_length() - 1] += weight
+                        new ^= low
+            alive = placed
+            if not alive:
+                break
+        return score
 
     def _cleared(self, instance: int) -> None:
         bit = 1 << instance

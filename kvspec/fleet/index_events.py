@@ -9,9 +9,12 @@ from typing import Any
 
 import msgspec
 
-#: Where vLLM 0.23's BlockStored array holds the group's kind: [tag, hashes, parent, tokens, block_size,
-#: lora_id, medium, lora_name, extra_keys, group_idx, kind, window].
+#: Where vLLM 0.23's BlockStored array holds the group's kind and the medium: [tag, hashes, parent, tokens,
+#: block_size, lora_id, medium, lora_name, extra_keys, group_idx, kind, window]; BlockRemoved: [tag, hashes,
+#: medium, group_idx].
 STORED_KIND_AT = 10
+STORED_MEDIUM_AT = 6
+REMOVED_MEDIUM_AT = 2
 
 
 class StoredRead(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
@@ -19,11 +22,13 @@ class StoredRead(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
 
     block_hashes: list[Any]
     kv_cache_spec_kind: str | None = None
+    medium: str | None = "GPU"
 
 
 class RemovedRead(msgspec.Struct, tag="BlockRemoved", tag_field="type", gc=False):
     block_hashes: list[Any]
     group_idx: int | None = None
+    medium: str | None = "GPU"
 
 
 class ClearedRead(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):
@@ -34,4 +39,12 @@ class ClearedRead(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):
 MapBatch = tuple[float, list[StoredRead | RemovedRead | ClearedRead], int | None]
 
 
-__all__ = ["STORED_KIND_AT", "ClearedRead", "MapBatch", "RemovedRead", "StoredRead"]
+__all__ = [
+    "REMOVED_MEDIUM_AT",
+    "STORED_KIND_AT",
+    "STORED_MEDIUM_AT",
+    "ClearedRead",
+    "MapBatch",
+    "RemovedRead",
+    "StoredRead",
+]

@@ -13,11 +13,13 @@ name                      rule (source)                                         
                           LRU of block hashes per instance (``max_tree_size`` tokens)
 ``precise_prefix``        llm-d's precise scorer: longest consecutive prefix from block 0 in an   loads,
                           index fed only by KV events (vLLM 0.34 wire), weighted 3 with KV         kv_events
-                          usage 2 and queue 2 (llm-d's benchmark weights), ties at random
+                          usage 2 and queue 2 (llm-d's benchmark weights), ties at random;
+                          a block held only in host memory counts ``cpu_weight`` (0.8)
 ``kv_cost``               Dynamo's cost: ``scale * max(0, prefill - credit * overlap) + decode``  loads,
                           in blocks (prefill: tokens queued + this prompt; decode: blocks held +   kv_events
                           this prompt's), overlap from the KV event index; lowest wins, ties at
-                          random; ``temperature`` > 0 samples a softmax of normalised costs
+                          random; ``temperature`` > 0 samples a softmax of normalised costs;
+                          offloaded blocks credit ``host_credit`` 0.75 / ``disk_credit`` 0.25
 ``exact``                 kvspec's: ``kv_cost``'s cost with each instance's real hit (its          loads,
                           coordinator's lookup: sliding windows, Mamba states, retention)          cache
 ``exact_prefix``          kvspec's: ``precise_prefix``'s scoring with each instance's real hit     loads,
@@ -53,9 +55,15 @@ ROUTER_OPTIONS: Final[Mapping[str, Mapping[str, float]]] = {
         "balance_rel_threshold": 1.5,
         "max_tree_size": 2**25,
     },
-    "precise_prefix": {"prefix_weight": 3.0, "kv_usage_weight": 2.0, "queue_weight": 2.0},
+    "precise_prefix": {"prefix_weight": 3.0, "kv_usage_weight": 2.0, "queue_weight": 2.0, "cpu_weight": 0.8},
     "exact_prefix": {"prefix_weight": 3.0, "kv_usage_weight": 2.0, "queue_weight": 2.0},
-    "kv_cost": {"overlap_score_credit": 1.0, "prefill_load_scale": 1.0, "temperature": 0.0},
+    "kv_cost": {
+        "overlap_score_credit": 1.0,
+        "prefill_load_scale": 1.0,
+        "temperature": 0.0,
+        "host_credit": 0.75,
+        "disk_credit": 0.25,
+    },
     "exact": {"overlap_score_credit": 1.0, "prefill_load_scale": 1.0, "temperature": 0.0},
 }
 
@@ -77,14 +85,19 @@ def _pick_tied(values: Sequence[float], best: float, rng: random.Random) -> int:
 
 
 class _IndexFed:
-    """A router whose overlap is the KV-event index's (fed by ``on_kv_events``)."""
+    """A router whose overlap is the KV-event index's (fed by ``on_kv_events``). With offloaded media in
+    the index (instances with tiers publish "CPU" events), a block counts the best weight among the media
+    holding it (``medium_weights``: llm-d's GPU 1.0 / CPU 0.8, Dynamo's 1.0 / 0.75 / 0.25)."""
 
     index: KVEventIndex
+    medium_weights: dict[str, float]
 
     def on_kv_events(self, instance: int, payload: bytes) -> None:
         self.index.apply(instance, payload)
 
     def _overlap_blocks(self, request: RouteRequest, fleet: FleetView) -> list[float]:
+        if self.index.offloaded:
+            return self.index.weighted_overlap(request.block_hashes, self.medium_weights)
         return [float(d) for d in self.index.overlap(request.block_hashes)]
 
 
@@ -186,6 +199,7 @@ class PrecisePrefix(_IndexFed):
     def __init__(self, context: RouterContext) -> None:
         _check_options("precise_prefix", context)
         self.index = KVEventIndex(context.num_instances)
+        self.medium_weights = {"GPU": 1.0, "CPU": option(context, "cpu_weight", 0.8)}
         self._weights = (
             option(context, "prefix_weight", 3.0),
             option(context, "kv_usage_weight", 2.0),
@@ -264,6 +278,12 @@ class KvCost(_IndexFed, _CostRouter):
     def __init__(self, context: RouterContext) -> None:
         super().__init__(context)
         self.index = KVEventIndex(context.num_instances)
+        # Dynamo's overlap credits per tier: device 1.0, host 0.75, disk 0.25.
+        self.medium_weights = {
+            "GPU": 1.0,
+            "CPU": option(context, "host_credit", 0.75),
+            "STORAGE": option(context, "disk_credit", 0.25),
+        }
 
 
 class Exact(_CostRouter):

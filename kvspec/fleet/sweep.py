@@ -26,6 +26,7 @@ from typing import Any
 
 from kvspec.engine.traces import TraceRequest
 from kvspec.errors import FleetConfigError, KVSpecError
+from kvspec.tiers.connector import FAMILIES
 
 EXECUTORS = ("inprocess", "process", "ray")
 
@@ -52,6 +53,16 @@ class SweepPoint:
     event_wire: str = "0.34"
     seed: int = 0
     router_options: tuple[tuple[str, float], ...] = field(default_factory=tuple)
+    #: Offload tiers: host memory per instance and a pool the instances share (bytes; 0: none), the host
+    #: tier's policy and store threshold, the group families offloaded, and the links ("default" or
+    #: "GBPS[,US]"). A point's key leaves these out at their defaults (sweep files from before tiers resume).
+    host_memory: int = 0
+    shared_pool: int = 0
+    host_policy: str = "lru"
+    store_threshold: int = 1
+    offload: tuple[str, ...] = FAMILIES
+    host_link: str = "default"
+    pool_link: str = "default"
 
     def __post_init__(self) -> None:
         if (self.memory is None) == (self.num_blocks is None):
@@ -61,7 +72,44 @@ class SweepPoint:
 
     def key(self) -> str:
         """The point's identity in a sweep file: its settings as sorted JSON."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        fields = dataclasses.asdict(self)
+        for name in _TIER_FIELDS:
+            if fields[name] == _TIER_DEFAULTS[name]:
+                del fields[name]
+        return json.dumps(fields, sort_keys=True)
+
+
+_TIER_FIELDS = (
+    "host_memory",
+    "shared_pool",
+    "host_policy",
+    "store_threshold",
+    "offload",
+    "host_link",
+    "pool_link",
+)
+_TIER_DEFAULTS = {
+    f.name: f.default if f.default is not dataclasses.MISSING else None
+    for f in dataclasses.fields(SweepPoint)
+    if f.name in _TIER_FIELDS
+}
+
+
+def tier_settings(point: SweepPoint) -> Any:
+    """The point's :class:`~kvspec.tiers.settings.TierSettings`, or None without tier memory."""
+    from kvspec.tiers.settings import TierSettings
+    from kvspec.tiers.transfer import HOST_LINK, POOL_LINK, parse_link
+
+    if not point.host_memory and not point.shared_pool:
+        return None
+    return TierSettings(
+        host_bytes=point.host_memory,
+        host_options={"policy": point.host_policy, "store_threshold": point.store_threshold},
+        pool_bytes=point.shared_pool,
+        offload=tuple(point.offload),
+        host_link=parse_link(point.host_link, HOST_LINK),
+        pool_link=parse_link(point.pool_link, POOL_LINK),
+    )
 
 
 def read_point_trace(point: SweepPoint) -> list[TraceRequest]:
@@ -98,6 +146,7 @@ def fleet_settings(point: SweepPoint, max_num_batched_tokens: int | None = None)
         event_wire=point.event_wire,
         speedup=point.speedup,
         seed=point.seed,
+        tiers=tier_settings(point),
     )
 
 

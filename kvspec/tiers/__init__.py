@@ -5,7 +5,7 @@
 - :mod:`~kvspec.tiers.policies`: the host tier's LRU and ARC, as vLLM 0.34's;
 - :mod:`~kvspec.tiers.host`: :class:`HostTier` (vLLM's CPU offloading manager);
 - :mod:`~kvspec.tiers.pool`: :class:`SharedPool` (Mooncake Store);
-- :mod:`~kvspec.tiers.transfer`: :class:`TransferModel`, :func:`parse_bytes`;
+- :mod:`~kvspec.tiers.transfer`: :class:`TransferModel`, :func:`parse_link`;
 - :mod:`~kvspec.tiers.connector`: :class:`TierConnector`, how an engine's GPU cache reaches its tiers;
 - :mod:`~kvspec.tiers.registry`: tiers by name; :mod:`~kvspec.tiers.kit`: :func:`check_tier`.
 """
@@ -37,7 +37,7 @@ from kvspec.tiers.registry import (
     tier_names,
 )
 from kvspec.tiers.settings import TierSettings
-from kvspec.tiers.transfer import HOST_LINK, POOL_LINK, TransferModel, parse_bytes
+from kvspec.tiers.transfer import HOST_LINK, POOL_LINK, TransferModel, parse_link
 
 __all__ = [
     "FAMILIES",
@@ -67,7 +67,7 @@ __all__ = [
     "key_block_hash",
     "key_group",
     "offload_key",
-    "parse_bytes",
+    "parse_link",
     "register_tier",
     "resolve_tier",
     "tier_names",

@@ -1,4 +1,4 @@
-"""Transfer times between the GPU and a tier, and byte sizes as users write them.
+"""Transfer times between the GPU and a tier.
 
 A :class:`TransferModel` states a link's bandwidth and per-transfer latency in each direction. The timed
 replay charges loads inside the step that admits the request (vLLM's synchronous load: the request's
@@ -10,42 +10,10 @@ calibration: a host tier over PCIe 5.0 x16 (32 GB/s each way, 10 us per transfer
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Final
 
 from kvspec.errors import TierConfigError
-
-_UNITS: Final = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(text: str | int) -> int:
-    """``"256GiB"``, ``"3TiB"``, ``"1.5TB"``, ``"0"`` or an int -> bytes. A ``TierConfigError`` names a
-    size it cannot read."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise TierConfigError(f"A size in bytes cannot be negative, got {text}.")
-        return text
-    found = _SIZE.match(str(text))
-    unit = _UNITS.get(found.group(2).lower()) if found else None
-    if found is None or unit is None:
-        raise TierConfigError(
-            f"Cannot read {text!r} as a size: write a number and one of B, KB, MB, GB, TB, KiB, MiB, GiB, "
-            "TiB (e.g. 256GiB)."
-        )
-    return int(float(found.group(1)) * unit)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,4 +56,25 @@ POOL_LINK: Final = TransferModel(
 )
 
 
-__all__ = ["HOST_LINK", "POOL_LINK", "TransferModel", "parse_bytes"]
+def parse_link(text: str, default: TransferModel) -> TransferModel:
+    """``"default"`` -> ``default``; ``"GBPS"`` or ``"GBPS,US"`` -> a link of that bandwidth (both
+    directions) and latency per transfer (microseconds; else ``default``'s). A ``TierConfigError`` names
+    what it cannot read."""
+    if text.strip() == "default":
+        return default
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        if not 1 <= len(parts) <= 2:
+            raise ValueError
+        gbps = float(parts[0])
+        latency = float(parts[1]) if len(parts) == 2 else default.load_latency_us
+    except ValueError:
+        raise TierConfigError(
+            f"Cannot read the link {text!r}: give GB/s, or GB/s,latency-in-us (e.g. 32,10), or default."
+        ) from None
+    return TransferModel(
+        load_gb_per_s=gbps, store_gb_per_s=gbps, load_latency_us=latency, store_latency_us=latency
+    )
+
+
+__all__ = ["HOST_LINK", "POOL_LINK", "TransferModel", "parse_link"]

@@ -121,3 +121,39 @@ def test_zeroing_follows_the_engine_policy_over_the_traits() -> None:
         assert tuple(bool(set(ids) & reported) for ids in coord.get_block_ids("r")) == expected
     with pytest.raises(UnsupportedConfigurationError, match="zero_new_blocks has 1 entries for 2"):
         _zeroing_coordinator((True,))
+
+
+def _mamba_coordinator(num_blocks: int) -> KVCacheCoordinator:
+    from kvspec import MambaSpec
+    from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec
+
+    mamba = MambaSpec(block_size=16, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    groups = (
+        KVCacheGroupSpec(layer_names=("attn",), kv_cache_spec=full_spec()),
+        KVCacheGroupSpec(layer_names=("mamba",), kv_cache_spec=mamba),
+    )
+    return KVCacheCoordinator(
+        KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=(), kv_cache_groups=groups),
+        SchedulerLimits(max_model_len=4096, mamba_cache_mode="align"),
+        enable_caching=True,
+    )
+
+
+@pytest.mark.parametrize("spare", [0, 1])
+def test_an_external_load_past_a_mamba_hit_counts_the_loaded_states_block(spare: int) -> None:
+    """An admission with 8 blocks of external tokens and one block to compute: full attention takes 9
+    blocks, Mamba two (the loaded state's block behind null placeholders, and the running state's). The
+    count says so: with one block short the admission waits (None, nothing taken) instead of the pool
+    raising half-way (vLLM 0.34 counts one Mamba block here)."""
+    coord = _mamba_coordinator(1 + 10 + spare)  # the null block, then 10 or 11 usable
+    request = make_request(coord, "r", [7] * (10 * 16))
+    free = coord.num_free_blocks
+    new = coord.allocate_slots(request, 16, 0, None, 0, num_external_computed_tokens=8 * 16)
+    if not spare:
+        assert new is None and coord.num_free_blocks == free
+        assert coord.get_block_ids("r") == ([], [])
+    else:
+        assert new is not None and coord.num_free_blocks == free - 11
+        full, mamba = coord.get_block_ids("r")
+        assert len(full) == 9 and len([b for b in mamba if b != 0]) == 2
+    coord.check_invariants()

@@ -198,3 +198,37 @@ def test_the_index_agrees_with_a_model_of_counts_per_instance(
                     depth += 1
                 expected.append(depth)
             assert index.overlap(walk) == expected
+
+
+def _medium(hashes: list[bytes], medium: str, *, removed: bool = False) -> KVCacheEvent:
+    if removed:
+        return BlockRemoved(block_hashes=hashes, medium=medium, group_idx=0)
+    return dataclasses.replace(_stored(hashes), medium=medium, token_ids=[], block_size=0)
+
+
+@pytest.mark.parametrize("wire", ["0.34", "0.23"])
+def test_offloaded_blocks_count_their_tiers_weight_and_extend_a_prefix(wire: str) -> None:
+    """Instance 0 holds blocks 0-1 on the GPU and 2-3 in host memory only; instance 1 all four on the GPU.
+    llm-d's weights: 0 scores 1 + 1 + 0.8 + 0.8, 1 scores 4; GPU-only overlap ignores host copies."""
+    index = KVEventIndex(2)
+    index.apply(0, encode_event_batch([_stored(H[:2]), _medium(H[:4], "CPU")], ts=0.0, wire=wire))
+    index.apply(1, encode_event_batch([_stored(H[:4])], ts=0.0, wire=wire))
+    assert index.overlap(H[:4]) == [2, 4]
+    assert index.weighted_overlap(H[:4], {"GPU": 1.0, "CPU": 0.8}) == pytest.approx([3.6, 4.0])
+    # A removal on the CPU medium leaves the GPU copies; the prefix then ends at block 2 for instance 0.
+    index.apply(0, encode_event_batch([_medium([H[2]], "CPU", removed=True)], ts=1.0, wire=wire))
+    assert index.weighted_overlap(H[:4], {"GPU": 1.0, "CPU": 0.8}) == pytest.approx([2.0, 4.0])
+    # A GPU removal of a block the host still holds: it counts at the host's weight.
+    index.apply(
+        0,
+        encode_event_batch([BlockRemoved(block_hashes=[H[1]], medium="GPU", group_idx=0)], ts=2.0, wire=wire),
+    )
+    assert index.weighted_overlap(H[:4], {"GPU": 1.0, "CPU": 0.8}) == pytest.approx([1.8, 4.0])
+    assert index.weighted_overlap(H[:4], {"GPU": 1.0}) == [1.0, 4.0]  # an unweighted medium extends nothing
+
+
+def test_offloaded_stores_of_groups_that_cannot_serve_a_prefix_are_ignored() -> None:
+    index = KVEventIndex(1)
+    window_store = dataclasses.replace(_stored(H[:2], kind="sliding_window"), medium="CPU")
+    index.apply(0, encode_event_batch([window_store], ts=0.0))
+    assert index.weighted_overlap(H[:2], {"GPU": 1.0, "CPU": 0.8}) == [0.0]

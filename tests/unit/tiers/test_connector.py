@@ -160,3 +160,35 @@ def test_a_prompt_the_gpu_lost_is_loaded_back_from_host_memory() -> None:
 def test_host_memory_below_one_block_is_refused() -> None:
     with pytest.raises(TierConfigError, match="holds no block of this model"):
         _replay(TierSettings(host_bytes=10))
+
+
+def test_a_fleet_shares_one_pool_and_publishes_host_blocks_as_cpu_events() -> None:
+    """Two instances behind round robin, each with host memory, sharing a pool: a family's second request
+    lands on the other instance, whose GPU and host never saw the prefix, and loads it from the pool; the
+    host tier's stores reach a precise_prefix router as "CPU" events."""
+    from kvspec.fleet.fleet import FleetSettings, run_fleet
+    from tests.unit.fleet.fleet_helpers import family_trace
+
+    block_bytes = full_spec(16).page_size_bytes
+    config = make_config([full_spec(16)], 200)
+    tiers = TierSettings(host_bytes=100 * block_bytes, pool_bytes=400 * block_bytes)
+    trace = family_trace([0, 0], shared_blocks=6, tail_blocks=2)
+    report = run_fleet(
+        trace, config, SchedulerLimits(max_model_len=1024), FleetSettings(num_instances=2, tiers=tiers)
+    )
+    first, second = report.instances
+    assert first["pool_stored_bytes"] > 0 and second["gpu_reused_tokens"] == 0
+    assert second["pool_reused_tokens"] == 6 * 16 and second["host_reused_tokens"] == 0
+    assert report.total["reused_tokens"] == 6 * 16
+
+    settings = FleetSettings(
+        num_instances=2, tiers=TierSettings(host_bytes=100 * block_bytes), router="precise_prefix"
+    )
+    from kvspec.fleet.registry import build_router, resolve_router
+    from kvspec.fleet.routers import PrecisePrefix
+    from kvspec.fleet.routing import RouterContext
+
+    router = build_router(resolve_router("precise_prefix"), RouterContext(num_instances=2, block_size=16))
+    assert isinstance(router, PrecisePrefix)
+    run_fleet(family_trace([0, 1]), config, SchedulerLimits(max_model_len=1024), settings, router=router)
+    assert router.index.offloaded["CPU"]  # host stores arrived as CPU-medium events

@@ -1,4 +1,4 @@
-"""The shared pool (Mooncake Store's batch eviction at its high-water mark) and transfer times and sizes."""
+"""The shared pool (Mooncake Store's batch eviction at its high-water mark) and transfer times."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvspec.errors import TierConfigError
-from kvspec.tiers import SharedPool, TierRequest, TransferModel, check_tier, offload_key, parse_bytes
+from kvspec.tiers import SharedPool, TierRequest, TransferModel, check_tier, offload_key, parse_link
 
 
 def _key(i: int) -> bytes:
@@ -49,25 +49,17 @@ def test_the_pool_keeps_the_kits_invariants(seed: int, capacity: int) -> None:
     check_tier("mooncake", capacity_blocks=capacity, seed=seed, steps=150)
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("256GiB", 256 * 2**30),
-        ("3TiB", 3 * 2**40),
-        ("1.5TB", 1_500_000_000_000),
-        ("0", 0),
-        (4096, 4096),
-        ("64 kb", 64_000),
-    ],
-)
-def test_sizes_are_read_in_decimal_and_binary_units(text: str | int, expected: int) -> None:
-    assert parse_bytes(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "GiB", "12 parsecs", "-3GiB"])
-def test_an_unreadable_size_names_the_units(text: str) -> None:
-    with pytest.raises(TierConfigError, match="KiB, MiB, GiB, TiB"):
-        parse_bytes(text)
+def test_a_link_is_read_as_bandwidth_and_latency() -> None:
+    default = TransferModel()
+    assert parse_link("default", default) is default
+    assert parse_link("8", default) == TransferModel(load_gb_per_s=8, store_gb_per_s=8)
+    assert parse_link("8,50", default) == TransferModel(
+        load_gb_per_s=8, store_gb_per_s=8, load_latency_us=50, store_latency_us=50
+    )
+    with pytest.raises(TierConfigError, match="give GB/s, or GB/s,latency-in-us"):
+        parse_link("fast", default)
+    with pytest.raises(TierConfigError, match="must be a positive number"):
+        parse_link("0", default)
 
 
 def test_a_transfer_costs_its_latency_plus_bytes_over_bandwidth() -> None:

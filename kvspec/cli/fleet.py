@@ -91,6 +91,13 @@ def add_fleet_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=_positive, default=None, help="only the trace's first N requests")
     p.add_argument(
+        "--max-output-tokens",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="cap every request's output at N tokens (Mooncake's Fig. 10 setup: 1)",
+    )
+    p.add_argument(
         "--executor",
         choices=("inprocess", "process", "ray"),
         default=None,
@@ -137,6 +144,7 @@ def _points(args: argparse.Namespace) -> list[Any]:
         "router_options": tuple(args.router_option),
     }
     for flag, name in (
+        ("max_output_tokens", "max_output_tokens"),
         ("host_policy", "host_policy"),
         ("store_threshold", "store_threshold"),
         ("offload", "offload"),

@@ -63,6 +63,8 @@ class SweepPoint:
     offload: tuple[str, ...] = FAMILIES
     host_link: str = "default"
     pool_link: str = "default"
+    #: Cap every request's output at this many tokens (Mooncake's Fig. 10 caps them at 1); None: the trace's.
+    max_output_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if (self.memory is None) == (self.num_blocks is None):
@@ -118,7 +120,13 @@ def read_point_trace(point: SweepPoint) -> list[TraceRequest]:
     from kvspec.engine.traces import read_trace
 
     max_prompt_tokens = _layout(point).max_model_len
-    return list(read_trace(point.trace, limit=point.limit, max_prompt_tokens=max_prompt_tokens))
+    requests = list(read_trace(point.trace, limit=point.limit, max_prompt_tokens=max_prompt_tokens))
+    cap = point.max_output_tokens
+    if cap is not None:
+        requests = [
+            r if r.output_length <= cap else dataclasses.replace(r, output_length=cap) for r in requests
+        ]
+    return requests
 
 
 def _layout(point: SweepPoint) -> Any:

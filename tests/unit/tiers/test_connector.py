@@ -4,6 +4,8 @@ transfer time charged, and the timed replay with a host tier (a prompt the GPU l
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.engine.replay import replay_coordinator
@@ -192,3 +194,53 @@ def test_a_fleet_shares_one_pool_and_publishes_host_blocks_as_cpu_events() -> No
     assert isinstance(router, PrecisePrefix)
     run_fleet(family_trace([0, 1]), config, SchedulerLimits(max_model_len=1024), settings, router=router)
     assert router.index.offloaded["CPU"]  # host stores arrived as CPU-medium events
+
+
+def _hybrid_config(kind: str, num_blocks: int) -> tuple[object, SchedulerLimits]:
+    import torch
+
+    from kvspec import MambaSpec
+    from tests.helpers import sw_spec
+
+    if kind == "window":
+        return make_config([full_spec(16), sw_spec(32)], num_blocks), SchedulerLimits(max_model_len=1024)
+    if kind == "mamba":
+        mamba = MambaSpec(block_size=16, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align")
+        return make_config([full_spec(16), mamba], num_blocks), SchedulerLimits(
+            max_model_len=1024, mamba_cache_mode="align"
+        )
+    return make_config([full_spec(16)], num_blocks), SchedulerLimits(max_model_len=1024)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(["full", "window", "mamba"]),
+    families=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+    gpu_blocks=st.integers(14, 40),
+    host_blocks=st.integers(1, 40),
+    pool_blocks=st.integers(0, 60),
+    policy=st.sampled_from(["lru", "arc"]),
+)
+def test_replays_with_tiers_keep_the_pool_consistent_and_count_every_hit_once(
+    kind: str, families: list[int], gpu_blocks: int, host_blocks: int, pool_blocks: int, policy: str
+) -> None:
+    """Random family traffic through full-attention, sliding-window and Mamba models with a host tier and a
+    pool: the coordinator's invariants hold, every request finishes or is refused, the tiers' first hits
+    are part of the first admissions' hits, and no tier holds more than its capacity."""
+    from kvspec.engine.offload import chunk_bytes
+    from tests.unit.fleet.fleet_helpers import family_trace
+
+    config, limits = _hybrid_config(kind, gpu_blocks)
+    coordinator = replay_coordinator(config, limits)  # type: ignore[arg-type]
+    chunk = chunk_bytes(coordinator)
+    tiers = TierSettings(
+        host_bytes=host_blocks * chunk, pool_bytes=pool_blocks * chunk, host_options={"policy": policy}
+    )
+    trace = family_trace(families, shared_blocks=4, tail_blocks=2, gap_ms=5.0, output_length=3)
+    stats = replay_timed(trace, coordinator, max_num_batched_tokens=64, max_num_seqs=4, tiers=tiers)
+    coordinator.check_invariants()
+    assert stats.finished + stats.refused == len(families)
+    assert stats.tiers is not None
+    tier_hits = sum(stats.tiers.first_hit_tokens.values())
+    assert 0 <= tier_hits <= stats.first_admission_hit_tokens <= stats.prompt_tokens
+    assert all(v % 16 == 0 for v in stats.tiers.first_hit_tokens.values())

@@ -32,6 +32,10 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kvspec/engine/scheduler.py",
     "kvspec/engine/instance.py",
     "kvspec/fleet/index.py",
+    "kvspec/tiers/policies.py",
+    "kvspec/tiers/host.py",
+    "kvspec/tiers/pool.py",
+    "kvspec/tiers/connector.py",
 )
 
 Build = Literal["pure", "compiled", "mixed"]

@@ -156,12 +156,12 @@ class Scheduler:
             # A tier hit reaching past it loads the span instead.
             junction = shared_prefix_junction(num_computed, uncached) if not external else 0
             request.shared_prefix_boundary = junction
-            start = num_computed + external
-            num_new = min(request.num_tokens - start, budget)
+            first = num_computed + external  # where the request's first chunk starts
+            num_new = min(request.num_tokens - first, budget)
             if junction > num_computed:
                 num_new = min(num_new, junction - num_computed)
             if self._aligned_block:
-                num_new = self._aligned(request, start, num_new)
+                num_new = self._aligned(request, first, num_new)
             new_blocks = (
                 coord.allocate_slots(
                     request, num_new, num_computed, computed, num_external_computed_tokens=external
@@ -174,14 +174,14 @@ class Scheduler:
                     connector.dropped(request.request_id)
                 break
             if connector is not None:
-                connector.admitted(request.request_id, start)
+                connector.admitted(request.request_id, first)
             self.waiting.popleft()
-            request.num_computed_tokens = start
+            request.num_computed_tokens = first
             self.running.append(request)
             out.scheduled.append(
                 ScheduledRequest(
                     request=request,
-                    num_computed=start,
+                    num_computed=first,
                     num_new_tokens=num_new,
                     new_block_ids=coord.get_block_ids(request.request_id),
                     resumed=True,

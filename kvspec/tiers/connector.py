@@ -174,6 +174,10 @@ class TierConnector:
         self.publish = False
         self._requests: dict[str, _RequestState] = {}
         self._group_bytes = {g.index: g.block_bytes for g in groups}
+        # Per group, the 4 bytes its keys end with (vLLM's make_offload_key), and each tier's lookup, bound
+        # once: a hit search looks up every block past the GPU hit.
+        self._suffix = {g.index: offload_key(b"", g.index) for g in groups}
+        self._lookups = [slot.tier.lookup for slot in slots]
         self._full = [g for g in groups if g.family == "full"]
         self._others = [g for g in groups if g.family != "full"]
 
@@ -183,13 +187,16 @@ class TierConnector:
         """Group ``group``'s ``block``-th block's key (its last hash block's chained hash), None past the
         request's hashed blocks."""
         last = (block + 1) * (group.block_size // self.hash_block_size) - 1
-        return offload_key(hashes[last], group.index) if last < len(hashes) else None
+        return hashes[last] + self._suffix[group.index] if last < len(hashes) else None
 
     def _where(self, key: OffloadKey, context: TierRequest) -> int:
         """The first tier slot holding ``key`` ready, -1 if none."""
-        for i, slot in enumerate(self.slots):
-            if slot.tier.lookup(key, context) is LookupResult.HIT:
+        hit = LookupResult.HIT
+        i = 0
+        for lookup in self._lookups:
+            if lookup(key, context) is hit:
                 return i
+            i += 1
         return -1
 
     def _state(self, request_id: str) -> _RequestState:
@@ -223,13 +230,19 @@ class TierConnector:
         # Full attention: each group's run of held blocks from the GPU hit on.
         end = limit
         where_full: list[list[int]] = []
+        num_hashes = len(hashes)
         for g in self._full:
             first = gpu_hit // g.block_size
             tiers: list[int] = []
             block = first
+            per = g.block_size // hb
+            suffix = self._suffix[g.index]
+            where = self._where
             while (block + 1) * g.block_size <= end:
-                key = self._key(hashes, g, block)
-                at = -1 if key is None else self._where(key, context)
+                last = (block + 1) * per - 1
+                if last >= num_hashes:
+                    break
+                at = where(hashes[last] + suffix, context)
                 if at < 0:
                     break
                 tiers.append(at)

@@ -99,6 +99,7 @@ class HostTier:
         self._capacity = capacity_blocks
         self.policy_name = policy
         self._policy: CachePolicy = make(capacity_blocks)
+        self._get = self._policy.get  # bound once: every lookup calls it
         self._allocated = 0
         self._free: list[int] = []
         self._idle = 0  # resident, ready, unpinned
@@ -177,10 +178,10 @@ class HostTier:
     # -- the OffloadTier calls ------------------------------------------------------------------
 
     def lookup(self, key: OffloadKey, request: TierRequest) -> LookupResult:
-        chunk = self._policy.get(key)
+        chunk = self._get(key)
         if chunk is None:
             return LookupResult.MISS
-        return LookupResult.HIT if chunk.is_ready else LookupResult.HIT_PENDING
+        return LookupResult.HIT if chunk.ref_cnt >= 0 else LookupResult.HIT_PENDING
 
     def prepare_load(self, keys: Collection[OffloadKey], request: TierRequest) -> None:
         chunks = []
@@ -320,6 +321,7 @@ class HostTier:
 
     def reset(self) -> None:
         self._policy.clear()
+        self._get = self._policy.get
         self._generation += 1
         self._idle = 0
         self._writing = 0

@@ -83,16 +83,22 @@ class _Rank:
         self.rank = rank
 
 
+#: Ranks are one int, ``rank << 32 | (_TOP - position)``: ordered as vLLM's ``(rank, -position)`` tuples
+#: (positions are token counts below 2**32), compared in one integer comparison.
+_TOP = (1 << 32) - 1
+
+
 class LRUPolicy:
     """Least recently used, by request (see the module docstring). Idle keys sit in a heap of
-    ``((rank, -position), key)`` entries; an entry is stale once its key is pinned, re-ranked or gone."""
+    ``(rank, key)`` entries (``rank`` encodes vLLM's ``(rank, -position)``); an entry is stale once its key
+    is pinned, re-ranked or gone."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._chunks: dict[OffloadKey, Chunk] = {}
-        self._ranks: dict[OffloadKey, tuple[int, int]] = {}
+        self._ranks: dict[OffloadKey, int] = {}
         self._idle: set[OffloadKey] = set()
-        self._heap: list[tuple[tuple[int, int], OffloadKey]] = []
+        self._heap: list[tuple[int, OffloadKey]] = []
         self._next = 0
         self._generation = 0
 
@@ -104,10 +110,19 @@ class LRUPolicy:
             request.set_state(state)
         return state.rank
 
+    def _fresh(self) -> int:
+        """The next rank, as vLLM's ``(next, 0)``: after every rank given so far."""
+        self._next += 1
+        return self._next << 32 | _TOP
+
     def _push(self, key: OffloadKey) -> None:
         heapq.heappush(self._heap, (self._ranks[key], key))
+
+    def _compact(self) -> None:
+        """Drop stale entries once they outnumber the live ones."""
         if len(self._heap) > max(64, 2 * len(self._idle)):
-            self._heap = [(self._ranks[k], k) for k in self._idle]
+            ranks = self._ranks
+            self._heap = [(ranks[k], k) for k in self._idle]
             heapq.heapify(self._heap)
 
     def get(self, key: OffloadKey) -> Chunk | None:
@@ -117,13 +132,13 @@ class LRUPolicy:
         self._chunks[key] = chunk
         position = request.position(key)
         if position is None:
-            self._next += 1
-            self._ranks[key] = (self._next, 0)
+            self._ranks[key] = self._fresh()
         else:
-            self._ranks[key] = (self._request_rank(request), -position)
+            self._ranks[key] = self._request_rank(request) << 32 | (_TOP - position)
         if chunk.ref_cnt == 0:
             self._idle.add(key)
             self._push(key)
+            self._compact()
 
     def remove(self, key: OffloadKey) -> None:
         del self._chunks[key]
@@ -134,17 +149,24 @@ class LRUPolicy:
         return
 
     def on_request_access(self, keys: Sequence[OffloadKey], request: TierRequest) -> None:
-        rank = self._request_rank(request)
+        rank = self._request_rank(request) << 32
+        ranks = self._ranks
+        chunks = self._chunks
+        idle = self._idle
+        pushed = False
         for key in keys:
             position = request.position(key)
-            if position is None or key not in self._chunks:
+            if position is None or key not in chunks:
                 continue
-            new = (rank, -position)
-            if self._ranks[key] >= new:
+            new = rank | (_TOP - position)
+            if ranks[key] >= new:
                 continue  # a later position of this request already ranks it
-            self._ranks[key] = new
-            if key in self._idle:
-                self._push(key)
+            ranks[key] = new
+            if key in idle:
+                heapq.heappush(self._heap, (new, key))
+                pushed = True
+        if pushed:
+            self._compact()
 
     def on_request_finished(
         self,
@@ -153,25 +175,43 @@ class LRUPolicy:
         reused: set[OffloadKey],
         request: TierRequest,
     ) -> None:
+        ranks = self._ranks
+        chunks = self._chunks
+        idle = self._idle
+        updated = []
         for key in reversed(ordered_keys):  # tail first: the head ends the most recent
-            if key not in self._chunks:
+            if key not in chunks:
                 continue
             self._next += 1
-            self._ranks[key] = (self._next, 0)
-            if key in self._idle:
-                self._push(key)
+            rank = self._next << 32 | _TOP
+            ranks[key] = rank
+            if key in idle:
+                updated.append((rank, key))
+        if not updated:
+            return
+        if len(updated) >= max(64, len(idle) // 4):
+            # Rebuilding is linear: cheaper than many pushes (vLLM rebuilds at the same point).
+            self._heap = [(ranks[k], k) for k in idle]
+            heapq.heapify(self._heap)
+        else:
+            heap = self._heap
+            for entry in updated:
+                heapq.heappush(heap, entry)
+            self._compact()
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Chunk]] | None:
         if n == 0:
             return []
-        chosen: list[tuple[tuple[int, int], OffloadKey]] = []
+        chosen: list[tuple[int, OffloadKey]] = []
         chosen_keys: set[OffloadKey] = set()
-        kept: list[tuple[tuple[int, int], OffloadKey]] = []
+        kept: list[tuple[int, OffloadKey]] = []
         heap = self._heap
+        idle = self._idle
+        ranks = self._ranks
         while heap and len(chosen) < n:
             entry = heapq.heappop(heap)
             rank, key = entry
-            if key not in self._idle or self._ranks.get(key) != rank or key in chosen_keys:
+            if key not in idle or ranks.get(key) != rank or key in chosen_keys:
                 continue  # stale: pinned, re-ranked, gone, or a duplicate of a chosen entry
             if key in protected:
                 kept.append(entry)
@@ -186,9 +226,10 @@ class LRUPolicy:
             return None
         evicted = []
         for _, key in chosen:
-            self._idle.remove(key)
-            del self._ranks[key]
+            idle.remove(key)
+            del ranks[key]
             evicted.append((key, self._chunks.pop(key)))
+        self._compact()
         return evicted
 
     def clear(self) -> None:
@@ -202,6 +243,7 @@ class LRUPolicy:
     def mark_evictable(self, key: OffloadKey) -> None:
         self._idle.add(key)
         self._push(key)
+        self._compact()
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._idle.remove(key)

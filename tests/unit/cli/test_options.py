@@ -64,6 +64,23 @@ ROWS = [{"timestamp": i, "input_length": 600, "output_length": 2, "hash_ids": [1
             "--assume-dense applies to a config.json; the tiny model",
         ),
         (["simulate", "LAYOUT", "--block-size", "32"], "--block-size does not apply to a layout file"),
+        (
+            ["simulate", "TRACE", "--host-memory", "64GiB"],
+            "--host-memory sets offload tiers, which the timed",
+        ),
+        (
+            ["simulate", "TRACE", "--timed", "--host-policy", "arc"],
+            "--host-policy sets up offload tiers: add",
+        ),
+        (["simulate", "TRACE", "--timed", "--host-memory", "1KiB"], "holds no block of this model"),
+        (
+            ["simulate", "TRACE", "--timed", "--host-memory", "1GiB", "--host-link", "fast"],
+            "Cannot read the link",
+        ),
+        (
+            ["simulate", "TRACE", "--timed", "--offload", "full,mla"],
+            "name one or more of full, window, state",
+        ),
     ],
 )
 def test_an_option_that_cannot_apply_is_an_error(
@@ -194,3 +211,32 @@ def test_the_plot_path_is_opened_before_any_work_and_left_as_it_was(tmp_path: Pa
     assert kept.read_bytes() == b"keep"
     with pytest.raises(PlotPathError, match="cannot be written"):
         check_plot_path("/proc/version.png")
+
+
+def test_a_timed_replay_with_host_memory_reports_reuse_per_tier(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first and third prompts share hash id 1 (512 tokens); 40 GPU blocks of 16 hold one prompt, so the
+    second evicts the first: the third finds the shared block in host memory. The tiers' reuse adds up with
+    the GPU's."""
+    rows = [
+        {"timestamp": 1000 * i, "input_length": 600, "output_length": 2, "hash_ids": ids}
+        for i, ids in enumerate([[1, 2], [50, 51], [1, 3]])
+    ]
+    argv = [
+        "simulate",
+        "llama-3.1-8b",
+        "--trace",
+        _trace(tmp_path, rows),
+        "--timed",
+        "--num-blocks",
+        "40",
+        "--json",
+    ]
+    assert main([*argv, "--host-memory", "1GiB"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["host_memory"] == "1.00 GiB" and report["offload"] == "full,window,state"
+    assert report["gpu_reused_tokens"] + report["host_reused_tokens"] == round(
+        report["prompt_hit_rate"] * 1800
+    )
+    assert report["host_reused_tokens"] > 0 and report["host_loaded_bytes"] > 0

@@ -154,6 +154,18 @@ def fleet_sweep(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11", default=False)
+def tiers(session: nox.Session) -> None:
+    """The tier figures of docs/TIERS.md (benchmarks/tiers.py): reuse and TTFT against host memory per
+    instance, with and without a shared pool, for Llama 3.1 8B and Gemma 3 27B on both traces, and the
+    Mooncake FAST'25 Fig. 10 reproduction; resumable (rows kept in .nox/tiers/tiers.jsonl). About 40 minutes
+    on 2 cores with the compiled build; arguments after ``--`` go to the script."""
+    session.install("-c", "constraints.txt", "torch==2.13.0")
+    session.install("-c", "constraints.txt", "-e", ".")
+    out = f"{session.virtualenv.location}/tiers.jsonl"
+    session.run("python", "-m", "benchmarks.tiers", "--out", out, *session.posargs)
+
+
+@nox.session(python="3.11", default=False)
 def bench(session: nox.Session) -> None:
     """kvspec against vllm==0.23.0 (installed with --no-deps next to CPU torch 2.13.0); not part of `nox`.
     Runs the pure kvspec of this checkout and, in a worker process, its compiled build beside vLLM

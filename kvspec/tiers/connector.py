@@ -140,9 +140,11 @@ class _Plan:
 class _RequestState:
     __slots__ = ("context", "loading", "stored")
 
-    def __init__(self, request_id: str, num_groups: int) -> None:
+    def __init__(self, request_id: str, num_groups: int, num_slots: int) -> None:
         self.context = TierRequest(request_id)
-        self.stored = [0] * num_groups  # per group: blocks offered (or covered by hits)
+        # Per tier, per group: the blocks offered and taken (or covered by hits); a tier that refused an
+        # offer is offered those blocks again next step, the others are not.
+        self.stored = [[0] * num_groups for _ in range(num_slots)]
         self.loading: _Plan | None = None
 
 
@@ -202,7 +204,7 @@ class TierConnector:
     def _state(self, request_id: str) -> _RequestState:
         state = self._requests.get(request_id)
         if state is None:
-            state = self._requests[request_id] = _RequestState(request_id, len(self.groups))
+            state = self._requests[request_id] = _RequestState(request_id, len(self.groups), len(self.slots))
         return state
 
     # -- hits and loads -------------------------------------------------------------------------
@@ -352,8 +354,8 @@ class TierConnector:
         """The request was admitted with ``num_computed`` tokens (GPU and tier hits): its blocks below are
         not offered again (vLLM's chunk-level offloading)."""
         state = self._state(request_id)
-        for i, g in enumerate(self.groups):
-            state.stored[i] = num_computed // g.block_size
+        covered = [num_computed // g.block_size for g in self.groups]
+        state.stored = [list(covered) for _ in self.slots]
 
     def dropped(self, request_id: str) -> None:
         """The request's admission did not happen this step (no room): forget its plan."""
@@ -379,27 +381,24 @@ class TierConnector:
                 for slot, keys in zip(self.slots, plan.keys, strict=True):
                     if keys:
                         slot.tier.complete_load(keys, state.context)
+            last: list[int] | None = None
             offer: list[OffloadKey] = []
-            next_stored = list(state.stored)
-            for i, g in enumerate(self.groups):
-                if not g.offloaded:
-                    continue
-                full = min(computed // g.block_size, len(hashes) * self.hash_block_size // g.block_size)
-                for block in range(state.stored[i], full):
-                    key = self._key(hashes, g, block)
-                    assert key is not None
-                    state.context.set_position(key, (block + 1) * g.block_size)
-                    offer.append(key)
-                next_stored[i] = max(state.stored[i], full)
-            if not offer:
-                continue
-            taken_all = True
             for s, slot in enumerate(self.slots):
+                stored = state.stored[s]
+                if stored != last:  # the same blocks as the previous tier's offer, most often
+                    offer = self._offer(state, hashes, computed, stored)
+                    last = list(stored)
+                if not offer:
+                    continue
                 result = slot.tier.prepare_store(offer, state.context)
                 if result is None:
                     stats.add(stats.refused_stores, slot.name, len(offer))
-                    taken_all = False
                     continue
+                for i, g in enumerate(self.groups):
+                    stored[i] = max(
+                        stored[i],
+                        min(computed // g.block_size, len(hashes) * self.hash_block_size // g.block_size),
+                    )
                 if result.evicted_keys:
                     stats.add(stats.evicted_blocks, slot.name, len(result.evicted_keys))
                 if result.keys_to_store:
@@ -408,12 +407,26 @@ class TierConnector:
                     stats.add(stats.stored_bytes, slot.name, nbytes)
                     link_ms[s] += slot.link.store_ms(nbytes)
                     slot.tier.complete_store(result.keys_to_store, state.context)
-            if taken_all:
-                state.stored = next_stored
         if not self.publish:
             for slot in self.slots:
                 slot.tier.take_events()
         return max(link_ms)  # each tier's link carries its stores one after another; the links overlap
+
+    def _offer(
+        self, state: _RequestState, hashes: Sequence[bytes], computed: int, stored: list[int]
+    ) -> list[OffloadKey]:
+        """The offloaded groups' full blocks of ``computed`` tokens past ``stored``, group by group."""
+        offer: list[OffloadKey] = []
+        for i, g in enumerate(self.groups):
+            if not g.offloaded:
+                continue
+            full = min(computed // g.block_size, len(hashes) * self.hash_block_size // g.block_size)
+            for block in range(stored[i], full):
+                key = self._key(hashes, g, block)
+                assert key is not None
+                state.context.set_position(key, (block + 1) * g.block_size)
+                offer.append(key)
+        return offer
 
     def finished(self, request_id: str) -> None:
         """The request is done (or refused): its accesses are committed to every tier's order."""

@@ -10,6 +10,12 @@ from typing import Any
 
 import pytest
 
+_vllm = pytest.importorskip("vllm")
+if not str(_vllm.__version__).startswith("0.34."):
+    pytest.skip(
+        f"vLLM 0.34's kv_offload managers (nox -s vllm034); found {_vllm.__version__}",
+        allow_module_level=True,
+    )
 manager_module = pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
 base_module = pytest.importorskip("vllm.v1.kv_offload.base")
 

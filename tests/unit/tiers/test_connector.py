@@ -3,6 +3,8 @@ transfer time charged, and the timed replay with a host tier (a prompt the GPU l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +17,7 @@ from kvspec.errors import TierConfigError
 from kvspec.tiers import (
     GroupOffload,
     HostTier,
+    StorePlan,
     TierConnector,
     TierRequest,
     TierSettings,
@@ -244,3 +247,40 @@ def test_replays_with_tiers_keep_the_pool_consistent_and_count_every_hit_once(
     tier_hits = sum(stats.tiers.first_hit_tokens.values())
     assert 0 <= tier_hits <= stats.first_admission_hit_tokens <= stats.prompt_tokens
     assert all(v % 16 == 0 for v in stats.tiers.first_hit_tokens.values())
+
+
+class _Recording(HostTier):
+    """A host tier that records each offer's length."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.offers: list[int] = []
+
+    def prepare_store(self, keys: Sequence[bytes], request: TierRequest) -> StorePlan | None:
+        self.offers.append(len(keys))
+        return super().prepare_store(keys, request)
+
+
+def test_a_tier_that_refuses_an_offer_is_offered_the_blocks_again_and_the_others_are_not() -> None:
+    host, small = _Recording(64), _Recording(8)
+    pinner = TierRequest("pinner")
+    held = [offload_key(bytes([200 + i]) * 8, 0) for i in range(8)]
+    plan = small.prepare_store(held, pinner)
+    assert plan is not None
+    small.complete_store(plan.keys_to_store, pinner)
+    small.prepare_load(held, pinner)  # all of the small tier's blocks pinned: it cannot make room
+    connector = TierConnector(
+        [_full()],
+        [
+            TierSlot(name="host", tier=host, link=TransferModel()),
+            TierSlot(name="small", tier=small, link=TransferModel()),
+        ],
+        hash_block_size=16,
+    )
+    connector.admitted("r", 0)
+    connector.end_step([("r", _HASHES, 64)])  # blocks 0-3
+    assert connector.stats.stored_blocks == {"host": 4} and connector.stats.refused_stores == {"small": 4}
+    small.complete_load(held, pinner)
+    connector.end_step([("r", _HASHES, 96)])  # blocks 4-5 are new
+    assert host.offers == [4, 2] and small.offers == [8, 4, 6]  # the small tier is offered 0-5 again
+    assert connector.stats.stored_blocks == {"host": 6, "small": 6}

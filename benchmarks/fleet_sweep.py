@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,19 @@ def tables(rows: list[dict[str, Any]], routers: list[str]) -> str:
     return "\n".join(out)
 
 
+def sweep_rows(
+    points: list[Any], *, out: str, workers: int | None, on_row: Callable[[dict[str, Any]], None]
+) -> list[dict[str, Any]]:
+    """Run ``points`` through the process pool (the rows already in ``out`` are kept, not rerun) and return
+    the rows of exactly those points, read back from ``out``."""
+    from kvspec.fleet.sweep import run_sweep
+
+    run_sweep(points, executor="process", workers=workers, out=out, on_row=on_row)
+    keys = {p.key() for p in points}
+    rows = [json.loads(line) for line in Path(out).read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["key"] in keys]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="fleet.jsonl")
@@ -92,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dynosim-python", default=None)
     args = parser.parse_args(argv)
 
-    from kvspec.fleet.sweep import SweepPoint, run_sweep
+    from kvspec.fleet.sweep import SweepPoint
 
     points = [
         SweepPoint(
@@ -121,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-    run_sweep(points, executor="process", workers=args.workers, out=args.out, on_row=note)
-    keys = {p.key() for p in points}
-    rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["key"] in keys]
+    rows = sweep_rows(points, out=args.out, workers=args.workers, on_row=note)
     print(tables(rows, args.routers))
     if args.dynosim_python:
         print(misjudged(rows, args))

@@ -20,13 +20,13 @@ the ratio of global to local reuse beside the paper's (conversation 2.22x, synth
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from benchmarks.dynosim import TRACES
+from benchmarks.fleet_sweep import sweep_rows
 
 #: Mooncake FAST'25 Fig. 10: global / local cache hit rate.
 PAPER_FIG10 = {"conversation": 2.22, "tool_agent": 1.38, "synthetic": 2.36}
@@ -198,13 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", type=_bytes, default=_bytes("24GiB"))
     parser.add_argument("--router", default="exact")
     parser.add_argument("--fig10-routers", nargs="+", default=FIG10_ROUTERS)
-    parser.add_argument("--fig10-speedups", nargs="*", type=float, default=[4.0, 8.0])
+    parser.add_argument("--fig10-speedups", nargs="*", type=float, default=[2.0, 4.0, 6.0, 8.0])
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--fig10-only", action="store_true")
     which.add_argument("--no-fig10", action="store_true")
     args = parser.parse_args(argv)
-
-    from kvspec.fleet.sweep import run_sweep
 
     points = [] if args.fig10_only else host_sweep_points(args)
     if not args.no_fig10:
@@ -220,10 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-    run_sweep(points, executor="process", workers=args.workers, out=args.out, on_row=note)
-    keys = {p.key() for p in points}
-    rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["key"] in keys]
+    rows = sweep_rows(points, out=args.out, workers=args.workers, on_row=note)
     if not args.fig10_only:
         print(host_tables(rows))
     if not args.no_fig10:

@@ -25,6 +25,8 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from typing import Final
 
+from mypy_extensions import mypyc_attr
+
 from kvspec.errors import TierConfigError, TierStateError, UnknownTierError
 from kvspec.tiers.base import (
     MEDIUM_CPU,
@@ -68,6 +70,7 @@ class _Access:
         self.finished = False
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins may extend it in plain Python (compiled build)
 class HostTier:
     """Host memory below one instance's GPU cache (see the module docstring). ``capacity_blocks`` >= 1."""
 

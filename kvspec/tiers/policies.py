@@ -24,6 +24,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
+from mypy_extensions import mypyc_attr
+
 from kvspec.tiers.base import OffloadKey, TierRequest
 
 
@@ -88,6 +90,7 @@ class _Rank:
 _TOP = (1 << 32) - 1
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins may extend it in plain Python (compiled build)
 class LRUPolicy:
     """Least recently used, by request (see the module docstring). Idle keys sit in a heap of
     ``(rank, key)`` entries (``rank`` encodes vLLM's ``(rank, -position)``); an entry is stale once its key
@@ -249,6 +252,7 @@ class LRUPolicy:
         self._idle.remove(key)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins may extend it in plain Python (compiled build)
 class ARCPolicy:
     """Adaptive Replacement Cache (see the module docstring): T1 (seen once), T2 (reused), ghosts B1 and
     B2, and the adaptive target size of T1."""

@@ -19,6 +19,8 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import Final
 
+from mypy_extensions import mypyc_attr
+
 from kvspec.errors import TierConfigError, TierStateError
 from kvspec.tiers.base import MEDIUM_CPU, LookupResult, OffloadKey, StorePlan, TierEvent, TierRequest
 
@@ -27,6 +29,7 @@ HIGH_WATERMARK: Final = 0.9
 EVICTION_RATIO: Final = 0.05
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # plugins may extend it in plain Python (compiled build)
 class SharedPool:
     """Mooncake Store as a tier shared by instances (see the module docstring); ``medium`` "CPU" (pooled
     DRAM), reported by the engine as the pool tier."""

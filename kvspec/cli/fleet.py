@@ -11,7 +11,7 @@ from kvspec.cli.args import parse_bytes
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
-from kvspec.cli.tiers import add_tier_options
+from kvspec.cli.tiers import add_tier_options, check_tier_options
 from kvspec.errors import KVSpecError, OptionError
 
 #: Per-instance KV blocks when neither --memory nor --num-blocks is given: DynoSim's default.
@@ -143,15 +143,8 @@ def _points(args: argparse.Namespace) -> list[Any]:
         "seed": args.seed,
         "router_options": tuple(args.router_option),
     }
-    for flag, name in (
-        ("max_output_tokens", "max_output_tokens"),
-        ("host_policy", "host_policy"),
-        ("store_threshold", "store_threshold"),
-        ("offload", "offload"),
-        ("host_link", "host_link"),
-        ("pool_link", "pool_link"),
-    ):
-        value = getattr(args, flag)
+    for name in ("max_output_tokens", "host_policy", "store_threshold", "offload", "host_link", "pool_link"):
+        value = getattr(args, name)
         if value is not None:
             base[name] = tuple(value) if isinstance(value, tuple) else value
     tiers: dict[str, list[Any]] = {}
@@ -186,6 +179,7 @@ def _check(args: argparse.Namespace, points: list[Any]) -> None:
         )
     if args.ray_address is not None and args.executor != "ray":
         raise OptionError("--ray-address names a Ray cluster; it needs --executor ray")
+    check_tier_options(args)
     parse_step_time(args.step_time)
     for name in args.eviction:
         resolve_eviction_policy(name)

@@ -23,7 +23,7 @@ from kvspec.cli.args import (
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
-from kvspec.cli.tiers import add_tier_options, given_tier_options, tier_settings
+from kvspec.cli.tiers import add_tier_options, check_tier_options, given_tier_options, tier_settings
 
 # Only light modules at import time (the parser is built for `kvspec --help`); the command imports
 # the engine, torch and the library when it runs.
@@ -249,8 +249,7 @@ def check_options(args: argparse.Namespace) -> None:
         refuse(
             tier_flags[0], "sets offload tiers, which the timed replay runs: add --timed (with --trace FILE)"
         )
-    if tier_flags and not (args.host_memory or args.shared_pool):
-        refuse(tier_flags[0], "sets up offload tiers: add --host-memory and/or --shared-pool (a size > 0)")
+    check_tier_options(args)
     if trace:
         for flag, dest in SYNTHETIC_ONLY_OPTIONS:
             if given(dest):

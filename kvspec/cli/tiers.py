@@ -103,30 +103,46 @@ def given_tier_options(args: argparse.Namespace) -> list[str]:
     return [flag for flag, dest in TIER_OPTIONS if getattr(args, dest, None) is not None]
 
 
+def check_tier_options(args: argparse.Namespace) -> None:
+    """Refuse a tier option that cannot apply (``OptionError`` naming it and what it needs): any of them
+    without host memory or a pool, the host tier's own without host memory, ``--pool-link`` without a
+    pool. Sizes may be one value or a fleet's list; 0 is none."""
+    from kvspec.errors import OptionError
+
+    def any_size(value: int | list[int] | None) -> bool:
+        return any(value) if isinstance(value, list) else bool(value)
+
+    host, pool = any_size(args.host_memory), any_size(args.shared_pool)
+    given = given_tier_options(args)
+    if given and not (host or pool):
+        raise OptionError(
+            f"{given[0]} sets up offload tiers: add --host-memory and/or --shared-pool (a size > 0)"
+        )
+    for flag, dest in (
+        ("--host-policy", "host_policy"),
+        ("--store-threshold", "store_threshold"),
+        ("--host-link", "host_link"),
+    ):
+        if getattr(args, dest) is not None and not host:
+            raise OptionError(f"{flag} sets the host tier: add --host-memory (a size > 0)")
+    if args.pool_link is not None and not pool:
+        raise OptionError("--pool-link sets the shared pool's link: add --shared-pool (a size > 0)")
+
+
 def tier_settings(args: argparse.Namespace) -> Any:
     """The :class:`~kvspec.tiers.settings.TierSettings` of one run (single sizes), or None when no tier
     memory is given. Bad values raise ``TierConfigError``."""
-    from kvspec.tiers.connector import FAMILIES
-    from kvspec.tiers.settings import TierSettings
-    from kvspec.tiers.transfer import HOST_LINK, POOL_LINK, parse_link
+    from kvspec.tiers.settings import tier_settings as settings_of
 
-    host = args.host_memory or 0
-    pool = args.shared_pool or 0
-    if not host and not pool:
-        return None
-    options: dict[str, str | float] = {}
-    if args.host_policy is not None:
-        options["policy"] = args.host_policy
-    if args.store_threshold is not None:
-        options["store_threshold"] = args.store_threshold
-    return TierSettings(
-        host_bytes=host,
-        host_options=options,
-        pool_bytes=pool,
-        offload=args.offload or FAMILIES,
-        host_link=parse_link(args.host_link or "default", HOST_LINK),
-        pool_link=parse_link(args.pool_link or "default", POOL_LINK),
+    return settings_of(
+        host_bytes=args.host_memory or 0,
+        pool_bytes=args.shared_pool or 0,
+        host_policy=args.host_policy,
+        store_threshold=args.store_threshold,
+        offload=args.offload,
+        host_link=args.host_link or "default",
+        pool_link=args.pool_link or "default",
     )
 
 
-__all__ = ["TIER_OPTIONS", "add_tier_options", "given_tier_options", "tier_settings"]
+__all__ = ["TIER_OPTIONS", "add_tier_options", "check_tier_options", "given_tier_options", "tier_settings"]

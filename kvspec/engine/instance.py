@@ -524,29 +524,29 @@ class EngineInstance:
             kinds = self.coordinator.block_pool.stored_event_kinds
             for event in self.connector.take_events():
                 for key in event.keys:
+                    group = key_group(key)
                     if event.removed:
                         events.append(
                             BlockRemoved(
-                                block_hashes=[key_block_hash(key)],
-                                medium=event.medium,
-                                group_idx=key_group(key),
+                                block_hashes=[key_block_hash(key)], medium=event.medium, group_idx=group
                             )
                         )
-                    else:
-                        events.append(
-                            BlockStored(
-                                block_hashes=[key_block_hash(key)],
-                                parent_block_hash=None,
-                                token_ids=[],
-                                block_size=0,
-                                lora_id=None,
-                                medium=event.medium,
-                                lora_name=None,
-                                group_idx=key_group(key),
-                                kv_cache_spec_kind=kinds[key_group(key)][0] if kinds else None,
-                                kv_cache_spec_sliding_window=kinds[key_group(key)][1] if kinds else None,
-                            )
+                        continue
+                    kind, window = kinds[group] if kinds else (None, None)
+                    events.append(
+                        BlockStored(
+                            block_hashes=[key_block_hash(key)],
+                            parent_block_hash=None,
+                            token_ids=[],
+                            block_size=0,
+                            lora_id=None,
+                            medium=event.medium,
+                            lora_name=None,
+                            group_idx=group,
+                            kv_cache_spec_kind=kind,
+                            kv_cache_spec_sliding_window=window,
                         )
+                    )
         return events
 
 

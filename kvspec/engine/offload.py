@@ -9,6 +9,8 @@ those (vLLM's offload chunk is one size for all groups). :func:`build_pool` make
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from kvspec.coordinator import KVCacheCoordinator
 from kvspec.errors import TierConfigError
 from kvspec.tiers.base import OffloadTier
@@ -48,7 +50,11 @@ def offload_groups(coordinator: KVCacheCoordinator, offload: tuple[str, ...]) ->
 
 def chunk_bytes(coordinator: KVCacheCoordinator) -> int:
     """Bytes of one tier block: the largest group block (all its layers)."""
-    return max(g.block_bytes for g in offload_groups(coordinator, ("full",)))
+    return _chunk(offload_groups(coordinator, ("full",)))
+
+
+def _chunk(groups: tuple[GroupOffload, ...]) -> int:
+    return max(g.block_bytes for g in groups)
 
 
 def _capacity(what: str, num_bytes: int, chunk: int) -> int:
@@ -65,14 +71,23 @@ def build_pool(coordinator: KVCacheCoordinator, settings: TierSettings) -> Offlo
     """The shared pool the settings ask for (None without ``pool_bytes``), sized in this model's blocks."""
     if not settings.pool_bytes:
         return None
-    spec = resolve_tier(settings.pool_tier)
-    capacity = _capacity("The shared pool", settings.pool_bytes, chunk_bytes(coordinator))
-    return build_tier(
-        spec,
-        TierContext(
-            capacity_blocks=capacity, block_bytes=chunk_bytes(coordinator), options=settings.pool_options
-        ),
+    return _build(
+        settings.pool_tier,
+        "The shared pool",
+        settings.pool_bytes,
+        settings.pool_options,
+        chunk_bytes(coordinator),
     )
+
+
+def _build(
+    name: str, what: str, num_bytes: int, options: Mapping[str, str | float], chunk: int
+) -> OffloadTier:
+    """The registered tier ``name`` holding ``num_bytes`` in blocks of ``chunk`` bytes."""
+    context = TierContext(
+        capacity_blocks=_capacity(what, num_bytes, chunk), block_bytes=chunk, options=options
+    )
+    return build_tier(resolve_tier(name), context)
 
 
 def build_connector(
@@ -82,22 +97,19 @@ def build_connector(
     from :func:`build_pool`; built here when None and the settings ask for one). None without tiers."""
     if not settings.enabled:
         return None
-    chunk = chunk_bytes(coordinator)
+    groups = offload_groups(coordinator, settings.offload)
+    chunk = _chunk(groups)
     slots = []
     if settings.host_bytes:
-        spec = resolve_tier(settings.host_tier)
-        capacity = _capacity("Host memory", settings.host_bytes, chunk)
-        tier = build_tier(
-            spec, TierContext(capacity_blocks=capacity, block_bytes=chunk, options=settings.host_options)
-        )
+        tier = _build(settings.host_tier, "Host memory", settings.host_bytes, settings.host_options, chunk)
         slots.append(TierSlot(name="host", tier=tier, link=settings.host_link))
-    if pool is None:
-        pool = build_pool(coordinator, settings)
+    if pool is None and settings.pool_bytes:
+        pool = _build(
+            settings.pool_tier, "The shared pool", settings.pool_bytes, settings.pool_options, chunk
+        )
     if pool is not None:
         slots.append(TierSlot(name="pool", tier=pool, link=settings.pool_link, shared=True))
-    return TierConnector(
-        offload_groups(coordinator, settings.offload), slots, hash_block_size=coordinator.hash_block_size
-    )
+    return TierConnector(groups, slots, hash_block_size=coordinator.hash_block_size)
 
 
 __all__ = ["build_connector", "build_pool", "chunk_bytes", "offload_groups"]

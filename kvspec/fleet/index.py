@@ -157,11 +157,11 @@ class KVEventIndex:
                     else:
                         del holders[h]
             elif type(item) is StoredRead:
-                if item.medium != "GPU" and item.medium is not None:
-                    self._apply_offloaded(instance, item)
-                    continue
                 kind = item.kv_cache_spec_kind
                 if kind is not None and kind not in PREFIX_KINDS:
+                    continue
+                if item.medium != "GPU" and item.medium is not None:
+                    self._apply_offloaded(instance, item)
                     continue
                 for h in item.block_hashes:
                     mask = holders.get(h, 0)
@@ -176,10 +176,7 @@ class KVEventIndex:
     def _apply_offloaded(self, instance: int, item: StoredRead | RemovedRead | ClearedRead) -> None:
         """A store or removal on an offloaded medium (the tiers' events: one copy per key)."""
         bit = 1 << instance
-        if type(item) is StoredRead:
-            kind = item.kv_cache_spec_kind
-            if kind is not None and kind not in PREFIX_KINDS:
-                return
+        if type(item) is StoredRead:  # of a prefix kind: the caller checked
             held = self.offloaded.setdefault(str(item.medium), {})
             for h in item.block_hashes:
                 held[h] = held.get(h, 0) | bit
@@ -198,14 +195,14 @@ class KVEventIndex:
         does not extend a prefix); an instance drops out at the first block no weighted medium holds (llm-d's
         tier-weighted longest prefix). Without offloaded entries: :meth:`overlap` times the GPU weight."""
         gpu = weights.get("GPU", 1.0)
-        media = [
+        layers = [
             (w, self.offloaded[m]) for m, w in weights.items() if m != "GPU" and m in self.offloaded and w > 0
         ]
-        if not media:
+        if not layers:
             return [d * gpu for d in self.overlap(block_hashes)]
-        media.sort(key=lambda pair: -pair[0])
-        layers = [(gpu, self.holders), *media] if gpu > 0 else media
-        layers.sort(key=lambda pair: -pair[0])
+        if gpu > 0:
+            layers.append((gpu, self.holders))
+        layers.sort(key=lambda pair: -pair[0])  # the best medium holding a block scores it
         score = [0.0] * self.num_instances
         alive = (1 << self.num_instances) - 1
         for h in block_hashes:

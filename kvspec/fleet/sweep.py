@@ -99,18 +99,16 @@ _TIER_DEFAULTS = {
 
 def tier_settings(point: SweepPoint) -> Any:
     """The point's :class:`~kvspec.tiers.settings.TierSettings`, or None without tier memory."""
-    from kvspec.tiers.settings import TierSettings
-    from kvspec.tiers.transfer import HOST_LINK, POOL_LINK, parse_link
+    from kvspec.tiers.settings import tier_settings as settings_of
 
-    if not point.host_memory and not point.shared_pool:
-        return None
-    return TierSettings(
+    return settings_of(
         host_bytes=point.host_memory,
-        host_options={"policy": point.host_policy, "store_threshold": point.store_threshold},
         pool_bytes=point.shared_pool,
+        host_policy=point.host_policy,
+        store_threshold=point.store_threshold,
         offload=tuple(point.offload),
-        host_link=parse_link(point.host_link, HOST_LINK),
-        pool_link=parse_link(point.pool_link, POOL_LINK),
+        host_link=point.host_link,
+        pool_link=point.pool_link,
     )
 
 

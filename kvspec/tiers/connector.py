@@ -97,16 +97,7 @@ class TierStats:
         """The sum of ``parts`` (a fleet's instances)."""
         total = TierStats()
         for part in parts:
-            for name in (
-                "first_hit_tokens",
-                "hit_tokens",
-                "loaded_blocks",
-                "loaded_bytes",
-                "stored_blocks",
-                "stored_bytes",
-                "evicted_blocks",
-                "refused_stores",
-            ):
+            for name in _COUNTERS:
                 mine = getattr(total, name)
                 for tier, value in getattr(part, name).items():
                     mine[tier] = mine.get(tier, 0) + value
@@ -114,17 +105,22 @@ class TierStats:
         return total
 
     def summary(self) -> dict[str, dict[str, int] | float]:
-        return {
-            "first_hit_tokens": dict(self.first_hit_tokens),
-            "hit_tokens": dict(self.hit_tokens),
-            "loaded_blocks": dict(self.loaded_blocks),
-            "loaded_bytes": dict(self.loaded_bytes),
-            "stored_blocks": dict(self.stored_blocks),
-            "stored_bytes": dict(self.stored_bytes),
-            "evicted_blocks": dict(self.evicted_blocks),
-            "refused_stores": dict(self.refused_stores),
-            "load_ms": round(self.load_ms, 3),
-        }
+        row: dict[str, dict[str, int] | float] = {name: dict(getattr(self, name)) for name in _COUNTERS}
+        row["load_ms"] = round(self.load_ms, 3)
+        return row
+
+
+#: TierStats' per-tier counters (every field but ``load_ms``).
+_COUNTERS: Final = (
+    "first_hit_tokens",
+    "hit_tokens",
+    "loaded_blocks",
+    "loaded_bytes",
+    "stored_blocks",
+    "stored_bytes",
+    "evicted_blocks",
+    "refused_stores",
+)
 
 
 class _Plan:
@@ -213,7 +209,6 @@ class TierConnector:
         """Tokens past the GPU hit ``gpu_hit`` that the tiers give (0 if none), at most ``max_tokens`` in
         all; the keys to load are kept for :meth:`begin_load`. Records nothing in the tiers."""
         state = self._state(request_id)
-        state.loading = None
         found, plan = self._search(state.context, hashes, gpu_hit, max_tokens)
         state.loading = plan
         return found
@@ -233,13 +228,13 @@ class TierConnector:
         end = limit
         where_full: list[list[int]] = []
         num_hashes = len(hashes)
+        where = self._where
         for g in self._full:
             first = gpu_hit // g.block_size
             tiers: list[int] = []
             block = first
             per = g.block_size // hb
             suffix = self._suffix[g.index]
-            where = self._where
             while (block + 1) * g.block_size <= end:
                 last = (block + 1) * per - 1
                 if last >= num_hashes:
@@ -281,14 +276,11 @@ class TierConnector:
                 at = presence[i][block]
                 plan.keys[at].append(key)
                 context.set_position(key, (block + 1) * g.block_size)
-        # Tokens per tier: by the first full-attention group's blocks (else the first group's).
-        lead = self._full[0] if self._full else self.groups[0]
-        lead_blocks = [b for b in range(gpu_hit // lead.block_size, found // lead.block_size)]
+        # Tokens per tier: by the first full-attention group's blocks (else by the tier most keys come from).
         if self._full:
-            tiers_of = where_full[0]
-            first = gpu_hit // lead.block_size
-            for b in lead_blocks:
-                plan.tokens[tiers_of[b - first]] += lead.block_size
+            lead = self._full[0]
+            for at in where_full[0][: found // lead.block_size - gpu_hit // lead.block_size]:
+                plan.tokens[at] += lead.block_size
         else:
             counts = [len(k) for k in plan.keys]
             plan.tokens[counts.index(max(counts))] += found - gpu_hit
@@ -395,10 +387,7 @@ class TierConnector:
                     stats.add(stats.refused_stores, slot.name, len(offer))
                     continue
                 for i, g in enumerate(self.groups):
-                    stored[i] = max(
-                        stored[i],
-                        min(computed // g.block_size, len(hashes) * self.hash_block_size // g.block_size),
-                    )
+                    stored[i] = max(stored[i], self._full_blocks(g, hashes, computed))
                 if result.evicted_keys:
                     stats.add(stats.evicted_blocks, slot.name, len(result.evicted_keys))
                 if result.keys_to_store:
@@ -412,6 +401,10 @@ class TierConnector:
                 slot.tier.take_events()
         return max(link_ms)  # each tier's link carries its stores one after another; the links overlap
 
+    def _full_blocks(self, group: GroupOffload, hashes: Sequence[bytes], computed: int) -> int:
+        """Blocks of ``group`` that ``computed`` tokens fill and the request's hashes cover."""
+        return min(computed // group.block_size, len(hashes) * self.hash_block_size // group.block_size)
+
     def _offer(
         self, state: _RequestState, hashes: Sequence[bytes], computed: int, stored: list[int]
     ) -> list[OffloadKey]:
@@ -420,8 +413,7 @@ class TierConnector:
         for i, g in enumerate(self.groups):
             if not g.offloaded:
                 continue
-            full = min(computed // g.block_size, len(hashes) * self.hash_block_size // g.block_size)
-            for block in range(stored[i], full):
+            for block in range(stored[i], self._full_blocks(g, hashes, computed)):
                 key = self._key(hashes, g, block)
                 assert key is not None
                 state.context.set_position(key, (block + 1) * g.block_size)

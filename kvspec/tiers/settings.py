@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kvspec.errors import TierConfigError
 from kvspec.tiers.connector import FAMILIES
-from kvspec.tiers.transfer import HOST_LINK, POOL_LINK, TransferModel
+from kvspec.tiers.transfer import HOST_LINK, POOL_LINK, TransferModel, parse_link
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,4 +49,34 @@ class TierSettings:
         return self.host_bytes > 0 or self.pool_bytes > 0
 
 
-__all__ = ["TierSettings"]
+def tier_settings(
+    *,
+    host_bytes: int,
+    pool_bytes: int,
+    host_policy: str | None = None,
+    store_threshold: int | None = None,
+    offload: tuple[str, ...] | None = None,
+    host_link: str = "default",
+    pool_link: str = "default",
+) -> TierSettings | None:
+    """The settings the command line and a sweep point state: sizes in bytes (None without either), the
+    built-in host tier's ``policy`` and ``store_threshold`` where given, the families (None: all), and the
+    links as ``parse_link`` reads them. Bad values raise ``TierConfigError``."""
+    if not host_bytes and not pool_bytes:
+        return None
+    options: dict[str, str | float] = {}
+    if host_policy is not None:
+        options["policy"] = host_policy
+    if store_threshold is not None:
+        options["store_threshold"] = store_threshold
+    return TierSettings(
+        host_bytes=host_bytes,
+        host_options=options,
+        pool_bytes=pool_bytes,
+        offload=FAMILIES if offload is None else tuple(offload),
+        host_link=parse_link(host_link, HOST_LINK),
+        pool_link=parse_link(pool_link, POOL_LINK),
+    )
+
+
+__all__ = ["TierSettings", "tier_settings"]

@@ -74,6 +74,33 @@ ROWS = [{"timestamp": i, "input_length": 600, "output_length": 2, "hash_ids": [1
         ),
         (["simulate", "TRACE", "--timed", "--host-memory", "1KiB"], "holds no block of this model"),
         (
+            ["simulate", "TRACE", "--timed", "--shared-pool", "1GiB", "--store-threshold", "2"],
+            "--store-threshold sets the host tier: add --host-memory",
+        ),
+        (
+            ["simulate", "TRACE", "--timed", "--host-memory", "1GiB", "--pool-link", "8"],
+            "--pool-link sets the shared pool's link: add --shared-pool",
+        ),
+        (
+            ["fleet", "llama-3.1-8b", "--trace", "TRACEFILE", "--host-policy", "arc"],
+            "--host-policy sets up offload tiers: add --host-memory",
+        ),
+        (
+            [
+                "fleet",
+                "llama-3.1-8b",
+                "--trace",
+                "TRACEFILE",
+                "--host-memory",
+                "0",
+                "--shared-pool",
+                "1GiB",
+                "--host-link",
+                "8",
+            ],
+            "--host-link sets the host tier: add --host-memory",
+        ),
+        (
             ["simulate", "TRACE", "--timed", "--host-memory", "1GiB", "--host-link", "fast"],
             "Cannot read the link",
         ),
@@ -89,7 +116,12 @@ def test_an_option_that_cannot_apply_is_an_error(
     trace = _trace(tmp_path, ROWS)
     plot = tmp_path / "out.png"
     layout = str(Path(__file__).parents[3] / "examples" / "ring_window" / "layout.json")
-    named = {"TRACE": ["llama-3.1-8b", "--trace", trace], "PLOT": [str(plot)], "LAYOUT": [layout]}
+    named = {
+        "TRACE": ["llama-3.1-8b", "--trace", trace],
+        "TRACEFILE": [trace],
+        "PLOT": [str(plot)],
+        "LAYOUT": [layout],
+    }
     parts = [named.get(a, [a]) for a in argv]
     flat = [x for part in parts for x in part]
     assert run(flat) == 2

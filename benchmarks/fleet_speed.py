@@ -2,7 +2,7 @@
 beside LRU's.
 
     python -m benchmarks.fleet_speed [--dynosim-python PY] [--instances 8] [--router precise_prefix]
-        [--policy-model gemma-3-27b] [--policy-limit 3000]
+        [--policy-model gemma-3-27b] [--policy-limit 3000] [--policy-rounds 5]
 
 1. The whole Mooncake conversation trace on ``--instances`` instances (Llama 3.1 8B at 64-token blocks,
    16,384 blocks each, DynoSim's step time) with ``--router``, this checkout's build (pure or compiled:
@@ -10,12 +10,14 @@ beside LRU's.
    each, and the ratio.
 2. A pure cache replay of the conversation trace's first ``--policy-limit`` requests through
    ``--policy-model`` at a tenth of what an unlimited replay keeps (eviction at work), under LRU, LFU, SLRU
-   and the hybrid policy: wall seconds and each policy's ratio to LRU's, alternating, median of three.
+   and the hybrid policy: wall seconds and each policy's ratio to LRU's, alternating, median of
+   ``--policy-rounds`` (5); each replay starts after a full garbage collection.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -79,10 +81,14 @@ def policy_speed(args: argparse.Namespace) -> None:
     small = dataclasses.replace(config, num_blocks=max(2, top // 10) + 1)
     times: dict[str, list[float]] = {p: [] for p in ("lru", "lfu", "slru", "hybrid")}
     hits: dict[str, int] = {}
-    for _ in range(3):
+    for _ in range(args.policy_rounds):
         for policy in times:
             clock = TraceClock()
             coordinator = replay_coordinator(small, limits, eviction_policy=policy, clock=clock)
+            # The previous replay's garbage is collected now, not inside this one's timing: a full
+            # collection over a replay's blocks costs up to a second and otherwise lands on whichever
+            # policy runs next.
+            gc.collect()
             start = time.perf_counter()
             stats = replay_cache(trace, coordinator, chunk_tokens=8192, clock=clock)
             times[policy].append(time.perf_counter() - start)
@@ -103,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--router", default="precise_prefix")
     parser.add_argument("--policy-model", default="gemma-3-27b")
     parser.add_argument("--policy-limit", type=int, default=3000)
+    parser.add_argument("--policy-rounds", type=int, default=5)
     parser.add_argument("--only", choices=("fleet", "policies"), default=None)
     args = parser.parse_args(argv)
     if args.only != "policies":

@@ -3,7 +3,7 @@ shared pool, and the Mooncake FAST'25 Fig. 10 reproduction. Resumable (rows kept
 
     python -m benchmarks.tiers [--out tiers.jsonl] [--workers 2] [--limit N]
         [--models llama-3.1-8b gemma-3-27b] [--traces conversation synthetic] [--instances 4]
-        [--memory 24GiB] [--router exact] [--fig10-only | --no-fig10]
+        [--memory 24GiB] [--router exact] [--fig10-only | --no-fig10] [--dynosim-python PY]
 
 **Host memory sweep.** Per model and trace, ``--instances`` instances with ``--memory`` of GPU KV cache
 each (the model's plan at 64-token blocks, DynoSim's step time, LRU, one router), host memory per instance
@@ -14,7 +14,10 @@ group: 0, 1/64, 1/16, 1/4 and all of it), without a pool and with a shared pool 
 cache ("local": a host tier of 3M tokens of Llama 3.1 8B's KV each) against one 30M-token pool all share
 ("global"), 4,096 GPU blocks of 64 tokens each, per router at the trace's arrival times, and the ``exact``
 router with arrivals sped up ``--fig10-speedups`` times (load pushes a cache-aware router off its caches);
-the ratio of global to local reuse beside the paper's (conversation 2.22x, synthetic 2.36x).
+the ratio of global to local reuse beside the paper's (conversation 2.22x, synthetic 2.36x). Beside it,
+one cache of 3M and one of 30M tokens seeing the whole trace (one instance; with ``--dynosim-python``,
+DynoSim's one worker too): what the paper's local scheduler, "the node with the higher prefix-match
+ratio" (``longest_prefix``), makes of ten nodes when every request shares a first block.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from benchmarks.fleet_sweep import sweep_rows
 #: Mooncake FAST'25 Fig. 10: global / local cache hit rate.
 PAPER_FIG10 = {"conversation": 2.22, "tool_agent": 1.38, "synthetic": 2.36}
 FIG10_TOKENS = 3_000_000
-FIG10_ROUTERS = ["exact", "kv_cost", "cache_aware", "least_loaded", "round_robin"]
+FIG10_ROUTERS = ["longest_prefix", "exact", "kv_cost", "cache_aware", "least_loaded", "round_robin"]
 
 
 def _bytes(text: str) -> int:
@@ -124,6 +127,78 @@ def fig10_points(args: argparse.Namespace) -> list[Any]:
     return points
 
 
+def single_cache_points(args: argparse.Namespace) -> list[Any]:
+    """One instance, the whole trace, one output token, a GPU cache of 3M and of 30M tokens: the local and
+    global sides of Fig. 10 when one cache sees every request (what ``longest_prefix`` routing does)."""
+    from kvspec.fleet.sweep import SweepPoint
+
+    return [
+        SweepPoint(
+            model="llama-3.1-8b",
+            trace=TRACES[trace],
+            num_instances=1,
+            router="round_robin",
+            num_blocks=tokens // 64,
+            limit=args.limit,
+            block_size=64,
+            max_output_tokens=1,
+        )
+        for trace in ("conversation", "synthetic")
+        for tokens in (FIG10_TOKENS, 10 * FIG10_TOKENS)
+    ]
+
+
+def dynosim_single_cache(python: str, limit: int | None) -> dict[tuple[str, int], float]:
+    """DynoSim's reuse with one worker and the same two caches, outputs capped at one token (the traces
+    rewritten so): an independent full-attention LRU engine for the single-cache curve."""
+    import json
+    import tempfile
+
+    from benchmarks.dynosim import run_dynosim
+
+    out: dict[tuple[str, int], float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for trace in ("conversation", "synthetic"):
+            path = Path(tmp) / f"{trace}.jsonl"
+            with open(TRACES[trace]) as src, open(path, "w") as dst:
+                for i, line in enumerate(src):
+                    if limit is not None and i >= limit:
+                        break
+                    row = json.loads(line)
+                    row["output_length"] = 1
+                    dst.write(json.dumps(row) + "\n")
+            for tokens in (FIG10_TOKENS, 10 * FIG10_TOKENS):
+                out[(trace, tokens)] = run_dynosim(python, str(path), 1, tokens // 64, "round_robin")["reuse"]
+    return out
+
+
+def single_cache_table(rows: list[dict[str, Any]], dynosim: dict[tuple[str, int], float]) -> str:
+    cells: dict[tuple[str, int], float] = {}
+    for row in rows:
+        p = row["point"]
+        if p["num_instances"] == 1 and p.get("max_output_tokens") == 1:
+            cells[(_trace_name(p["trace"]), p["num_blocks"] * 64)] = row["total"]["reuse_ratio"]
+    out = [
+        "| trace | one cache of 3M tokens | of 30M tokens | 30M / 3M | DynoSim 3M | DynoSim 30M | DynoSim 30M / 3M | paper |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for trace in ("conversation", "synthetic"):
+        small, large = cells.get((trace, FIG10_TOKENS)), cells.get((trace, 10 * FIG10_TOKENS))
+        if small is None or large is None:
+            continue
+        d_small, d_large = dynosim.get((trace, FIG10_TOKENS)), dynosim.get((trace, 10 * FIG10_TOKENS))
+        theirs = (
+            f"{d_small:.4f} | {d_large:.4f} | {d_large / d_small:.2f}x"
+            if d_small and d_large
+            else "-- | -- | --"
+        )
+        out.append(
+            f"| {trace} | {small:.4f} | {large:.4f} | {large / small:.2f}x | {theirs} | "
+            f"{PAPER_FIG10[trace]:.2f}x |"
+        )
+    return "\n".join(out)
+
+
 def _trace_name(path: str) -> str:
     return {v: k for k, v in TRACES.items()}.get(path, Path(path).stem)
 
@@ -202,11 +277,16 @@ def main(argv: list[str] | None = None) -> int:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--fig10-only", action="store_true")
     which.add_argument("--no-fig10", action="store_true")
+    parser.add_argument(
+        "--dynosim-python",
+        default=None,
+        help="a Python with ai-dynamo 1.4.2: adds DynoSim's single-cache reuse beside kvspec's (Fig. 10)",
+    )
     args = parser.parse_args(argv)
 
     points = [] if args.fig10_only else host_sweep_points(args)
     if not args.no_fig10:
-        points += fig10_points(args)
+        points += fig10_points(args) + single_cache_points(args)
 
     def note(row: dict[str, Any]) -> None:
         p, t = row["point"], row["total"]
@@ -223,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         print(host_tables(rows))
     if not args.no_fig10:
         print(fig10_table(rows))
+        dynosim = dynosim_single_cache(args.dynosim_python, args.limit) if args.dynosim_python else {}
+        print(single_cache_table(rows, dynosim))
     return 0
 
 

@@ -18,6 +18,7 @@ class KVCacheBlock:
         "is_null",
         "next_free_block",
         "next_in_policy",
+        "policy_seq",
         "prev_free_block",
         "prev_in_policy",
         "ref_cnt",
@@ -36,6 +37,8 @@ class KVCacheBlock:
         #: through the free blocks it holds; the pool never reads or writes them.
         self.prev_in_policy: KVCacheBlock | None = None
         self.next_in_policy: KVCacheBlock | None = None
+        #: An eviction policy's own number for the block (its release order, say); the pool never reads it.
+        self.policy_seq = 0
         self.is_null = False
 
     def __repr__(self) -> str:

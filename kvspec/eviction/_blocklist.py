@@ -90,6 +90,22 @@ class BlockList:
         tail.prev_in_policy = last
         self.size += len(blocks)
 
+    def extend_numbered(self, blocks: Sequence[KVCacheBlock], first_seq: int) -> None:
+        """``extend``, numbering the blocks' ``policy_seq`` from ``first_seq`` up in the same pass."""
+        tail = self._tail
+        last = tail.prev_in_policy
+        assert last is not None
+        seq = first_seq
+        for block in blocks:
+            last.next_in_policy = block
+            block.prev_in_policy = last
+            block.policy_seq = seq
+            seq += 1
+            last = block
+        last.next_in_policy = tail
+        tail.prev_in_policy = last
+        self.size += len(blocks)
+
     def blocks(self) -> list[KVCacheBlock]:
         """The blocks, oldest first."""
         out: list[KVCacheBlock] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvspec.eviction._blocklist import BlockList
@@ -84,33 +85,40 @@ class BlockHeap:
 
 
 class ScoredBlocks:
-    """Blocks ordered by ``(score, seq)``, smallest first, where ``seq`` grows with every push. Blocks pushed
-    with ``score == seq`` (no bonus: plain release order) sit in a :class:`BlockList` linked through the
-    blocks, O(1) each way; the others in a :class:`BlockHeap`. ``pop`` takes the smaller of the two heads.
+    """Blocks ordered by ``(score, seq)``, smallest first, where ``seq`` grows with every push and is kept
+    in the block's ``policy_seq``. Blocks pushed with ``score == seq`` (no bonus: plain release order) sit
+    in a :class:`BlockList` linked through the blocks, O(1) each way; the others in a :class:`BlockHeap`.
+    ``pop`` takes the smaller of the two heads.
 
-    A :meth:`copy` is detached: it holds every block in its heap and never reads or writes the blocks'
-    links, so popping it leaves the original as it is."""
+    A :meth:`copy` is detached and only pops: it holds every block in its heap and never reads or writes
+    the blocks' links or numbers, so popping it leaves the original as it is."""
 
-    __slots__ = ("_detached", "_heap", "_plain", "_seq_of")
+    __slots__ = ("_detached", "_heap", "_plain")
 
-    def __init__(self, num_blocks: int = 0) -> None:
+    def __init__(self) -> None:
         self._plain = BlockList()
-        #: block id -> the seq it was last pushed with
-        self._seq_of = [0] * num_blocks
         self._heap = BlockHeap()
-        #: True in a copy: the links are the original's, so the plain list is not used
+        #: True in a copy: the links and numbers are the original's, so the plain list is not used
         self._detached = False
 
     def push(self, block: KVCacheBlock, score: float, seq: int) -> None:
-        self._seq_of[block.block_id] = seq
-        if score != seq or self._detached:
+        assert not self._detached, "a copy only pops"
+        block.policy_seq = seq
+        if score != seq:
             self._heap.push(block, (score, seq))
         else:
             self._plain.append(block)
 
-    def seq_of(self, block_id: int) -> int:
-        """The seq block ``block_id`` was last pushed with (whether or not it is still held)."""
-        return self._seq_of[block_id]
+    def extend_plain(self, blocks: Sequence[KVCacheBlock], first_seq: int) -> None:
+        """``push(block, seq, seq)`` of each of ``blocks`` in order, with seqs from ``first_seq`` up (no
+        bonus: release order), in one pass."""
+        assert not self._detached, "a copy only pops"
+        self._plain.extend_numbered(blocks, first_seq)
+
+    @staticmethod
+    def seq_of(block: KVCacheBlock) -> int:
+        """The seq ``block`` was last pushed with (whether or not it is still held)."""
+        return block.policy_seq
 
     def _in_plain(self, block: KVCacheBlock) -> bool:
         return not self._detached and block.prev_in_policy is not None
@@ -133,7 +141,7 @@ class ScoredBlocks:
         if first is None:
             return self._heap.pop()
         if len(self._heap):
-            seq = self._seq_of[first.block_id]
+            seq = first.policy_seq
             key, _ = self._heap.peek()
             if key < (seq, seq):
                 return self._heap.pop()
@@ -142,9 +150,8 @@ class ScoredBlocks:
     def copy(self) -> ScoredBlocks:
         twin = ScoredBlocks()
         twin._detached = True
-        twin._seq_of = list(self._seq_of)
         twin._heap = self._heap.copy()
         for block in self._plain.blocks():
-            seq = self._seq_of[block.block_id]
+            seq = block.policy_seq
             twin._heap.push(block, (seq, seq))  # a plain block's key: score == seq
         return twin

@@ -57,6 +57,8 @@ class HybridAwarePolicy:
         "_heap",
         "_indexed",
         "_needed",
+        "_needed_last_byte",
+        "_no_bonus",
         "_peers",
         "_plain_lru",
         "_prefix_of",
@@ -81,7 +83,7 @@ class HybridAwarePolicy:
         self._bonus_of = [
             -1.0 if g.holds_prefix_state else self._bonus(g.block_tokens, g.page_bytes) for g in groups
         ]
-        self._heap = ScoredBlocks(context.num_blocks)
+        self._heap = ScoredBlocks()
         # One group and no state snapshots: no bonus and no peers, so the order is plain LRU (kept fast).
         self._plain_lru = len(groups) <= 1 and not any(g.holds_prefix_state for g in groups)
         self._seq = 0
@@ -106,6 +108,12 @@ class HybridAwarePolicy:
         self._anchor_suffix: bytes | None = (
             group_suffix(needed[0]) if len(needed) == 1 and not self._indexed[needed[0]] else None
         )
+        # With 256 groups or fewer a key's last byte is its group id: a victim of another group than the one
+        # left-closed group finds no peers filed under its key, and is told apart without a lookup.
+        self._needed_last_byte = needed[0] if self._anchor_suffix is not None and len(groups) <= 256 else -1
+        # Every block scores its release order (equal pages, no state snapshots): adds go to the plain list
+        # in one pass.
+        self._no_bonus = self._plain_lru or all(bonus == 0.0 for bonus in self._bonus_of)
         #: a position's anchor -> the indexed free blocks cached there
         self._peers: dict[bytes, list[KVCacheBlock]] = {}
         #: block id -> the anchor it is filed under, while it is free and indexed
@@ -138,6 +146,12 @@ class HybridAwarePolicy:
         self.add_blocks((block,))
 
     def add_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
+        if self._no_bonus:
+            self._heap.extend_plain(blocks, self._seq)
+            self._seq += len(blocks)
+            if self._dooms:
+                self._index(blocks)
+            return
         heap, bonus_of, indexed = self._heap, self._bonus_of, self._indexed
         plain, num_groups = self._plain_lru, len(bonus_of)
         prefix_of, peers = self._prefix_of, self._peers
@@ -168,6 +182,26 @@ class HybridAwarePolicy:
             seq += 1
         self._seq = seq
 
+    def _index(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """File the blocks of indexed groups under their anchor (``add_blocks`` without scoring)."""
+        indexed, prefix_of, peers = self._indexed, self._prefix_of, self._peers
+        num_groups = len(indexed)
+        small = num_groups <= 256
+        suffix = self._anchor_suffix
+        for block in blocks:
+            key = block.block_hash
+            if key is None:
+                continue
+            gid = key[-1] if small else get_group_id(key)
+            if gid < num_groups and indexed[gid]:
+                anchor = key[:-4] if suffix is None else key[:-4] + suffix
+                prefix_of[block.block_id] = anchor
+                filed = peers.get(anchor)
+                if filed is None:
+                    peers[anchor] = [block]
+                else:
+                    filed.append(block)
+
     def _unindex(self, block_id: int) -> None:
         anchor = self._prefix_of[block_id]
         if anchor is not None:
@@ -186,22 +220,40 @@ class HybridAwarePolicy:
         self._unindex(block.block_id)
 
     def pop_victim(self) -> KVCacheBlock:
+        victim = self._next_victim()
+        self._evicted(victim)
+        return victim
+
+    def pop_victims(self, n: int) -> list[KVCacheBlock]:
+        out: list[KVCacheBlock] = []
+        for _ in range(n):
+            victim = self._next_victim()
+            self._evicted(victim)
+            out.append(victim)
+        return out
+
+    def _next_victim(self) -> KVCacheBlock:
+        """Take the next victim out of the heap: the oldest doomed block still free, else the lowest score."""
         heap, doomed = self._heap, self._doomed
-        victim: KVCacheBlock | None = None
         while doomed:
             candidate, seq = doomed.popleft()
-            if heap.seq_of(candidate.block_id) == seq and heap.discard(candidate):
-                victim = candidate
-                break
-        if victim is None:
-            victim = heap.pop()
-        self._unindex(victim.block_id)
+            if candidate.policy_seq == seq and heap.discard(candidate):
+                return candidate
+        return heap.pop()
+
+    def _evicted(self, victim: KVCacheBlock) -> None:
+        """Forget ``victim``'s filing; if it is a left-closed group's, doom its peers."""
+        if self._prefix_of[victim.block_id] is not None:
+            self._unindex(victim.block_id)
         key = victim.block_hash
         if not self._dooms or key is None:
-            return victim
+            return
         if self._anchor_suffix is not None:
             # Peers are filed under the left-closed group's keys: only its victims' keys find any, and
             # they are never of that group (it is not indexed).
+            needed = self._needed_last_byte
+            if needed >= 0 and key[-1] != needed:
+                return
             filed = self._peers.get(key)
             if filed:
                 self._doom(victim, key, filed, check_copies=True)
@@ -209,10 +261,6 @@ class HybridAwarePolicy:
             gid = get_group_id(key)
             if gid < len(self._needed) and self._needed[gid]:
                 self._doom_peers(victim, key, gid)
-        return victim
-
-    def pop_victims(self, n: int) -> list[KVCacheBlock]:
-        return [self.pop_victim() for _ in range(n)]
 
     def _doom_peers(self, victim: KVCacheBlock, key: bytes, gid: int) -> None:
         """``victim`` of left-closed group ``gid`` was evicted: unless a free copy of its content still serves
@@ -238,7 +286,7 @@ class HybridAwarePolicy:
             if any(copy is not victim and heap.holds(copy) for copy in lookup(key)):
                 return
         for peer in peers:
-            self._doomed.append((peer, heap.seq_of(peer.block_id)))
+            self._doomed.append((peer, peer.policy_seq))
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -260,6 +308,8 @@ class HybridAwarePolicy:
         twin._dooms = self._dooms
         twin._indexed = self._indexed
         twin._anchor_suffix = self._anchor_suffix
+        twin._needed_last_byte = self._needed_last_byte
+        twin._no_bonus = self._no_bonus
         twin._needed = self._needed
         twin._peers = {anchor: list(peers) for anchor, peers in self._peers.items()}
         twin._prefix_of = list(self._prefix_of)

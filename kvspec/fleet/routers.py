@@ -24,6 +24,11 @@ name                      rule (source)                                         
                           coordinator's lookup: sliding windows, Mamba states, retention)          cache
 ``exact_prefix``          kvspec's: ``precise_prefix``'s scoring with each instance's real hit     loads,
                                                                                                  cache
+``longest_prefix``        the instance with the longest real hit, no load term (Mooncake FAST'25  cache
+                          Fig. 10's local scheduler: "the node with the higher prefix-match
+                          ratio"); ties to the lowest index, or at random with ``random_ties`` 1.
+                          With ties to the lowest index it herds: a prefix every request shares
+                          (the conversation trace's first block) pulls all traffic to one instance
 ========================  =====================================================================  =========
 
 Options (``RouterContext.options``) per router are listed in :data:`ROUTER_OPTIONS`; an unknown one is a
@@ -65,6 +70,7 @@ ROUTER_OPTIONS: Final[Mapping[str, Mapping[str, float]]] = {
         "disk_credit": 0.25,
     },
     "exact": {"overlap_score_credit": 1.0, "prefill_load_scale": 1.0, "temperature": 0.0},
+    "longest_prefix": {"random_ties": 0.0},
 }
 
 
@@ -293,6 +299,26 @@ class Exact(_CostRouter):
         return [fleet.cache_hit(i, request) / self._block for i in range(fleet.num_instances)]
 
 
+class LongestPrefix:
+    """The instance whose coordinator gives ``request`` the longest hit (tiers included), whatever its load;
+    ties to the lowest index (``random_ties`` 0) or at random (1). A cache-only baseline: it shows what
+    affinity alone does, herding included."""
+
+    def __init__(self, context: RouterContext) -> None:
+        _check_options("longest_prefix", context)
+        random_ties = option(context, "random_ties", 0.0)
+        if random_ties not in (0.0, 1.0):
+            raise RouterError(f"Router 'longest_prefix': random_ties must be 0 or 1, got {random_ties:g}")
+        self._rng = random.Random(context.seed) if random_ties else None
+
+    def route(self, request: RouteRequest, fleet: FleetView) -> int:
+        hits = [fleet.cache_hit(i, request) for i in range(fleet.num_instances)]
+        best = max(hits)
+        if self._rng is None:
+            return hits.index(best)
+        return _pick_tied([float(h) for h in hits], float(best), self._rng)
+
+
 def register_builtin_routers() -> None:
     register_router("round_robin", RoundRobin, description="instances in turn")
     register_router("random", RandomRouter, description="uniform at random (seeded)")
@@ -330,6 +356,12 @@ def register_builtin_routers() -> None:
         reads=("loads", "cache"),
         description="kvspec: kv_cost with each instance's real hit (hybrid retention counted)",
     )
+    register_router(
+        "longest_prefix",
+        LongestPrefix,
+        reads=("cache",),
+        description="the longest real hit, no load term (Mooncake Fig. 10's local scheduler)",
+    )
 
 
 __all__ = [
@@ -339,6 +371,7 @@ __all__ = [
     "ExactPrefix",
     "KvCost",
     "LeastLoaded",
+    "LongestPrefix",
     "PowerOfTwo",
     "PrecisePrefix",
     "RandomRouter",

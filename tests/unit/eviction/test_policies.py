@@ -285,6 +285,30 @@ class TestHybrid:
             window[0].block_id,
         ]
 
+    @pytest.mark.parametrize("with_state", [True, False], ids=["scored", "release-order"])
+    def test_a_doomed_block_hit_and_freed_again_takes_its_new_place(
+        self, with_map: bool, with_state: bool
+    ) -> None:
+        """A doom names a block as it was when doomed: once a request hits it and frees it again, it is
+        a newer release, evicted in its new order and not ahead of older ones. Without a state group
+        every block scores its release order (the one-pass path)."""
+        groups = self.GROUPS if with_state else self.GROUPS[:2]
+        pool = make_pool(HybridAwarePolicy, num_blocks=12, groups=groups, with_map=with_map)
+        req = request("r", 0, 1)
+        full = publish(pool, req)
+        window = pool.get_new_blocks(1)
+        pool.cache_full_blocks(req, window, 0, 1, B, 1)
+        finish(pool, full)  # oldest
+        finish(pool, window)
+        others = [publish(pool, request(f"o{i}", 900 + 16 * i, 1), group=1) for i in range(2)]
+        for blocks in others:
+            finish(pool, blocks)
+        pool.get_new_blocks(pool.get_num_free_blocks() - 4)  # leave only the four cached blocks free
+        assert evicted(pool, 1) == [full[0].block_id]  # dooms `window`
+        hit(pool, request("again", 0, 1), window)
+        finish(pool, window)  # released again: now the newest
+        assert evicted(pool, 3) == [others[0][0].block_id, others[1][0].block_id, window[0].block_id]
+
     def test_evicting_one_copy_of_duplicated_content_dooms_nothing(self, with_map: bool) -> None:
         pool = make_pool(HybridAwarePolicy, num_blocks=12, groups=self.GROUPS, with_map=with_map)
         req = request("r", 0, 1)

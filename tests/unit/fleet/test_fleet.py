@@ -3,6 +3,8 @@ family's cache, events lag, and routers that misbehave stop the run with a clear
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvspec.contracts.spec import SchedulerLimits
@@ -61,6 +63,7 @@ def test_one_instance_behind_round_robin_is_the_timed_replay() -> None:
         "precise_prefix",
         "kv_cost",
         "exact",
+        "longest_prefix",
     ],
 )
 def test_every_request_is_routed_once_and_finishes(router: str) -> None:
@@ -91,6 +94,24 @@ def test_kv_aware_routers_send_each_family_to_its_cache(router: str) -> None:
     assert aware["reused_tokens"] == (len(trace) - 3) * 96
     assert aware["reused_blocks"] == (len(trace) - 3) * 6
     assert spread["reused_tokens"] < aware["reused_tokens"]
+
+
+def test_longest_prefix_herds_traffic_that_shares_a_first_block() -> None:
+    """Every request of the three families starts with one common block (as every request of Mooncake's
+    conversation trace does): after the first request only instance 0 holds it, so ties to the lowest
+    index send everything there and the fleet caches like one instance. With random ties the first
+    request of each family may land elsewhere, but then its family follows it."""
+    config = make_config([full_spec(16)], 200)
+    trace = [
+        dataclasses.replace(r, hash_ids=(7, *(r.hash_ids or ())), input_length=r.input_length + 16)
+        for r in family_trace(ORDER)
+    ]
+    herded = run_fleet(trace, config, LIMITS, _settings(4, "longest_prefix"))
+    assert [r["requests"] for r in herded.instances] == [len(trace), 0, 0, 0]
+    one = run_fleet(trace, config, LIMITS, _settings(1, "round_robin")).total
+    assert (
+        herded.total["reused_tokens"] == one["reused_tokens"] == 16 * (len(trace) - 1) + 96 * (len(trace) - 3)
+    )
 
 
 class _Spy(KvCost):

@@ -11,7 +11,7 @@ from kvspec.engine.instance import InstanceLoad
 from kvspec.errors import RouterAccessError, RouterError, RoutingError
 from kvspec.fleet import RouterContext, RouteRequest, register_router, resolve_router, router_names
 from kvspec.fleet.kit import check_router
-from kvspec.fleet.routers import CacheAware, Exact, KvCost, PowerOfTwo, PrecisePrefix
+from kvspec.fleet.routers import CacheAware, Exact, KvCost, LongestPrefix, PowerOfTwo, PrecisePrefix
 from kvspec.fleet.routing import FleetView
 from kvspec.integrations.vllm_event_wire import encode_event_batch
 from tests.unit.fleet.test_index_and_wire import _stored
@@ -66,6 +66,7 @@ def test_the_builtins_are_registered_and_pass_the_kit() -> None:
         "exact_prefix",
         "kv_cost",
         "least_loaded",
+        "longest_prefix",
         "power_of_two",
         "precise_prefix",
         "random",
@@ -76,6 +77,7 @@ def test_the_builtins_are_registered_and_pass_the_kit() -> None:
         assert len(result.choices) == 96 and set(result.choices) <= {0, 1, 2, 3}
     assert resolve_router("exact").reads == resolve_router("exact_prefix").reads == {"loads", "cache"}
     assert resolve_router("precise_prefix").reads == {"loads", "kv_events"}
+    assert resolve_router("longest_prefix").reads == {"cache"}
 
 
 def test_cache_aware_follows_its_history_above_the_threshold_and_balances_otherwise() -> None:
@@ -121,6 +123,21 @@ def test_exact_takes_its_overlap_from_the_instances_caches() -> None:
     loads = [load(0, active=5), load(1)]
     assert Exact(ctx(overlap_score_credit=2.0)).route(req(6), View(loads, hits=[64, 0])) == 0
     assert Exact(ctx(overlap_score_credit=2.0)).route(req(6), View(loads, hits=[16, 0])) == 1
+
+
+def test_longest_prefix_follows_the_longest_hit_whatever_the_load() -> None:
+    router = LongestPrefix(ctx(3))
+    swamped = [load(0, waiting=500, prefill=10**6), load(1), load(2)]
+    assert router.route(req(6), View(swamped, hits=[48, 32, 0])) == 0  # the hit, not the load
+    assert router.route(req(6), View(swamped, hits=[16, 32, 32])) == 1  # ties: the lowest index
+    assert router.route(req(6), View(swamped, hits=[0, 0, 0])) == 0  # a miss everywhere is a tie too
+    picks = {
+        LongestPrefix(ctx(3, seed=s, random_ties=1.0)).route(req(6), View(swamped, hits=[0, 32, 32]))
+        for s in range(20)
+    }
+    assert picks == {1, 2}  # at random among the tied, never off them
+    with pytest.raises(RouterError, match="random_ties must be 0 or 1"):
+        LongestPrefix(ctx(random_ties=0.5))
 
 
 def test_cost_ties_break_at_random_under_the_seed_and_temperature_samples() -> None:

@@ -152,9 +152,8 @@ class HybridAwarePolicy:
             if self._dooms:
                 self._index(blocks)
             return
-        heap, bonus_of, indexed = self._heap, self._bonus_of, self._indexed
+        heap, bonus_of = self._heap, self._bonus_of
         plain, num_groups = self._plain_lru, len(bonus_of)
-        prefix_of, peers = self._prefix_of, self._peers
         small = num_groups <= 256  # a group id then fits the key's last byte (the suffix is big-endian)
         seq = self._seq
         for block in blocks:
@@ -167,20 +166,12 @@ class HybridAwarePolicy:
                 if bonus < 0.0:
                     bonus = self.bonus(block)
                 heap.push(block, seq + bonus, seq)
-                if indexed[gid]:
-                    assert key is not None
-                    suffix = self._anchor_suffix
-                    anchor = key[:-4] if suffix is None else key[:-4] + suffix
-                    prefix_of[block.block_id] = anchor
-                    filed = peers.get(anchor)
-                    if filed is None:
-                        peers[anchor] = [block]
-                    else:
-                        filed.append(block)
             else:
                 heap.push(block, seq, seq)  # no group to weigh: plain release order
             seq += 1
         self._seq = seq
+        if self._dooms:
+            self._index(blocks)
 
     def _index(self, blocks: Sequence[KVCacheBlock]) -> None:
         """File the blocks of indexed groups under their anchor (``add_blocks`` without scoring)."""

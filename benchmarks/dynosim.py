@@ -37,6 +37,30 @@ TRACES = {
 }
 
 
+def cut_trace(
+    trace: str, out: Path, *, limit: int | None = None, output_length: int | None = None
+) -> tuple[int, int]:
+    """Write ``trace``'s first ``limit`` requests that fit Llama 3.1 8B's context to ``out`` (vLLM and
+    kvspec refuse the others, DynoSim would serve them), each output set to ``output_length`` tokens if
+    given; the requests (kept, dropped)."""
+    kept = dropped = 0
+    with open(trace) as src, out.open("w") as dst:
+        for line in src:
+            if limit and kept >= limit:
+                break
+            row = json.loads(line)
+            if row["input_length"] + row["output_length"] > CONTEXT:
+                dropped += 1
+                continue
+            if output_length is None:
+                dst.write(line)
+            else:
+                row["output_length"] = output_length
+                dst.write(json.dumps(row) + "\n")
+            kept += 1
+    return kept, dropped
+
+
 def run_dynosim(python: str, trace: str, workers: int, blocks: int, router: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
@@ -95,17 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             # vLLM refuses a request longer than Llama 3.1 8B's context (prompt and output over 131,072
             # tokens; kvspec too), DynoSim 1.4.2 has no such limit: both replay the trace without them.
             cut = Path(tmp) / f"{trace_name}.jsonl"
-            kept = dropped = 0
-            with open(trace) as src, cut.open("w") as dst:
-                for line in src:
-                    if args.limit and kept >= args.limit:
-                        break
-                    row = json.loads(line)
-                    if row["input_length"] + row["output_length"] > CONTEXT:
-                        dropped += 1
-                        continue
-                    dst.write(line)
-                    kept += 1
+            kept, dropped = cut_trace(trace, cut, limit=args.limit)
             print(
                 f"# {trace_name}: {kept} requests, {dropped} over {CONTEXT:,} tokens dropped", file=sys.stderr
             )

@@ -149,24 +149,18 @@ def single_cache_points(args: argparse.Namespace) -> list[Any]:
 
 
 def dynosim_single_cache(python: str, limit: int | None) -> dict[tuple[str, int], float]:
-    """DynoSim's reuse with one worker and the same two caches, outputs capped at one token (the traces
-    rewritten so): an independent full-attention LRU engine for the single-cache curve."""
-    import json
+    """DynoSim's reuse with one worker and the same two caches, outputs capped at one token and requests
+    over Llama 3.1 8B's context dropped (the traces rewritten so, as ``benchmarks.dynosim`` does): an
+    independent full-attention LRU engine for the single-cache curve."""
     import tempfile
 
-    from benchmarks.dynosim import run_dynosim
+    from benchmarks.dynosim import cut_trace, run_dynosim
 
     out: dict[tuple[str, int], float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for trace in ("conversation", "synthetic"):
             path = Path(tmp) / f"{trace}.jsonl"
-            with open(TRACES[trace]) as src, open(path, "w") as dst:
-                for i, line in enumerate(src):
-                    if limit is not None and i >= limit:
-                        break
-                    row = json.loads(line)
-                    row["output_length"] = 1
-                    dst.write(json.dumps(row) + "\n")
+            cut_trace(TRACES[trace], path, limit=limit, output_length=1)
             for tokens in (FIG10_TOKENS, 10 * FIG10_TOKENS):
                 out[(trace, tokens)] = run_dynosim(python, str(path), 1, tokens // 64, "round_robin")["reuse"]
     return out

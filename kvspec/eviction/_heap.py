@@ -115,11 +115,6 @@ class ScoredBlocks:
         assert not self._detached, "a copy only pops"
         self._plain.extend_numbered(blocks, first_seq)
 
-    @staticmethod
-    def seq_of(block: KVCacheBlock) -> int:
-        """The seq ``block`` was last pushed with (whether or not it is still held)."""
-        return block.policy_seq
-
     def _in_plain(self, block: KVCacheBlock) -> bool:
         return not self._detached and block.prev_in_policy is not None
 

@@ -60,7 +60,6 @@ class HybridAwarePolicy:
         "_needed_last_byte",
         "_no_bonus",
         "_peers",
-        "_plain_lru",
         "_prefix_of",
         "_seq",
         "alpha",
@@ -84,8 +83,6 @@ class HybridAwarePolicy:
             -1.0 if g.holds_prefix_state else self._bonus(g.block_tokens, g.page_bytes) for g in groups
         ]
         self._heap = ScoredBlocks()
-        # One group and no state snapshots: no bonus and no peers, so the order is plain LRU (kept fast).
-        self._plain_lru = len(groups) <= 1 and not any(g.holds_prefix_state for g in groups)
         self._seq = 0
         self._cached_blocks: Callable[[bytes], Sequence[KVCacheBlock]] | None = context.cached_blocks
         needed = [gid for gid, g in enumerate(groups) if g.needed_by_longer_hits]
@@ -111,9 +108,9 @@ class HybridAwarePolicy:
         # With 256 groups or fewer a key's last byte is its group id: a victim of another group than the one
         # left-closed group finds no peers filed under its key, and is told apart without a lookup.
         self._needed_last_byte = needed[0] if self._anchor_suffix is not None and len(groups) <= 256 else -1
-        # Every block scores its release order (equal pages, no state snapshots): adds go to the plain list
-        # in one pass.
-        self._no_bonus = self._plain_lru or all(bonus == 0.0 for bonus in self._bonus_of)
+        # Every block scores its release order (equal pages and no state snapshots, one group among them):
+        # adds go to the plain list in one pass.
+        self._no_bonus = all(bonus == 0.0 for bonus in self._bonus_of)
         #: a position's anchor -> the indexed free blocks cached there
         self._peers: dict[bytes, list[KVCacheBlock]] = {}
         #: block id -> the anchor it is filed under, while it is free and indexed
@@ -153,13 +150,13 @@ class HybridAwarePolicy:
                 self._index(blocks)
             return
         heap, bonus_of = self._heap, self._bonus_of
-        plain, num_groups = self._plain_lru, len(bonus_of)
+        num_groups = len(bonus_of)
         small = num_groups <= 256  # a group id then fits the key's last byte (the suffix is big-endian)
         seq = self._seq
         for block in blocks:
             key = block.block_hash
             gid = -1
-            if key is not None and not plain:
+            if key is not None:
                 gid = key[-1] if small else get_group_id(key)
             if 0 <= gid < num_groups:
                 bonus = bonus_of[gid]
@@ -234,8 +231,7 @@ class HybridAwarePolicy:
 
     def _evicted(self, victim: KVCacheBlock) -> None:
         """Forget ``victim``'s filing; if it is a left-closed group's, doom its peers."""
-        if self._prefix_of[victim.block_id] is not None:
-            self._unindex(victim.block_id)
+        self._unindex(victim.block_id)
         key = victim.block_hash
         if not self._dooms or key is None:
             return
@@ -294,7 +290,6 @@ class HybridAwarePolicy:
         twin._bonus_scale = self._bonus_scale
         twin._bonus_of = self._bonus_of
         twin._heap = self._heap.copy()
-        twin._plain_lru = self._plain_lru
         twin._seq = self._seq
         twin._dooms = self._dooms
         twin._indexed = self._indexed

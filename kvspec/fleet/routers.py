@@ -316,7 +316,7 @@ class LongestPrefix:
         best = max(hits)
         if self._rng is None:
             return hits.index(best)
-        return _pick_tied([float(h) for h in hits], float(best), self._rng)
+        return _pick_tied(hits, best, self._rng)
 
 
 def register_builtin_routers() -> None:

@@ -277,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         help="a Python with ai-dynamo 1.4.2: adds DynoSim's single-cache reuse beside kvspec's (Fig. 10)",
     )
     args = parser.parse_args(argv)
+    if args.dynosim_python and args.no_fig10:
+        parser.error("--dynosim-python adds DynoSim to the Fig. 10 tables; it cannot go with --no-fig10")
 
     points = [] if args.fig10_only else host_sweep_points(args)
     if not args.no_fig10:

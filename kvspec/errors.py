@@ -68,6 +68,11 @@ class ManagerProtocolError(RegistrationError):
     """A class registered as a manager does not provide every member of the KVCacheManager protocol."""
 
 
+class RegistryBoundError(RegistrationError):
+    """A typed registry (``Registry[S, M](...)``, or ``spec_bound`` / ``manager_bound``) was given a spec class
+    outside ``S`` or a manager class outside ``M``, at registration or at lookup."""
+
+
 class ManagerSignatureError(ManagerProtocolError):
     """A manager method's parameters differ from the KVCacheManager protocol's (names, order or kind)."""
 

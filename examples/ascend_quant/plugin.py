@@ -21,6 +21,7 @@ from kvspec import (
     SpecTraits,
     SpecValidationError,
 )
+from kvspec.specs.dtypes import dtype_size
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,7 +38,7 @@ class AscendInt8KVSpec(FullAttentionSpec):
     @property
     def scale_bytes(self) -> int:
         """Bytes of one block's scales: one per token and KV head, for K and for V."""
-        return 2 * self.block_size * self.num_kv_heads * self.scale_dtype.itemsize
+        return 2 * self.block_size * self.num_kv_heads * dtype_size(self.scale_dtype)
 
     @property
     def unpadded_page_size_bytes(self) -> int:

@@ -34,6 +34,7 @@ from kvspec.blocks.pool import KVCacheBlock
 from kvspec.contracts.manager import HitQuery, HitResult
 from kvspec.errors import SpecMergeError, UnsupportedConfigurationError
 from kvspec.intmath import cdiv
+from kvspec.specs.dtypes import dtype_size
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,7 +60,7 @@ class CompressedLatentSpec:
 
     @property
     def page_size_bytes(self) -> int:
-        return self.block_size * self.head_size * self.dtype.itemsize
+        return self.block_size * self.head_size * dtype_size(self.dtype)
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         return cdiv(limits.max_model_len, self.tokens_per_block) * self.page_size_bytes
@@ -92,6 +93,10 @@ class CompressedLatentSpec:
 
 class CompressedLatentManager(FullAttentionManager):
     """Full attention over compressed rows: hits in logical tokens, requests bounded by max_model_len."""
+
+    #: Blocks one request may hold (a block-table row); None: unbounded. Set in ``setup``, declared here so
+    #: that every checker knows the attribute (basedpyright requires it in the class body or ``__init__``).
+    max_blocks_per_request: int | None = None
 
     def setup(self) -> None:
         super().setup()

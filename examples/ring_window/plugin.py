@@ -28,6 +28,7 @@ from kvspec import (
     as_spec_list,
 )
 from kvspec.errors import SpecMergeError
+from kvspec.specs.dtypes import dtype_size
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,7 +49,7 @@ class RingWindowSpec:
 
     @property
     def page_size_bytes(self) -> int:
-        return 2 * self.block_size * self.num_kv_heads * self.head_size * self.dtype.itemsize
+        return 2 * self.block_size * self.num_kv_heads * self.head_size * dtype_size(self.dtype)
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
         cap = self.kv_cache_traits().admission_cap_blocks(

@@ -229,7 +229,7 @@ class KVCacheManager(Protocol):
         ...
 
     def remove_skipped_blocks(
-        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+        self, request_id: str, total_computed_tokens: int, /, num_prompt_tokens: int | None = None
     ) -> None:
         """Free blocks that attention will never read again (outside the window, finished chunks).
         ``num_prompt_tokens`` (tokens; None where the caller does not know it) is for managers that free a

@@ -127,20 +127,20 @@ class KVCacheSpec(Protocol):
         """Bytes of one block of this layer (including padding)."""
         ...
 
-    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+    def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int:
         """The most bytes one request can hold in this layer under ``limits``."""
         ...
 
-    def copy_with_new_block_size(self, block_size: int) -> Self:
+    def copy_with_new_block_size(self, block_size: int, /) -> Self:
         """The same spec with another block size (tokens)."""
         ...
 
     @classmethod
-    def merge(cls, specs: list[Self]) -> Self:
+    def merge(cls, specs: list[Self], /) -> Self:
         """One spec that stands for every spec of a KV cache group; raises SpecMergeError if impossible."""
         ...
 
-    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection, /) -> bool:
         """The type-specific part of the uniformity rule (window, chunk, speculative blocks agree).
 
         ``specs`` is a sequence or vLLM's layer -> spec dict; both must give the same answer
@@ -156,14 +156,14 @@ class _KVCacheSpecCallables(Protocol):
     view for ``type[SpecT]``; the property members are checked by :func:`missing_members` instead.
     """
 
-    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int: ...
+    def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int: ...
 
-    def copy_with_new_block_size(self, block_size: int) -> Self: ...
+    def copy_with_new_block_size(self, block_size: int, /) -> Self: ...
 
     @classmethod
-    def merge(cls, specs: list[Self]) -> Self: ...
+    def merge(cls, specs: list[Self], /) -> Self: ...
 
-    def is_uniform_with_collection(self, specs: SpecCollection) -> bool: ...
+    def is_uniform_with_collection(self, specs: SpecCollection, /) -> bool: ...
 
 
 #: What ``is_uniform_with_collection`` of the built-in specs accepts: a sequence, or vLLM's layer -> spec dict.

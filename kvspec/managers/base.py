@@ -201,7 +201,9 @@ class SingleTypeKVCacheManager:
 
     def setup(self) -> None:
         """Extension hook, called at the end of construction: validate the spec, add state, reserve
-        blocks. Subclasses override this instead of repeating the constructor's signature."""
+        blocks. Subclasses override this instead of repeating the constructor's signature. Declare the
+        state it adds in the class body (``limit: int | None = None``): checkers that require attributes
+        to be set in the class body or ``__init__`` (basedpyright's recommended mode) then accept it."""
 
     #: Whether the coordinator tells this manager where a request's prefill ends (``note_prefill_end``)
     #: before it counts and allocates the request's blocks: a manager whose reservation depends on it
@@ -480,7 +482,7 @@ class SingleTypeKVCacheManager:
         return blocks[first:] if first else blocks  # popped: the caller owns the list, no copy needed
 
     def remove_skipped_blocks(
-        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+        self, request_id: str, total_computed_tokens: int, /, num_prompt_tokens: int | None = None
     ) -> None:
         """Replace the first ``get_num_skipped_tokens`` tokens' blocks with the null block; cached ones stay
         evictable at the queue's tail, scratch (uncached) ones go to its head to be reused first.

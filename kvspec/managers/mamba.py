@@ -115,7 +115,7 @@ class MambaManager(SingleTypeKVCacheManager):
         return max(0, num_computed_tokens - 1)
 
     def remove_skipped_blocks(
-        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+        self, request_id: str, total_computed_tokens: int, /, num_prompt_tokens: int | None = None
     ) -> None:
         align = self.mamba_cache_mode == "align"
         if align and self._frees_across_nulls:

@@ -27,7 +27,7 @@ class RSWAManager(FullAttentionManager):
         self.rswa_window: int = window
 
     def remove_skipped_blocks(
-        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+        self, request_id: str, total_computed_tokens: int, /, num_prompt_tokens: int | None = None
     ) -> None:
         if num_prompt_tokens is None:
             # Without the prompt length nothing is known to be outside both the prompt and the window.

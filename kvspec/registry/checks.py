@@ -90,6 +90,10 @@ def check_spec_class(spec_cls: type) -> None:
                 f"{name}.{member} must be a @classmethod (called as {spec_cls.__name__}.merge(specs))."
             )
         _check_arity(spec_cls, member, len(params), SpecClassError)
+        if raw is not None and member not in fields:
+            _check_annotations(spec_cls, member, f"{name}.{member}", KVCacheSpec, SpecClassError)
+    for member in SPEC_DATA_MEMBERS:
+        _check_data_member_type(spec_cls, member)
     for member, count in SPEC_OPTIONAL_METHODS.items():
         raw = inspect.getattr_static(spec_cls, member, None)
         if raw is None:
@@ -241,7 +245,9 @@ def _check_manager_member(cls: type, member: str, proto: type = KVCacheManager) 
             f"{len(expected)}: {member}{want}."
         )
     for i, (got, exp) in enumerate(zip(impl_params, expected)):
-        if got.name != exp.name:
+        # A positional-only protocol parameter's name is not part of the contract (vLLM names some of them
+        # differently, and a port keeps vLLM's); the annotation check below still compares its type.
+        if got.name != exp.name and exp.kind is not exp.POSITIONAL_ONLY:
             raise ManagerSignatureError(
                 f"{shown}: parameter {i + 1} is {got.name!r}, the protocol's is {exp.name!r} "
                 f"({member}{want}); the coordinator passes arguments by position, so a different order "
@@ -283,9 +289,48 @@ def _related(a: type, b: type) -> bool:
         return True
 
 
-def _check_annotations(cls: type, member: str, shown: str, proto: type = KVCacheManager) -> None:
-    """Annotations that name unrelated classes (``int`` where the protocol says ``str``, ``int`` where it
-    returns ``list``): the coordinator would pass or receive the wrong thing."""
+def _check_data_member_type(spec_cls: type, member: str) -> None:
+    """A spec's ``block_size`` / ``page_size_bytes`` declared (property return, or field annotation) as a
+    class unrelated to the protocol's ``int``: the planner would compute with it."""
+    raw = inspect.getattr_static(spec_cls, member, None)
+    if isinstance(raw, property) and raw.fget is not None:
+        hints = _hints(raw.fget, spec_cls)
+        hint = None if hints is None else hints.get("return")
+        what = "property returns"
+    else:
+        hint = _field_hint(spec_cls, member)
+        what = "field is declared"
+    got = _origin(hint) if hint is not None else None
+    if got is not None and got is not type(None) and not _related(got, int):
+        raise SpecClassError(
+            f"{qualified_name(spec_cls)}.{member}: the {what} {_show(hint)}, the KVCacheSpec protocol's is int "
+            f"({'tokens per block' if member == 'block_size' else 'bytes per block'}). Make it an int."
+        )
+
+
+def _field_hint(cls: type, member: str) -> Any:
+    """The annotation of field ``member`` in ``cls``'s MRO (resolved; None where it cannot be)."""
+    import sys
+
+    for klass in cls.__mro__:
+        if member in vars(klass).get("__annotations__", {}):
+            module = sys.modules.get(klass.__module__)
+            try:
+                return typing.get_type_hints(klass, globalns=vars(module) if module else None).get(member)
+            except Exception:
+                return None
+    return None
+
+
+def _check_annotations(
+    cls: type,
+    member: str,
+    shown: str,
+    proto: type = KVCacheManager,
+    error: type[Exception] = ManagerSignatureError,
+) -> None:
+    """Annotations that name unrelated classes (``int`` where the protocol says ``str``, ``float`` where it
+    returns ``int``): the coordinator or the planner would pass or receive the wrong thing."""
     impl_fn = getattr(cls, member)
     proto_fn = getattr(proto, member)
     got, want = _hints(impl_fn, cls), _hints(proto_fn, proto)
@@ -299,9 +344,9 @@ def _check_annotations(cls: type, member: str, shown: str, proto: type = KVCache
             continue
         if not _related(a, b):
             what = "returns" if key == "return" else f"takes {key}:"
-            raise ManagerSignatureError(
+            raise error(
                 f"{shown} {what} {_show(got[key])}, the protocol's is {_show(expected)}. "
-                "Match kvspec.KVCacheManager's annotation."
+                f"Match kvspec.{proto.__name__}'s annotation."
             )
 
 

@@ -11,20 +11,25 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Generic
+from typing import Any, Generic, TypeVar
+
+import typing_extensions
+from beartype.door import is_bearable
 
 from kvspec.contracts.checking import check_api, check_plugin_constructor
 from kvspec.contracts.manager import KVCacheManager, MgrT
-from kvspec.contracts.spec import KVCacheSpec, SpecT
+from kvspec.contracts.spec import KVCacheSpec, SpecT, missing_members
 from kvspec.contracts.traits import traits_of
 from kvspec.errors import (
     CapabilityError,
     ConflictingRegistrationError,
     KVSpecTypeError,
     RegistrationError,
+    RegistryBoundError,
     UnregisteredSpecError,
 )
 from kvspec.registry.checks import check_manager_class, check_spec_class, check_uniform_base, require_class
@@ -83,18 +88,23 @@ class Registration(Generic[SpecT, MgrT]):
     #: The classes ``manager_for`` returned that passed ``check_manager_class`` (a class passes for good or
     #: raises, so one check each suffices).
     _checked_variants: set[type] = field(default_factory=set, compare=False, repr=False)
+    #: The manager bound of the typed registry that holds this registration (None: the protocol's).
+    _manager_bound: RegistryBounds | None = field(default=None, compare=False, repr=False)
 
     def manager_for_spec(self, spec: SpecT) -> type[MgrT]:
         """The manager that runs ``spec``: ``manager_for(spec)`` when given (checked like ``manager_cls``
-        on first use of each class it returns), else ``manager_cls``."""
+        on first use of each class it returns, and against the registry's manager bound), else
+        ``manager_cls``."""
         if self.manager_for is None:
             return self.manager_cls
-        chosen: object = self.manager_for(spec)
+        chosen = self.manager_for(spec)
         if chosen is not self.manager_cls and chosen not in self._checked_variants:
             with _INTROSPECTION_LOCK:
-                self._checked_variants.add(check_manager_class(chosen, self.spec_cls))
-        checked: type[MgrT] = chosen  # type: ignore[assignment]
-        return checked
+                checked = check_manager_class(chosen, self.spec_cls)
+                if self._manager_bound is not None:
+                    self._manager_bound.check_manager(checked, self.spec_cls)
+                self._checked_variants.add(checked)
+        return chosen
 
     def same_as(self, other: Registration[Any, Any]) -> bool:
         return (
@@ -164,16 +174,86 @@ def _name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _bound(hint: object) -> object | None:
+    """The run-time form of a registry's type argument: None where it adds nothing to what registration
+    checks anyway (kvspec's own protocols, ``Any``, a type variable of generic code)."""
+    if hint is None or hint is Any or isinstance(hint, TypeVar) or hint in (KVCacheSpec, KVCacheManager):
+        return None
+    return hint
+
+
+def _show_bound(hint: object) -> str:
+    return hint.__qualname__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryBounds:
+    """The classes a typed registry admits, enforced at run time: every spec class it registers or looks up
+    is a ``spec`` (subclass, or a member of a union), every manager class a ``manager``. None: no bound
+    beyond the protocols, which registration checks member by member. A Protocol bound of a plugin's own is
+    checked by member names; a class bound (or a union of classes) through beartype's ``is_bearable``."""
+
+    spec: object = None
+    manager: object = None
+    name: str = "registry"
+
+    @staticmethod
+    def _admits(bound: object, cls: type) -> bool:
+        if isinstance(bound, type) and typing_extensions.is_protocol(bound):
+            return not missing_members(cls, bound)
+        hint: Any = types.GenericAlias(type, (bound,))  # type[bound], built from a run-time value
+        return is_bearable(cls, hint)
+
+    def _typed(self) -> str:
+        return f"Registry[{_show_bound(self.spec or KVCacheSpec)}, {_show_bound(self.manager or KVCacheManager)}]"
+
+    def check_spec(self, spec_cls: type) -> None:
+        """RegistryBoundError unless ``spec_cls`` is within the spec bound."""
+        if self.spec is not None and not self._admits(self.spec, spec_cls):
+            raise RegistryBoundError(
+                f"Registry {self.name!r} is a {self._typed()}: spec class {_name(spec_cls)} is not a "
+                f"subclass of {_show_bound(self.spec)}. Register it in a registry whose spec type admits it (the default "
+                "registry takes any KVCacheSpec)."
+            )
+
+    def check_manager(self, manager_cls: type, spec_cls: type) -> None:
+        """RegistryBoundError unless ``manager_cls`` is within the manager bound."""
+        if self.manager is not None and not self._admits(self.manager, manager_cls):
+            raise RegistryBoundError(
+                f"Registry {self.name!r} is a {self._typed()}: manager class {_name(manager_cls)} (for "
+                f"{spec_cls.__name__}) is not a subclass of {_show_bound(self.manager)}. Pass one, "
+                "or register in a registry whose manager type admits it."
+            )
+
+
 class Registry(Generic[SpecT, MgrT]):
     """Maps spec classes to managers. Thread-safe; lookups are cached per class.
 
     ``strict=True``: a spec whose exact class is not registered is an error even when a parent is
     registered (a subclass that changes the page layout must not silently get its parent's manager).
+
+    A typed registry enforces its type arguments at run time as its checkers do statically: created as
+    ``Registry[AcmeSpec, AcmeManager](name=...)``, or as ``Registry(name=..., spec_bound=AcmeSpec,
+    manager_bound=AcmeManager)`` (which checkers read as the same type), or from a subclass of
+    ``Registry[AcmeSpec, AcmeManager]``, it refuses with a ``RegistryBoundError`` naming both classes a spec
+    class outside ``AcmeSpec`` or a manager class outside ``AcmeManager``, when registering and when looking
+    up (once per class: lookups are cached). A bare annotation (``typed: Registry[S, M] = Registry(...)``)
+    is erased when the code runs, so only checkers see it. The default registry's bounds are the protocols.
     """
 
-    def __init__(self, *, name: str = "registry", strict: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        name: str = "registry",
+        strict: bool = False,
+        spec_bound: type[SpecT] | None = None,
+        manager_bound: type[MgrT] | None = None,
+    ) -> None:
         self.name = name
         self._strict = strict
+        self._given_bounds: tuple[object, object] = (spec_bound, manager_bound)
+        #: Resolved on first use: ``Registry[S, M](...)`` sets ``__orig_class__`` only after ``__init__``.
+        self._bounds: RegistryBounds | None = None
         self._entries: dict[type, Registration[SpecT, MgrT]] = {}
         #: vLLM 0.34's group roles: a group whose ``KVCacheGroupSpec.role`` is registered here runs this
         #: manager, whatever its spec (a role's manager wins over the spec's).
@@ -183,6 +263,26 @@ class Registry(Generic[SpecT, MgrT]):
         self._journals: dict[int, list[list[tuple[type | str, Any]]]] = {}
         self._lookup_cache: _LookupCache[SpecT, MgrT] = _LookupCache(self)
         self._lock = threading.RLock()
+
+    @property
+    def bounds(self) -> RegistryBounds:
+        """The spec and manager classes this registry admits at run time (see the class docstring)."""
+        bounds = self._bounds
+        if bounds is None:
+            spec, manager = self._given_bounds
+            args: tuple[object, ...] = ()
+            origin = getattr(self, "__orig_class__", None)
+            if origin is not None:
+                args = typing_extensions.get_args(origin)
+            else:
+                for base in getattr(type(self), "__orig_bases__", ()):
+                    if typing_extensions.get_origin(base) is Registry:
+                        args = typing_extensions.get_args(base)
+            if len(args) == 2:
+                spec = args[0] if spec is None else spec
+                manager = args[1] if manager is None else manager
+            bounds = self._bounds = RegistryBounds(_bound(spec), _bound(manager), self.name)
+        return bounds
 
     # -- mutation -----------------------------------------------------------------------------
 
@@ -225,18 +325,22 @@ class Registry(Generic[SpecT, MgrT]):
         with _INTROSPECTION_LOCK:
             check_plugin_constructor(spec_cls)
 
-    @staticmethod
     def _validate(
+        self,
         spec_cls: object,
         manager_cls: object,
         base: object,
         capabilities: object,
         source: object,
     ) -> Registration[Any, Any]:
-        """Every class-level check (kvspec.registry.checks), in the order that names the first problem best."""
+        """Every class-level check (kvspec.registry.checks), then this registry's bounds, in the order that
+        names the first problem best (a spec passed as the manager is a ManagerProtocolError, not a bound)."""
         spec = require_class(spec_cls, "spec_cls")
         check_spec_class(spec)
         manager = check_manager_class(manager_cls, spec)
+        bounds = self.bounds
+        bounds.check_spec(spec)
+        bounds.check_manager(manager, spec)
         base_cls = spec if base is None else require_class(base, "uniform_type_base_spec")
         check_uniform_base(spec, base_cls)
         if capabilities is not None and not isinstance(capabilities, Capabilities):
@@ -251,6 +355,7 @@ class Registry(Generic[SpecT, MgrT]):
             uniform_type_base_spec=base_cls,
             capabilities=capabilities,
             source=source,
+            _manager_bound=bounds if bounds.manager is not None else None,
         )
 
     @staticmethod
@@ -275,6 +380,7 @@ class Registry(Generic[SpecT, MgrT]):
             raise KVSpecTypeError(f"A group role is a non-empty str, got {role!r}.")
         with _INTROSPECTION_LOCK:
             checked: type[MgrT] = check_manager_class(manager_cls, KVCacheSpec)
+            self.bounds.check_manager(checked, KVCacheSpec)
         with self._lock:
             old = self._role_managers.get(role)
             if old is not None and old is not checked:
@@ -350,6 +456,8 @@ class Registry(Generic[SpecT, MgrT]):
         return self._lookup_cache.managers
 
     def _resolve(self, spec_cls: type) -> Registration[SpecT, MgrT] | None:
+        if isinstance(spec_cls, type):
+            self.bounds.check_spec(spec_cls)
         with self._lock:
             found: Registration[SpecT, MgrT] | None = None
             for klass in spec_cls.__mro__:

@@ -48,10 +48,18 @@ def first_difference(a: object, b: object, skip: frozenset[str] = frozenset()) -
 
 
 def merge_equal_specs(cls: type, specs: Sequence[Any], skip: frozenset[str] = frozenset()) -> Any:
-    """Check that ``specs`` are of one exact type and agree on every field outside ``skip``."""
+    """Check that ``specs`` are of one exact type, a ``cls``, and agree on every field outside ``skip``.
+
+    The built-ins' ``merge`` takes ``list[Any]`` (see ``AttentionSpec.merge``), so this is where a list of
+    another family's specs is refused."""
     if not specs:
         raise SpecMergeError(f"{cls.__name__}.merge() needs at least one spec, got none.")
     first = specs[0]
+    if not isinstance(first, cls):
+        raise SpecMergeError(
+            f"{cls.__name__}.merge() got a {type(first).__name__}, which is not a {cls.__name__}; merge a "
+            "group's specs with their own class's merge."
+        )
     for spec in specs[1:]:
         if type(spec) is not type(first):
             raise SpecMergeError(
@@ -173,7 +181,7 @@ class AttentionSpec:
             object.__setattr__(self, "_page_size", page)
         return page
 
-    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+    def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int:
         raise NotImplementedError(f"{type(self).__name__} has no memory bound of its own")
 
     def page_views(self) -> tuple[PageView, ...]:
@@ -205,16 +213,21 @@ class AttentionSpec:
     def _declare_traits(self) -> SpecTraits:
         return SpecTraits(device_views=self.page_views())
 
-    def copy_with_new_block_size(self, block_size: int) -> Self:
+    def copy_with_new_block_size(self, block_size: int, /) -> Self:
         return dataclasses.replace(self, block_size=block_size)
 
     @classmethod
-    def merge(cls, specs: list[Self]) -> Self:
-        """Specs that are all equal merge into the first one; anything else is a SpecMergeError."""
+    def merge(cls, specs: list[Any], /) -> Self:
+        """Specs that are all equal merge into the first one; anything else is a SpecMergeError.
+
+        ``list[Any]``, not the protocol's ``list[Self]``: a subclass ported from vLLM overrides it with
+        ``specs: list[Self]``, and ``list`` is invariant, so pyright would reject that override of a
+        ``list[Self]`` parameter (soundly: through a base reference ``Self`` is the base). The protocol keeps
+        ``list[Self]``, and ``merge_equal_specs`` refuses specs of another class at run time."""
         merged: Self = merge_equal_specs(cls, specs)
         return merged
 
-    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection, /) -> bool:
         """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
         return all(isinstance(s, type(self)) for s in as_spec_list(specs))
 
@@ -260,7 +273,7 @@ class FullAttentionSpec(AttentionSpec):
             )
         AttentionSpec.__post_init__(self)
 
-    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+    def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int:
         """ceil(tokens / block_size) pages, tokens being max_model_len split over the CP ranks (a layer
         every rank keeps whole, ``dcp_sharded=False``, holds them all)."""
         tokens = limits.max_model_len
@@ -270,7 +283,7 @@ class FullAttentionSpec(AttentionSpec):
         return cdiv(tokens, self.block_size) * self.page_size_bytes
 
     @classmethod
-    def merge(cls, specs: list[Self]) -> Self:
+    def merge(cls, specs: list[Any], /) -> Self:
         """Merge one group's full-attention specs.
 
         Differences from vLLM 0.23, on purpose: the specs must be of one exact class (a TurboQuant or sink
@@ -292,7 +305,7 @@ class FullAttentionSpec(AttentionSpec):
             )
         return dataclasses.replace(first, sliding_window=window, attention_chunk_size=chunk)
 
-    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection, /) -> bool:
         """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
         return all(isinstance(s, FullAttentionSpec) for s in as_spec_list(specs))
 
@@ -401,7 +414,7 @@ class SlidingWindowSpec(AttentionSpec):
             page_size_padded=self.page_size_padded,
         )
 
-    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+    def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int:
         if limits.decode_context_parallel_size != 1:
             raise UnsupportedConfigurationError(
                 f"{type(self).__name__} does not support decode context parallelism "
@@ -410,7 +423,7 @@ class SlidingWindowSpec(AttentionSpec):
         blocks = self.max_admission_blocks_per_request(limits.batched_tokens, limits.max_model_len)
         return blocks * self.page_size_bytes
 
-    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection, /) -> bool:
         """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
         return all(
             isinstance(s, SlidingWindowSpec) and s.sliding_window == self.sliding_window
@@ -434,7 +447,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         cap, declared once)."""
         return _admission_cap(self, max_num_batched_tokens, max_model_len)
 
-    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+    def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int:
         blocks = self.max_admission_blocks_per_request(limits.batched_tokens, limits.max_model_len)
         return blocks * self.page_size_bytes
 
@@ -459,7 +472,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
             page_size_padded=self.page_size_padded,
         )
 
-    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection, /) -> bool:
         """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
         return all(
             isinstance(s, ChunkedLocalAttentionSpec) and s.attention_chunk_size == self.attention_chunk_size
@@ -472,7 +485,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 class EncoderOnlyAttentionSpec(AttentionSpec):
     """Encoder self-attention: computed in one pass, never cached by the scheduler (0 bytes)."""
 
-    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+    def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int:
         return 0
 
     def _declare_traits(self) -> SpecTraits:
@@ -484,7 +497,7 @@ class EncoderOnlyAttentionSpec(AttentionSpec):
 class CrossAttentionSpec(AttentionSpec):
     """Decoder cross-attention over encoder outputs: sized by the encoder's input tokens."""
 
-    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+    def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int:
         return cdiv(limits.max_num_encoder_input_tokens, self.block_size) * self.page_size_bytes
 
     def _declare_traits(self) -> SpecTraits:
@@ -516,7 +529,7 @@ class CircularBufferSpec(AttentionSpec):
             )
         AttentionSpec.__post_init__(self)
 
-    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+    def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int:
         return self.page_size_bytes  # one block per request, whatever its length
 
     def _declare_traits(self) -> SpecTraits:

@@ -2,6 +2,7 @@
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from typing_extensions import Self
@@ -101,7 +102,7 @@ class MambaSpec:
             object.__setattr__(self, "_page_size", page)
         return page
 
-    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+    def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int:
         if limits.mamba_cache_mode == "all":
             blocks = cdiv(limits.max_model_len, self.block_size)
         elif limits.mamba_cache_mode == "align":
@@ -134,15 +135,15 @@ class MambaSpec:
             fixed_state_per_request=True,
         )
 
-    def copy_with_new_block_size(self, block_size: int) -> Self:
+    def copy_with_new_block_size(self, block_size: int, /) -> Self:
         return dataclasses.replace(self, block_size=block_size)
 
     @classmethod
-    def merge(cls, specs: list[Self]) -> Self:
+    def merge(cls, specs: list[Any], /) -> Self:
         merged: Self = merge_equal_specs(cls, specs)
         return merged
 
-    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection, /) -> bool:
         """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
         return all(
             isinstance(s, MambaSpec)

@@ -183,7 +183,7 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
             model_version=self.model_version,
         )
 
-    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection, /) -> bool:
         return all(
             isinstance(s, SlidingWindowMLASpec)
             and s.sliding_window == self.sliding_window

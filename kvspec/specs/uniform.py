@@ -3,6 +3,7 @@
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from typing_extensions import Self
 
@@ -47,7 +48,7 @@ class UniformTypeKVCacheSpecs:
     def page_size_bytes(self) -> int:
         return sum(spec.page_size_bytes for spec in self.kv_cache_specs.values())
 
-    def max_memory_usage_bytes(self, limits: SchedulerLimits) -> int:
+    def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int:
         return self.max_memory_usage_pages(limits) * self.page_size_bytes
 
     def max_memory_usage_pages(self, limits: SchedulerLimits) -> int:
@@ -110,16 +111,16 @@ class UniformTypeKVCacheSpecs:
         keep = {n: s for n, s in self.kv_cache_specs.items() if n in set(layer_names)}
         return dataclasses.replace(self, kv_cache_specs=keep)
 
-    def copy_with_new_block_size(self, block_size: int) -> Self:
+    def copy_with_new_block_size(self, block_size: int, /) -> Self:
         inner = {n: s.copy_with_new_block_size(block_size) for n, s in self.kv_cache_specs.items()}
         return dataclasses.replace(self, block_size=block_size, kv_cache_specs=inner)
 
     @classmethod
-    def merge(cls, specs: list[Self]) -> Self:
+    def merge(cls, specs: list[Any], /) -> Self:
         merged: Self = merge_equal_specs(cls, specs)
         return merged
 
-    def is_uniform_with_collection(self, specs: SpecCollection) -> bool:
+    def is_uniform_with_collection(self, specs: SpecCollection, /) -> bool:
         """Accepts a sequence or vLLM's layer -> spec dict (same answer)."""
         inner = list(self.kv_cache_specs.values())
         return inner[0].is_uniform_with_collection(inner)

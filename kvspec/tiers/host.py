@@ -180,13 +180,13 @@ class HostTier:
 
     # -- the OffloadTier calls ------------------------------------------------------------------
 
-    def lookup(self, key: OffloadKey, request: TierRequest) -> LookupResult:
+    def lookup(self, key: OffloadKey, request: TierRequest, /) -> LookupResult:
         chunk = self._get(key)
         if chunk is None:
             return LookupResult.MISS
         return LookupResult.HIT if chunk.ref_cnt >= 0 else LookupResult.HIT_PENDING
 
-    def prepare_load(self, keys: Collection[OffloadKey], request: TierRequest) -> None:
+    def prepare_load(self, keys: Collection[OffloadKey], request: TierRequest, /) -> None:
         chunks = []
         for key in keys:
             chunk = self._policy.get(key)
@@ -203,7 +203,7 @@ class HostTier:
             chunk.ref_cnt += 1
         self._record(keys, request, reused=keys)
 
-    def complete_load(self, keys: Collection[OffloadKey], request: TierRequest) -> None:
+    def complete_load(self, keys: Collection[OffloadKey], request: TierRequest, /) -> None:
         for key in keys:
             chunk = self._policy.get(key)
             if chunk is None or chunk.ref_cnt <= 0:
@@ -213,7 +213,7 @@ class HostTier:
                 self._idle += 1
                 self._policy.mark_evictable(key)
 
-    def prepare_store(self, keys: Sequence[OffloadKey], request: TierRequest) -> StorePlan | None:
+    def prepare_store(self, keys: Sequence[OffloadKey], request: TierRequest, /) -> StorePlan | None:
         keys = list(keys)
         state = self._access(request)
         if self._counts is not None:
@@ -272,7 +272,7 @@ class HostTier:
         return StorePlan(keys_to_store=tuple(to_store), evicted_keys=tuple(evicted))
 
     def complete_store(
-        self, keys: Collection[OffloadKey], request: TierRequest, success: bool = True
+        self, keys: Collection[OffloadKey], request: TierRequest, /, success: bool = True
     ) -> None:
         done: list[OffloadKey] = []
         for key in keys:
@@ -296,7 +296,7 @@ class HostTier:
                     TierEvent(keys=tuple(done), medium=self._medium, removed=True, metadata_only=True)
                 )
 
-    def on_request_finished(self, request: TierRequest) -> None:
+    def on_request_finished(self, request: TierRequest, /) -> None:
         state = request.get_state(_Access)
         if state is None or state.owner is not self or state.generation != self._generation or state.finished:
             return

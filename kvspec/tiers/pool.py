@@ -74,13 +74,13 @@ class SharedPool:
     def num_blocks(self) -> int:
         return len(self._objects)
 
-    def lookup(self, key: OffloadKey, request: TierRequest) -> LookupResult:
+    def lookup(self, key: OffloadKey, request: TierRequest, /) -> LookupResult:
         pins = self._objects.get(key)
         if pins is None:
             return LookupResult.MISS
         return LookupResult.HIT if pins >= 0 else LookupResult.HIT_PENDING
 
-    def prepare_load(self, keys: Collection[OffloadKey], request: TierRequest) -> None:
+    def prepare_load(self, keys: Collection[OffloadKey], request: TierRequest, /) -> None:
         objects = self._objects
         for key in keys:
             pins = objects.get(key)
@@ -92,7 +92,7 @@ class SharedPool:
             objects[key] += 1
             objects.move_to_end(key)
 
-    def complete_load(self, keys: Collection[OffloadKey], request: TierRequest) -> None:
+    def complete_load(self, keys: Collection[OffloadKey], request: TierRequest, /) -> None:
         objects = self._objects
         for key in keys:
             pins = objects.get(key)
@@ -118,7 +118,7 @@ class SharedPool:
             self.evicted_blocks += len(victims)
         return victims
 
-    def prepare_store(self, keys: Sequence[OffloadKey], request: TierRequest) -> StorePlan | None:
+    def prepare_store(self, keys: Sequence[OffloadKey], request: TierRequest, /) -> StorePlan | None:
         objects = self._objects
         new = []
         for key in keys:
@@ -145,7 +145,7 @@ class SharedPool:
         return StorePlan(keys_to_store=tuple(new), evicted_keys=tuple(evicted))
 
     def complete_store(
-        self, keys: Collection[OffloadKey], request: TierRequest, success: bool = True
+        self, keys: Collection[OffloadKey], request: TierRequest, /, success: bool = True
     ) -> None:
         objects = self._objects
         done = []
@@ -164,7 +164,7 @@ class SharedPool:
                 )
             )
 
-    def on_request_finished(self, request: TierRequest) -> None:
+    def on_request_finished(self, request: TierRequest, /) -> None:
         return
 
     def take_events(self) -> list[TierEvent]:

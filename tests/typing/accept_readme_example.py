@@ -23,6 +23,6 @@ class NpuScaledSpec(FullAttentionSpec):
 
 
 spec = NpuScaledSpec(block_size=128, num_kv_heads=8, head_size=128, dtype=torch.int8, scale_dim=1)
-assert_type(NpuScaledSpec, type[NpuScaledSpec])
+assert_type(spec, NpuScaledSpec)  # the decorator keeps the class's own type
 assert default_registry.get_manager_class(spec) is NpuFullAttentionManager
 print(spec.page_size_bytes)  # 266240 = 262144 bytes of K and V + 4096 bytes of scales per block

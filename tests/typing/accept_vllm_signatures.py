@@ -14,6 +14,7 @@ from typing_extensions import Self
 from kvspec import FullAttentionManager, MLAAttentionSpec, SchedulerLimits, default_registry
 from kvspec.contracts.vllm_config import VllmConfig
 from kvspec.intmath import cdiv
+from kvspec.specs.dtypes import dtype_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,7 +25,7 @@ class PortedLatentSpec(MLAAttentionSpec):
 
     @property
     def page_size_bytes(self) -> int:
-        return self.block_size * (self.head_size + self.rope_head_size) * self.dtype.itemsize
+        return self.block_size * (self.head_size + self.rope_head_size) * dtype_size(self.dtype)
 
     def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
         max_model_len = vllm_config.model_config.max_model_len

@@ -84,7 +84,7 @@ def spec_file() -> str:
         out.append(
             f'\ndefault_registry.register({cls}, FullAttentionManager)  # E: [arg-type] "type[{cls}]"; '
             'expected "type[KVCacheSpec]"\n'
-            f"\n\ndef _{member}_is_required(spec: {cls}) -> KVCacheSpec:\n"
+            f"\n\ndef {member}_is_required(spec: {cls}) -> KVCacheSpec:\n"
             f'    return spec  # E: [return-value] (got "{cls}", expected "KVCacheSpec")  # N: {member}\n'
         )
     return "".join(out)
@@ -108,7 +108,7 @@ def manager_file() -> str:
         out.append(
             f'\ndefault_registry.register(FullAttentionSpec, {cls})  # E: [arg-type] "type[{cls}]"; '
             'expected "type[KVCacheManager] | None"\n'
-            f"\n\ndef _{member}_is_required(manager: {cls}) -> KVCacheManager:\n"
+            f"\n\ndef {member}_is_required(manager: {cls}) -> KVCacheManager:\n"
             f'    return manager  # E: [return-value] (got "{cls}", expected "KVCacheManager")  # N: {member}\n'
         )
     return "".join(out)

@@ -67,7 +67,7 @@ class NoGetNumBlocksToAllocate:
 default_registry.register(FullAttentionSpec, NoGetNumBlocksToAllocate)  # E: [arg-type] "type[NoGetNumBlocksToAllocate]"; expected "type[KVCacheManager] | None"
 
 
-def _get_num_blocks_to_allocate_is_required(manager: NoGetNumBlocksToAllocate) -> KVCacheManager:
+def get_num_blocks_to_allocate_is_required(manager: NoGetNumBlocksToAllocate) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoGetNumBlocksToAllocate", expected "KVCacheManager")  # N: get_num_blocks_to_allocate
 
 
@@ -126,7 +126,7 @@ class NoAllocateNewComputedBlocks:
 default_registry.register(FullAttentionSpec, NoAllocateNewComputedBlocks)  # E: [arg-type] "type[NoAllocateNewComputedBlocks]"; expected "type[KVCacheManager] | None"
 
 
-def _allocate_new_computed_blocks_is_required(manager: NoAllocateNewComputedBlocks) -> KVCacheManager:
+def allocate_new_computed_blocks_is_required(manager: NoAllocateNewComputedBlocks) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoAllocateNewComputedBlocks", expected "KVCacheManager")  # N: allocate_new_computed_blocks
 
 
@@ -191,7 +191,7 @@ class NoAllocateNewBlocks:
 default_registry.register(FullAttentionSpec, NoAllocateNewBlocks)  # E: [arg-type] "type[NoAllocateNewBlocks]"; expected "type[KVCacheManager] | None"
 
 
-def _allocate_new_blocks_is_required(manager: NoAllocateNewBlocks) -> KVCacheManager:
+def allocate_new_blocks_is_required(manager: NoAllocateNewBlocks) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoAllocateNewBlocks", expected "KVCacheManager")  # N: allocate_new_blocks
 
 
@@ -256,7 +256,7 @@ class NoCacheBlocks:
 default_registry.register(FullAttentionSpec, NoCacheBlocks)  # E: [arg-type] "type[NoCacheBlocks]"; expected "type[KVCacheManager] | None"
 
 
-def _cache_blocks_is_required(manager: NoCacheBlocks) -> KVCacheManager:
+def cache_blocks_is_required(manager: NoCacheBlocks) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoCacheBlocks", expected "KVCacheManager")  # N: cache_blocks
 
 
@@ -321,7 +321,7 @@ class NoFree:
 default_registry.register(FullAttentionSpec, NoFree)  # E: [arg-type] "type[NoFree]"; expected "type[KVCacheManager] | None"
 
 
-def _free_is_required(manager: NoFree) -> KVCacheManager:
+def free_is_required(manager: NoFree) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoFree", expected "KVCacheManager")  # N: free
 
 
@@ -386,7 +386,7 @@ class NoPopBlocksForFree:
 default_registry.register(FullAttentionSpec, NoPopBlocksForFree)  # E: [arg-type] "type[NoPopBlocksForFree]"; expected "type[KVCacheManager] | None"
 
 
-def _pop_blocks_for_free_is_required(manager: NoPopBlocksForFree) -> KVCacheManager:
+def pop_blocks_for_free_is_required(manager: NoPopBlocksForFree) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoPopBlocksForFree", expected "KVCacheManager")  # N: pop_blocks_for_free
 
 
@@ -449,7 +449,7 @@ class NoRemoveSkippedBlocks:
 default_registry.register(FullAttentionSpec, NoRemoveSkippedBlocks)  # E: [arg-type] "type[NoRemoveSkippedBlocks]"; expected "type[KVCacheManager] | None"
 
 
-def _remove_skipped_blocks_is_required(manager: NoRemoveSkippedBlocks) -> KVCacheManager:
+def remove_skipped_blocks_is_required(manager: NoRemoveSkippedBlocks) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoRemoveSkippedBlocks", expected "KVCacheManager")  # N: remove_skipped_blocks
 
 
@@ -514,7 +514,7 @@ class NoGetNumCommonPrefixBlocks:
 default_registry.register(FullAttentionSpec, NoGetNumCommonPrefixBlocks)  # E: [arg-type] "type[NoGetNumCommonPrefixBlocks]"; expected "type[KVCacheManager] | None"
 
 
-def _get_num_common_prefix_blocks_is_required(manager: NoGetNumCommonPrefixBlocks) -> KVCacheManager:
+def get_num_common_prefix_blocks_is_required(manager: NoGetNumCommonPrefixBlocks) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoGetNumCommonPrefixBlocks", expected "KVCacheManager")  # N: get_num_common_prefix_blocks
 
 
@@ -579,7 +579,7 @@ class NoGetBlocks:
 default_registry.register(FullAttentionSpec, NoGetBlocks)  # E: [arg-type] "type[NoGetBlocks]"; expected "type[KVCacheManager] | None"
 
 
-def _get_blocks_is_required(manager: NoGetBlocks) -> KVCacheManager:
+def get_blocks_is_required(manager: NoGetBlocks) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoGetBlocks", expected "KVCacheManager")  # N: get_blocks
 
 
@@ -643,7 +643,7 @@ class NoFindLongestCacheHit:
 default_registry.register(FullAttentionSpec, NoFindLongestCacheHit)  # E: [arg-type] "type[NoFindLongestCacheHit]"; expected "type[KVCacheManager] | None"
 
 
-def _find_longest_cache_hit_is_required(manager: NoFindLongestCacheHit) -> KVCacheManager:
+def find_longest_cache_hit_is_required(manager: NoFindLongestCacheHit) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoFindLongestCacheHit", expected "KVCacheManager")  # N: find_longest_cache_hit
 
 
@@ -708,7 +708,7 @@ class NoNewStepStarts:
 default_registry.register(FullAttentionSpec, NoNewStepStarts)  # E: [arg-type] "type[NoNewStepStarts]"; expected "type[KVCacheManager] | None"
 
 
-def _new_step_starts_is_required(manager: NoNewStepStarts) -> KVCacheManager:
+def new_step_starts_is_required(manager: NoNewStepStarts) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoNewStepStarts", expected "KVCacheManager")  # N: new_step_starts
 
 
@@ -773,7 +773,7 @@ class NoIterHeldBlocks:
 default_registry.register(FullAttentionSpec, NoIterHeldBlocks)  # E: [arg-type] "type[NoIterHeldBlocks]"; expected "type[KVCacheManager] | None"
 
 
-def _iter_held_blocks_is_required(manager: NoIterHeldBlocks) -> KVCacheManager:
+def iter_held_blocks_is_required(manager: NoIterHeldBlocks) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoIterHeldBlocks", expected "KVCacheManager")  # N: iter_held_blocks
 
 
@@ -838,5 +838,5 @@ class NoTakeNewBlockIds:
 default_registry.register(FullAttentionSpec, NoTakeNewBlockIds)  # E: [arg-type] "type[NoTakeNewBlockIds]"; expected "type[KVCacheManager] | None"
 
 
-def _take_new_block_ids_is_required(manager: NoTakeNewBlockIds) -> KVCacheManager:
+def take_new_block_ids_is_required(manager: NoTakeNewBlockIds) -> KVCacheManager:
     return manager  # E: [return-value] (got "NoTakeNewBlockIds", expected "KVCacheManager")  # N: take_new_block_ids

@@ -27,7 +27,7 @@ class NoBlockSize:
 default_registry.register(NoBlockSize, FullAttentionManager)  # E: [arg-type] "type[NoBlockSize]"; expected "type[KVCacheSpec]"
 
 
-def _block_size_is_required(spec: NoBlockSize) -> KVCacheSpec:
+def block_size_is_required(spec: NoBlockSize) -> KVCacheSpec:
     return spec  # E: [return-value] (got "NoBlockSize", expected "KVCacheSpec")  # N: block_size
 
 
@@ -48,7 +48,7 @@ class NoPageSizeBytes:
 default_registry.register(NoPageSizeBytes, FullAttentionManager)  # E: [arg-type] "type[NoPageSizeBytes]"; expected "type[KVCacheSpec]"
 
 
-def _page_size_bytes_is_required(spec: NoPageSizeBytes) -> KVCacheSpec:
+def page_size_bytes_is_required(spec: NoPageSizeBytes) -> KVCacheSpec:
     return spec  # E: [return-value] (got "NoPageSizeBytes", expected "KVCacheSpec")  # N: page_size_bytes
 
 
@@ -70,7 +70,7 @@ class NoMaxMemoryUsageBytes:
 default_registry.register(NoMaxMemoryUsageBytes, FullAttentionManager)  # E: [arg-type] "type[NoMaxMemoryUsageBytes]"; expected "type[KVCacheSpec]"
 
 
-def _max_memory_usage_bytes_is_required(spec: NoMaxMemoryUsageBytes) -> KVCacheSpec:
+def max_memory_usage_bytes_is_required(spec: NoMaxMemoryUsageBytes) -> KVCacheSpec:
     return spec  # E: [return-value] (got "NoMaxMemoryUsageBytes", expected "KVCacheSpec")  # N: max_memory_usage_bytes
 
 
@@ -92,7 +92,7 @@ class NoCopyWithNewBlockSize:
 default_registry.register(NoCopyWithNewBlockSize, FullAttentionManager)  # E: [arg-type] "type[NoCopyWithNewBlockSize]"; expected "type[KVCacheSpec]"
 
 
-def _copy_with_new_block_size_is_required(spec: NoCopyWithNewBlockSize) -> KVCacheSpec:
+def copy_with_new_block_size_is_required(spec: NoCopyWithNewBlockSize) -> KVCacheSpec:
     return spec  # E: [return-value] (got "NoCopyWithNewBlockSize", expected "KVCacheSpec")  # N: copy_with_new_block_size
 
 
@@ -113,7 +113,7 @@ class NoMerge:
 default_registry.register(NoMerge, FullAttentionManager)  # E: [arg-type] "type[NoMerge]"; expected "type[KVCacheSpec]"
 
 
-def _merge_is_required(spec: NoMerge) -> KVCacheSpec:
+def merge_is_required(spec: NoMerge) -> KVCacheSpec:
     return spec  # E: [return-value] (got "NoMerge", expected "KVCacheSpec")  # N: merge
 
 
@@ -135,5 +135,5 @@ class NoIsUniformWithCollection:
 default_registry.register(NoIsUniformWithCollection, FullAttentionManager)  # E: [arg-type] "type[NoIsUniformWithCollection]"; expected "type[KVCacheSpec]"
 
 
-def _is_uniform_with_collection_is_required(spec: NoIsUniformWithCollection) -> KVCacheSpec:
+def is_uniform_with_collection_is_required(spec: NoIsUniformWithCollection) -> KVCacheSpec:
     return spec  # E: [return-value] (got "NoIsUniformWithCollection", expected "KVCacheSpec")  # N: is_uniform_with_collection

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     compared = []
-    for model in filter(None, args.models.split(",")):
+    models: list[str] = [m for m in args.models.split(",") if m]
+    for model in models:
         path = args.out / f"{model}.json"
         if not path.exists():
             _run(["--model", model, "--out", str(args.out)])

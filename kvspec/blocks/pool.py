@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -344,7 +344,10 @@ class BlockHashToBlockMap:
             entry = cache.get(block_hash + (suffixes[gid] if 0 <= gid < 256 else group_suffix(gid)))
             if entry is None:
                 return None
-            out.append(entry if entry.__class__ is KVCacheBlock else next(iter(entry.values())))  # type: ignore[union-attr]
+            if type(entry) is KVCacheBlock:
+                out.append(entry)
+            else:
+                out.append(next(iter(cast("dict[int, KVCacheBlock]", entry).values())))
         return out
 
     def longest_chain(self, hashes: Sequence[bytes], suffix: bytes, limit: int) -> list[KVCacheBlock]:
@@ -357,7 +360,10 @@ class BlockHashToBlockMap:
             entry = cache.get(hashes[i] + suffix)
             if entry is None:
                 break
-            append(entry if entry.__class__ is KVCacheBlock else next(iter(entry.values())))  # type: ignore[union-attr]
+            if type(entry) is KVCacheBlock:
+                append(entry)
+            else:
+                append(next(iter(cast("dict[int, KVCacheBlock]", entry).values())))
         return out
 
     def publish(
@@ -470,8 +476,10 @@ class BlockHashToBlockMap:
             self._cache[key] = entry
             return None
         block = entry.pop(block_id, None)
-        if entry:
-            self._cache[key] = entry if len(entry) > 1 else next(iter(entry.values()))
+        if len(entry) > 1:
+            self._cache[key] = entry
+        elif entry:
+            self._cache[key] = next(iter(entry.values()))
         return block
 
     def blocks_for(self, key: bytes) -> list[KVCacheBlock]:
@@ -754,6 +762,7 @@ class BlockPool:
         block: KVCacheBlock,
         num_tokens: int,
         kv_cache_group_id: int,
+        *,
         replace_existing: bool = False,
     ) -> bytes | None:
         """Make ``block`` reachable at the prefix of ``num_tokens`` tokens (a multiple of the hash block,

@@ -42,12 +42,25 @@ _ON = BeartypeConf(
 )
 _OFF = BeartypeConf(strategy=BeartypeStrategy.O0)
 
-check_api = beartype(conf=_OFF if MODE == "off" else _ON)
-check_hot = beartype(conf=_ON if MODE == "full" else _OFF)
-
-
 _C = TypeVar("_C", bound=type)
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+_API = beartype(conf=_OFF if MODE == "off" else _ON)
+_HOT = beartype(conf=_ON if MODE == "full" else _OFF)
+
+
+def check_api(func: _F) -> _F:
+    """beartype at a cold public boundary (on unless ``KVSPEC_TYPECHECK=off``). A typed function rather than
+    beartype's decorator object, so that every checker and mypy release keeps the decorated signature."""
+    checked: _F = _API(func)
+    return checked
+
+
+def check_hot(func: _F) -> _F:
+    """beartype on a per-step method (on only when ``KVSPEC_TYPECHECK=full``)."""
+    checked: _F = _HOT(func)
+    return checked
+
 
 #: The attribute a checked door carries: the core function it opens onto.
 CORE_ATTRIBUTE = "__kvspec_core__"

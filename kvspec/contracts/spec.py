@@ -8,9 +8,10 @@ signatures or return types of a class.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 import typing_extensions
 from typing_extensions import Self
@@ -178,6 +179,14 @@ def as_spec_list(specs: SpecCollection) -> list[KVCacheSpec]:
 
 
 SpecT = TypeVar("SpecT", bound=KVCacheSpec)
+
+
+def replace_fields(spec: KVCacheSpec, **changes: object) -> KVCacheSpec:
+    """``dataclasses.replace`` for a spec typed by its protocol (the built-ins and the usual plugin spec are
+    frozen dataclasses, which the protocol cannot say). TypeError when ``spec`` is not a dataclass instance,
+    ValueError or TypeError when a change names no init field of it, as ``dataclasses.replace`` raises."""
+    copy: KVCacheSpec = dataclasses.replace(cast(Any, spec), **changes)
+    return copy
 
 
 def missing_members(cls: type, proto: type) -> frozenset[str]:

@@ -14,7 +14,6 @@ layers such as hidden-state caches).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from kvspec.contracts.spec import KVCacheSpec
+from kvspec.contracts.spec import KVCacheSpec, replace_fields
 from kvspec.errors import SpecValidationError, TraitsError
 from kvspec.intmath import cdiv
 
@@ -59,7 +58,7 @@ class PageView:
     @property
     def num_bytes(self) -> int:
         """Bytes this view covers in one page."""
-        return math.prod(self.shape) * self.dtype.itemsize
+        return math.prod(self.shape) * int(self.dtype.itemsize)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -309,7 +308,7 @@ def padded_to_page(spec: KVCacheSpec, page_size_bytes: int) -> KVCacheSpec:
     """``spec`` with its page padded to ``page_size_bytes`` (its ``page_size_padded`` field; a
     ``page_paddable`` spec), checked: the page must come out at exactly that size."""
     try:
-        out: KVCacheSpec = dataclasses.replace(spec, page_size_padded=page_size_bytes)  # type: ignore[type-var]
+        out: KVCacheSpec = replace_fields(spec, page_size_padded=page_size_bytes)
     except (TypeError, ValueError) as exc:
         raise TraitsError(
             f"{type(spec).__name__} declares page_paddable but cannot take page_size_padded={page_size_bytes}: {exc}"

@@ -39,16 +39,19 @@ class TinyModelConfig:
     def kv_cache_specs(self, block_size: int) -> dict[str, KVCacheSpec]:
         specs: dict[str, KVCacheSpec] = {}
         for name, kind in zip(self.layer_names(), self.layer_kinds, strict=True):
-            common = dict(
-                block_size=block_size,
-                num_kv_heads=self.num_kv_heads,
-                head_size=self.head_dim,
-                dtype=self.dtype,
-            )
+            heads, size = self.num_kv_heads, self.head_dim
             if kind == "sliding":
-                specs[name] = SlidingWindowSpec(sliding_window=self.sliding_window, **common)  # type: ignore[arg-type]
+                specs[name] = SlidingWindowSpec(
+                    block_size=block_size,
+                    num_kv_heads=heads,
+                    head_size=size,
+                    dtype=self.dtype,
+                    sliding_window=self.sliding_window,
+                )
             else:
-                specs[name] = FullAttentionSpec(**common)  # type: ignore[arg-type]
+                specs[name] = FullAttentionSpec(
+                    block_size=block_size, num_kv_heads=heads, head_size=size, dtype=self.dtype
+                )
         return specs
 
 

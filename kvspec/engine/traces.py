@@ -98,7 +98,7 @@ def prompt_tokens(request: TraceRequest) -> list[int]:
 
 
 def _int(obj: dict[str, Any], key: str, where: str, *, minimum: int = 0, required: bool = True) -> int | None:
-    value = obj.get(key)
+    value: object = obj.get(key)
     if value is None:
         if required:
             raise TraceFormatError(f"{where}: missing {key!r} (an integer >= {minimum})")

@@ -13,6 +13,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import cast
 
 from kvspec.blocks.eviction import EvictionContext, EvictionPolicy, EvictionPolicyFactory, GroupInfo
 from kvspec.errors import EvictionPolicyError, UnknownEvictionPolicyError
@@ -67,7 +68,8 @@ def check_eviction_policy_factory(name: str, factory: object) -> EvictionPolicyF
         raise EvictionPolicyError(
             f"Eviction policy {name!r}: a new policy must hold no block, this one holds {len(policy)}."
         )
-    return factory
+    checked: EvictionPolicyFactory = cast("EvictionPolicyFactory", factory)  # it built a policy just now
+    return checked
 
 
 def register_eviction_policy(name: str, factory: EvictionPolicyFactory, *, replace: bool = False) -> None:

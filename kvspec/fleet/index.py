@@ -19,7 +19,7 @@ speed are as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -51,7 +51,7 @@ class KVEventIndex:
         self._decode = msgspec.msgpack.Decoder().decode
         # 0.32/0.34 maps decode straight into the few fields read (token ids are skipped, not built);
         # anything else (0.23's arrays, a malformed payload) takes the general path below.
-        self._decode_maps = msgspec.msgpack.Decoder(MapBatch).decode
+        self._decode_maps: Callable[[bytes], MapBatch] = msgspec.msgpack.Decoder(MapBatch).decode
         self.num_instances = num_instances
         # A bitmask per hash rather than a set or a dict of instances: a store, a removal and a prefix walk
         # are then a dict lookup and an integer operation each, per block.

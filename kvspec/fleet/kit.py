@@ -88,7 +88,7 @@ def _run(spec: RouterSpec, num_instances: int, seed: int, count: int) -> list[in
     context = RouterContext(num_instances=num_instances, block_size=16, seed=seed)
     router = build_router(spec, context)
     view = _KitView(spec, num_instances)
-    takes_events = "kv_events" in spec.reads and isinstance(router, ReadsKVEvents)
+    events_sink = router if "kv_events" in spec.reads and isinstance(router, ReadsKVEvents) else None
     choices: list[int] = []
     for step, (rid, hashes, tokens) in enumerate(_requests(count)):
         view._loads = [
@@ -117,7 +117,7 @@ def _run(spec: RouterSpec, num_instances: int, seed: int, count: int) -> list[in
         if len(resident) > 40:  # a small cache: the kit evicts too, so removals reach the router
             evicted = sorted(resident)[: len(resident) - 40]
             resident.difference_update(evicted)
-        if takes_events and (new or evicted):
+        if events_sink is not None and (new or evicted):
             events: list[KVCacheEvent] = []
             if new:
                 events.append(
@@ -135,7 +135,7 @@ def _run(spec: RouterSpec, num_instances: int, seed: int, count: int) -> list[in
                 )
             if evicted:
                 events.append(BlockRemoved(block_hashes=evicted, medium="GPU", group_idx=0))
-            router.on_kv_events(choice, encode_event_batch(events, ts=float(step)))  # type: ignore[attr-defined]
+            events_sink.on_kv_events(choice, encode_event_batch(events, ts=float(step)))
     return choices
 
 

@@ -16,6 +16,7 @@ finished point is appended as it finishes; a rerun with the same file skips the 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -289,7 +290,7 @@ def _run_on_ray(
     todo: Sequence[SweepPoint], ray_address: str | None, finish: Callable[[dict[str, Any]], None]
 ) -> None:
     try:
-        import ray
+        ray: Any = importlib.import_module("ray")  # optional (kvspec[ray]); untyped for every checker
     except ImportError as exc:
         raise FleetConfigError("executor 'ray' needs Ray: pip install 'kvspec[ray]'") from exc
     started = not ray.is_initialized()

@@ -167,7 +167,9 @@ def decode_event(raw: object) -> WireEvent:
     unknown = sorted(set(fields) - set(known))
     if unknown:
         raise EventWireError(f"{kind} event with fields kvspec does not know: {', '.join(unknown)}")
-    values = {name: (_frozen(v) if name in _TUPLES and v is not None else v) for name, v in fields.items()}
+    values: dict[str, Any] = {
+        name: (_frozen(v) if name in _TUPLES and v is not None else v) for name, v in fields.items()
+    }
     try:
         return cls(**values)
     except TypeError as exc:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import abc
 import functools
 import importlib
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol, cast
 
 from kvspec.blocks.pool import BlockPool, KVCacheBlock
 from kvspec.blocks.request_view import RequestView
@@ -164,8 +164,22 @@ class _CoordinatorFacade:
         return getattr(self._coordinator, name)
 
 
+class _CachePartialBlock(Protocol):
+    """kvspec's ``BlockPool.cache_partial_block``, bound."""
+
+    def __call__(
+        self,
+        request: RequestView,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        *,
+        replace_existing: bool = False,
+    ) -> bytes | None: ...
+
+
 def _cache_partial_block_for_vllm(
-    pool_cache_partial_block: Callable[[RequestView, KVCacheBlock, int, int, bool], bytes | None],
+    pool_cache_partial_block: _CachePartialBlock,
     hash_block: int,
     request: Any,
     block: KVCacheBlock,
@@ -184,7 +198,11 @@ def _cache_partial_block_for_vllm(
             f"block ({hash_block} tokens)."
         )
     return pool_cache_partial_block(
-        as_kvspec_request(request, hash_block), block, num_tokens, kv_cache_group_id, replace_existing_hashes
+        as_kvspec_request(request, hash_block),
+        block,
+        num_tokens,
+        kv_cache_group_id,
+        replace_existing=replace_existing_hashes,
     )
 
 
@@ -245,7 +263,7 @@ class _BlockPoolFacade:
 
 # vLLM picks one of three coordinator classes; the facade carries the name vLLM's choice would have.
 _FACADE_CLASSES: dict[str, type[_CoordinatorFacade]] = {
-    name: type(name, (_CoordinatorFacade,), {"__slots__": ()})
+    name: cast("type[_CoordinatorFacade]", type(name, (_CoordinatorFacade,), {"__slots__": ()}))
     for name in ("KVCacheCoordinatorNoPrefixCache", "UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator")
 }
 
@@ -302,7 +320,7 @@ class VllmBlockPool(BlockPool):
             block_mask,
         )
 
-    def cache_partial_block(  # type: ignore[override]  # vLLM's order: block_size 5th; kvspec's keyword too
+    def cache_partial_block(  # vLLM's order: block_size 5th; kvspec's keyword-only replace_existing too
         self,
         request: Any,
         block: KVCacheBlock,

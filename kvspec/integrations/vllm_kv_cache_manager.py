@@ -245,7 +245,9 @@ class VllmKVCacheManager:
             setattr(out, name, getattr(stats, name))
         return out
 
-    def get_computed_blocks(self, request: Any) -> tuple[Any, int]:
+    def get_computed_blocks(self, request: Any) -> tuple[Any, ...]:
+        """vLLM 0.23's ``(blocks, hit tokens)``. A tuple of any length: 0.34's adapter answers three values
+        (its release's shape), and each adapter speaks only its own release to vLLM."""
         blocks, num_hits = self.kvspec_coordinator.get_computed_blocks(self._view(request))
         return self._to_vllm(blocks), num_hits
 
@@ -336,8 +338,8 @@ class VllmKVCacheManager:
     def get_blocks(self, request_id: str) -> Any:
         return self._to_vllm(self.kvspec_coordinator.get_blocks(request_id))
 
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        return self.kvspec_coordinator.get_block_ids(request_id)  # type: ignore[return-value]
+    def get_block_ids(self, request_id: str) -> tuple[list[BlockId], ...]:
+        return self.kvspec_coordinator.get_block_ids(request_id)
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         self.kvspec_coordinator.cache_blocks(self._view(request), num_computed_tokens)
@@ -389,19 +391,22 @@ def install(
         if default_retention_seconds is not None:
             parse_retention_seconds(default_retention_seconds)
 
-        class BoundVllmKVCacheManager(manager_cls):  # type: ignore[valid-type,misc]
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                kwargs.setdefault("spec_converter", spec_converter)
-                kwargs.setdefault("registry", registry)
-                if eviction_policy is not None:
-                    kwargs.setdefault("eviction_policy", eviction_policy)
-                if default_retention_seconds is not None:
-                    kwargs.setdefault("default_retention_seconds", default_retention_seconds)
-                super().__init__(*args, **kwargs)
-                if announce is not None:
-                    announce(self)
+        base = manager_cls
 
-        manager_cls = BoundVllmKVCacheManager
+        def __init__(self: VllmKVCacheManager, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("spec_converter", spec_converter)
+            kwargs.setdefault("registry", registry)
+            if eviction_policy is not None:
+                kwargs.setdefault("eviction_policy", eviction_policy)
+            if default_retention_seconds is not None:
+                kwargs.setdefault("default_retention_seconds", default_retention_seconds)
+            base.__init__(self, *args, **kwargs)
+            if announce is not None:
+                announce(self)
+
+        # The release's adapter with these settings bound (a class built from a value: vLLM builds it).
+        namespace = {"__init__": __init__, "__module__": __name__, "__qualname__": "BoundVllmKVCacheManager"}
+        manager_cls = cast("type[VllmKVCacheManager]", type("BoundVllmKVCacheManager", (base,), namespace))
     for name in _PATCHED_MODULES:
         module = importlib.import_module(name)
         if name not in _originals:
@@ -511,7 +516,7 @@ class Vllm034KVCacheManager(VllmKVCacheManager):
     def prefix_cache_lookup_enabled(self, request: Any) -> bool:
         return self.enable_caching and request.prefix_cache_hit_limit != 0
 
-    def get_computed_blocks(  # type: ignore[override]
+    def get_computed_blocks(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[Any, int, int]:
         """(blocks, hit tokens, shared-prefix boundary): no stats are recorded here (the Scheduler calls

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal, overload
+from typing import Any, ClassVar, Literal, cast, overload
 
 from kvspec.blocks.hashing import BlockHashListWithBlockSize
 from kvspec.blocks.pool import BlockPool, KVCacheBlock
@@ -92,7 +92,9 @@ class VllmStyleManager:
         alignment_tokens: int | None = None,
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
+    ) -> tuple[Any, ...]:
+        """vLLM 0.23's answer: one block list per group. A tuple of any shape, since 0.34's subclass answers
+        ``(block lists, hit tokens)``, its release's shape."""
         query = _hit_query(
             block_hashes,
             max_length,
@@ -190,7 +192,7 @@ class Vllm034StyleManager(VllmStyleManager):
         self.kvspec_manager.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
     @classmethod
-    def find_longest_cache_hit(  # type: ignore[override]  # 0.34 also returns the hit's tokens
+    def find_longest_cache_hit(  # 0.34 also returns the hit's tokens
         cls,
         block_hashes: Sequence[bytes],
         max_length: int,
@@ -268,7 +270,9 @@ def vllm_style(
     adapted = _cache.get((manager_cls, release))
     if adapted is None:
         base = Vllm034StyleManager if release == "0.34.0" else VllmStyleManager
-        adapted = type(manager_cls.__name__, (base,), {"kvspec_manager_cls": manager_cls})
+        adapted = cast(
+            "type[VllmStyleManager]", type(manager_cls.__name__, (base,), {"kvspec_manager_cls": manager_cls})
+        )
         adapted.__qualname__ = f"vllm_style({manager_cls.__qualname__}, {release!r})"
         _cache[(manager_cls, release)] = adapted
     return adapted

@@ -4,7 +4,7 @@ lists it (vLLM's code and tests read ``req_to_blocks``, ``num_cached_block``, ..
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["VLLM_STATE_NAMES", "VllmManagerView"]
 
@@ -30,14 +30,18 @@ class VllmManagerView:
     ``kv_cache_spec`` is vLLM's spec of the group when given (vLLM code type-checks it)."""
 
     __slots__ = ("_manager", "_vllm_spec")
+    _manager: Any
+    _vllm_spec: Any
 
     def __init__(self, manager: object, vllm_spec: object = None) -> None:
         object.__setattr__(self, "_manager", manager)
         object.__setattr__(self, "_vllm_spec", vllm_spec)
 
-    @property  # type: ignore[misc]
-    def __class__(self) -> type:  # isinstance(view, SlidingWindowManager) answers for the manager
-        return type(self._manager)
+    if not TYPE_CHECKING:  # checkers keep the view's own class; only isinstance() is meant to be fooled
+
+        @property
+        def __class__(self) -> type:  # isinstance(view, SlidingWindowManager) answers for the manager
+            return type(self._manager)
 
     def __getattr__(self, name: str) -> Any:
         if name in _CONTEXT_NAMES:  # settings vLLM keeps on the manager, kvspec on its context

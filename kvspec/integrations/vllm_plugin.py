@@ -235,7 +235,7 @@ def _check_request_args_in_vllm(settings: VllmPluginSettings) -> None:
                 str(exc), parameter=f"vllm_xargs.{RETENTION_XARG}", value=self.extra_args.get(RETENTION_XARG)
             ) from None
 
-    _verify_args.__kvspec_original__ = original  # type: ignore[attr-defined]
+    setattr(_verify_args, "__kvspec_original__", original)  # noqa: B010 (a function's own attribute)
     sampling._verify_args = _verify_args
 
 

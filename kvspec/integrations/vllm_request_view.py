@@ -39,11 +39,13 @@ class VllmRequestView:
 
     @property
     def all_token_ids(self) -> list[int]:
-        return self.vllm_request.all_token_ids  # type: ignore[no-any-return]
+        ids: list[int] = self.vllm_request.all_token_ids  # vLLM's own list, read in place
+        return ids
 
     @property
     def block_hashes(self) -> list[BlockHash]:
-        return self.vllm_request.block_hashes  # type: ignore[no-any-return]
+        hashes: list[BlockHash] = self.vllm_request.block_hashes
+        return hashes
 
     @property
     def num_computed_tokens(self) -> int:
@@ -63,7 +65,8 @@ class VllmRequestView:
 
     @property
     def cache_salt(self) -> str | None:
-        return self.vllm_request.cache_salt  # type: ignore[no-any-return]
+        salt: str | None = self.vllm_request.cache_salt
+        return salt
 
     @property
     def priority(self) -> int:
@@ -137,8 +140,8 @@ class VllmRequestView:
     def extra_keys_for_range(self, start: int, end: int) -> tuple[Any, ...] | None:
         """vLLM's own extra keys of tokens [start, end) (LoRA name, multimodal hashes, salt, embeddings), as
         vLLM's block pool puts them in ``BlockStored`` events."""
-        keys, _ = _vllm_extra_keys()(self.vllm_request, start, end, 0)
-        return keys  # type: ignore[no-any-return]
+        keys: tuple[Any, ...] | None = _vllm_extra_keys()(self.vllm_request, start, end, 0)[0]
+        return keys
 
     def __repr__(self) -> str:
         return f"VllmRequestView({self.request_id!r})"

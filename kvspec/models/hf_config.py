@@ -148,7 +148,7 @@ def _require(cfg: Mapping[str, Any], key: str, model_type: str) -> Any:
 def _positive_int(
     cfg: Mapping[str, Any], key: str, model_type: str, default: int | None = None, *, minimum: int = 1
 ) -> int:
-    value = cfg.get(key, default) if default is not None else _require(cfg, key, model_type)
+    value: object = cfg.get(key, default) if default is not None else _require(cfg, key, model_type)
     if value is None:
         value = default
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

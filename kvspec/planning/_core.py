@@ -17,7 +17,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 
 from kvspec.contracts.release import DEFAULT_PROFILE, ReleaseProfile
-from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
+from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits, replace_fields
 from kvspec.contracts.traits import full_attention_form, padded_to_page, resized_to_page, traits_of
 from kvspec.errors import (
     ConflictingLayerSpecError,
@@ -451,7 +451,7 @@ def full_allocation_groups(
         if out.block_size != block:
             out = out.copy_with_new_block_size(block)
         if getattr(out, "sliding_window", 0) is None:  # a full-attention form that can remember a window
-            out = dataclasses.replace(out, sliding_window=t.sliding_window)  # type: ignore[type-var]
+            out = replace_fields(out, sliding_window=t.sliding_window)
         promoted[name] = out
     uniform = make_uniform_type_specs(promoted, registry)
     if uniform is None:

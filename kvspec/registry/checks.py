@@ -52,7 +52,7 @@ def qualified_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def require_class(value: object, role: str) -> type:
+def require_class(value: object, role: str) -> type[Any]:
     if not isinstance(value, type):
         raise KVSpecTypeError(
             f"{role} must be a class, got {type(value).__name__} {value!r}; pass the class itself, not an instance."
@@ -129,7 +129,7 @@ def check_uniform_base(spec_cls: type, base: type) -> None:
         )
 
 
-def check_manager_class(manager_cls: object, spec_cls: type) -> type:
+def check_manager_class(manager_cls: object, spec_cls: type) -> type[Any]:
     """Raise a RegistrationError subclass unless ``manager_cls`` can run ``spec_cls``."""
     if manager_cls is None:
         raise MissingManagerError(

@@ -91,7 +91,7 @@ class Registration(Generic[SpecT, MgrT]):
     #: The manager bound of the typed registry that holds this registration (None: the protocol's).
     _manager_bound: RegistryBounds | None = field(default=None, compare=False, repr=False)
 
-    def manager_for_spec(self, spec: SpecT) -> type[MgrT]:
+    def manager_for_spec(self, spec: KVCacheSpec) -> type[MgrT]:
         """The manager that runs ``spec``: ``manager_for(spec)`` when given (checked like ``manager_cls``
         on first use of each class it returns, and against the registry's manager bound), else
         ``manager_cls``."""
@@ -405,7 +405,7 @@ class Registry(Generic[SpecT, MgrT]):
         by_role = self.role_manager(role)
         if by_role is not None:
             return by_role
-        return self.require(spec).manager_for_spec(spec)  # type: ignore[arg-type]
+        return self.require(spec).manager_for_spec(spec)
 
     def register_many(
         self, items: Sequence[tuple[type[SpecT], type[MgrT], type[KVCacheSpec] | None]]
@@ -486,7 +486,7 @@ class Registry(Generic[SpecT, MgrT]):
         if manager is not None:
             entry = self._lookup_cache[type(spec)]
             if entry is not None and entry.manager_for is not None:
-                return entry.manager_for_spec(spec)  # type: ignore[arg-type]
+                return entry.manager_for_spec(spec)
         return manager
 
     def get_uniform_type_base_spec(self, spec: KVCacheSpec) -> type[KVCacheSpec] | None:
@@ -614,11 +614,10 @@ class Registry(Generic[SpecT, MgrT]):
                 if not stack:
                     del self._journals[tid]
                 for key, previous in reversed(journal):
-                    table: dict[Any, Any] = self._role_managers if isinstance(key, str) else self._entries
-                    if previous is None:
-                        table.pop(key, None)
+                    if isinstance(key, str):
+                        _put_back(self._role_managers, key, previous)
                     else:
-                        table[key] = previous
+                        _put_back(self._entries, key, previous)
                 # Outer blocks of this thread recorded the same changes with the same previous entries,
                 # so undoing them again on their exit is consistent.
                 self._lookup_cache = _LookupCache(self)
@@ -633,6 +632,14 @@ class Registry(Generic[SpecT, MgrT]):
             except BaseException:
                 self.restore(saved)
                 raise
+
+
+def _put_back(table: dict[Any, Any], key: object, previous: object) -> None:
+    """Undo one journaled change: ``previous`` None means the key was absent."""
+    if previous is None:
+        table.pop(key, None)
+    else:
+        table[key] = previous
 
 
 #: A registry of any parameterisation (``Registry`` is invariant in its type parameters, so APIs that only

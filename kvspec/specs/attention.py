@@ -36,9 +36,22 @@ from kvspec.specs.dtypes import KVQuantMode, dtype_size, nvfp4_full
 _WINDOW_FIELDS = frozenset({"sliding_window", "attention_chunk_size"})
 
 
+def _kv_page_bytes(spec: "AttentionSpec") -> int:
+    """K and V bytes of one block of ``spec``, without scales or padding (a function, not a ``super()``
+    call: slotted dataclasses break zero-argument ``super``)."""
+    d = dtype_size(spec.dtype)
+    b, h = spec.block_size, spec.num_kv_heads
+    if spec.kv_quant_mode.is_nvfp4:
+        return b * h * (nvfp4_full(spec.head_size) + nvfp4_full(spec.value_head_size)) * d
+    return b * h * (spec.head_size + spec.value_head_size) * d
+
+
 def first_difference(a: object, b: object, skip: frozenset[str] = frozenset()) -> tuple[str, Any, Any] | None:
-    """The first dataclass field (name, a's value, b's value) where ``a`` and ``b`` differ."""
-    for f in dataclasses.fields(a):  # type: ignore[arg-type]
+    """The first dataclass field (name, a's value, b's value) where ``a`` and ``b`` differ; for values that
+    are not dataclasses, ``("value", a, b)`` unless they are equal."""
+    if not dataclasses.is_dataclass(a):
+        return None if a == b else ("value", a, b)
+    for f in dataclasses.fields(a):
         if f.name in skip or not f.compare:
             continue
         va, vb = getattr(a, f.name), getattr(b, f.name)
@@ -156,11 +169,7 @@ class AttentionSpec:
     @property
     def real_page_size_bytes(self) -> int:
         """K and V bytes of one block, without scales or padding."""
-        d = dtype_size(self.dtype)
-        b, h = self.block_size, self.num_kv_heads
-        if self.kv_quant_mode.is_nvfp4:
-            return b * h * (nvfp4_full(self.head_size) + nvfp4_full(self.value_head_size)) * d
-        return b * h * (self.head_size + self.value_head_size) * d
+        return _kv_page_bytes(self)
 
     @property
     def unpadded_page_size_bytes(self) -> int:
@@ -328,7 +337,7 @@ class TQFullAttentionSpec(FullAttentionSpec):
     def real_page_size_bytes(self) -> int:
         if self.tq_slot_size > 0:
             return self.block_size * self.num_kv_heads * self.tq_slot_size
-        return AttentionSpec.real_page_size_bytes.fget(self)  # type: ignore[attr-defined,no-any-return]
+        return _kv_page_bytes(self)
 
 
 @check_construction

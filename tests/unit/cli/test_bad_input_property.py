@@ -20,7 +20,7 @@ MEMORY_CAP = 2 << 30
 ROOT = Path(__file__).resolve().parents[3]
 
 #: (option, value or None for a flag) pairs that are wrong alone, per command.
-PLAN_BAD = [
+PLAN_BAD: list[tuple[str, str | None]] = [
     ("--memory", "-1GiB"),
     ("--memory", "lots"),
     ("--memory", "1e400"),
@@ -40,7 +40,7 @@ PLAN_BAD = [
     ("--plot", "{tmp}/no/such/folder.png"),
     ("--plot", "/proc/version.png"),
 ]
-SIMULATE_BAD = [
+SIMULATE_BAD: list[tuple[str, str | None]] = [
     ("--requests", "0"),
     ("--requests", "1000000000"),
     ("--sweep", "100"),

@@ -24,10 +24,24 @@ from kvspec.errors import BlockTableError, DeviceError
 from kvspec.planning import get_kv_cache_config
 
 
-def table(**kw: int) -> BlockTable:
-    args = dict(block_size=4, max_num_reqs=4, max_num_blocks_per_req=8, max_num_batched_tokens=64)
-    args.update(kw)
-    return BlockTable(**args)  # type: ignore[arg-type]
+def table(
+    *,
+    block_size: int = 4,
+    max_num_blocks_per_req: int = 8,
+    max_num_batched_tokens: int = 64,
+    kernel_block_size: int | None = None,
+    cp_world_size: int = 1,
+    cp_rank: int = 0,
+) -> BlockTable:
+    return BlockTable(
+        block_size=block_size,
+        max_num_reqs=4,
+        max_num_blocks_per_req=max_num_blocks_per_req,
+        max_num_batched_tokens=max_num_batched_tokens,
+        kernel_block_size=kernel_block_size,
+        cp_world_size=cp_world_size,
+        cp_rank=cp_rank,
+    )
 
 
 def python_slots(rows: list[list[int]], req: list[int], pos: list[int], bs: int) -> list[int]:

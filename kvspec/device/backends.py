@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
-
 import torch
 
 from kvspec.errors import DeviceError
@@ -36,12 +34,18 @@ class DeviceBackend:
         if self.name == "cuda":
             torch.cuda.synchronize(self.device)
         elif self.name == "npu":
-            _torch_npu().npu.synchronize(self.device)
+            _require_torch_npu()
+            import torch_npu  # typed by stubs/torch_npu (what kvspec calls, nothing more)
+
+            torch_npu.npu.synchronize(self.device)
 
 
-def _torch_npu() -> Any:
+def _require_torch_npu() -> None:
+    """Import torch_npu (which registers the ``npu`` device with torch), or a DeviceError saying what to
+    install. Callers then ``import torch_npu`` themselves: a plain import statement, so that type checkers
+    check the calls against stubs/torch_npu."""
     try:
-        return importlib.import_module("torch_npu")
+        importlib.import_module("torch_npu")
     except ImportError as exc:
         raise DeviceError(
             "The NPU backend needs torch_npu (Ascend's PyTorch adapter) and CANN; install them to use 'npu'."
@@ -55,8 +59,10 @@ def get_backend(device: str | torch.device = "cpu") -> DeviceBackend:
     except RuntimeError:
         raise DeviceError(f"Unknown device {device!r}; use cpu, cuda (cuda:N) or npu (npu:N).") from None
     if isinstance(dev, str):  # "npu..." strings parse only once torch_npu is imported
-        npu = _torch_npu()
-        if not npu.npu.is_available():
+        _require_torch_npu()
+        import torch_npu
+
+        if not torch_npu.npu.is_available():
             raise DeviceError("torch_npu is installed but no Ascend NPU is available.")
         dev = torch.device(dev)
     if dev.type == "cpu":

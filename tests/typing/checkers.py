@@ -34,16 +34,71 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPING = ROOT / "tests" / "typing"
 PINS_FILE = TYPING / "checkers.txt"
+CACHE = ROOT / ".typecheckers-cache"
 
 #: The order of the table's rows.
 CHECKER_NAMES = ("mypy-floor", "mypy", "pyright", "basedpyright", "pyrefly", "ty", "zuban")
+#: The command each checker's package installs (mypy runs as ``python -m mypy``).
+COMMANDS = {
+    "pyright": "pyright",
+    "basedpyright": "basedpyright",
+    "pyrefly": "pyrefly",
+    "ty": "ty",
+    "zuban": "zuban",
+}
+
+
+def mypy_floor() -> str:
+    """The lowest mypy the project declares (``mypy>=X`` in pyproject's dev extra), as ``X``."""
+    import tomllib
+
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    floors = [r.split(">=", 1)[1].split(",")[0].strip() for r in dev if re.match(r"mypy\s*>=", r)]
+    if len(floors) != 1:
+        raise ValueError(f"pyproject's dev extra must declare one 'mypy>=X', found {floors}")
+    return floors[0]
+
+
+def pins() -> dict[str, str]:
+    """checker -> pip requirement: tests/typing/checkers.txt, and the floor as ``mypy==X``."""
+    out = {"mypy-floor": f"mypy=={mypy_floor()}"}
+    for line in PINS_FILE.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, requirement = line.split(None, 1)
+            out[name] = requirement.strip()
+    missing = set(CHECKER_NAMES) - out.keys()
+    if missing:
+        raise ValueError(f"{PINS_FILE.name} pins no version of {sorted(missing)}")
+    return out
+
+
+def install(checkers: Iterable[str], root: Path = CACHE / "venvs") -> dict[str, str]:
+    """Each checker in a virtualenv of its own under ``root`` (reused when it already holds the pinned
+    requirement): checker -> that virtualenv's python. pip resolves from its own configuration."""
+    out: dict[str, str] = {}
+    wanted = pins()
+    for name in checkers:
+        venv = root / name
+        python = venv / "bin" / "python"
+        stamp = venv / "kvspec-pin.txt"
+        if not (python.exists() and stamp.exists() and stamp.read_text() == wanted[name]):
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            subprocess.run(
+                [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", wanted[name]],
+                check=True,
+            )
+            stamp.write_text(wanted[name])
+        out[name] = str(python)
+    return out
 
 
 # -- what a checker said -------------------------------------------------------------------------------
@@ -156,7 +211,7 @@ class Environment:
 
     python: str
     tools: dict[str, str] = field(default_factory=dict)
-    cache_dir: Path = ROOT / ".typecheckers-cache"
+    cache_dir: Path = CACHE
 
     def tool(self, name: str, command: str) -> str:
         python = self.tools.get(name, sys.executable)
@@ -232,8 +287,28 @@ def run_zuban(name: str, files: Sequence[str], env: Environment) -> list[Diagnos
     )
 
 
+def _basedpyright_config(env: Environment) -> str:
+    """basedpyright in its default ("recommended") mode with stubs/ on its stub path: pyproject's
+    [tool.pyright] is pyright's strict mode, and basedpyright refuses a second section beside it. A module
+    typed by stubs/ alone (torch_npu: no Ascend runtime here) is a warning, as in pyright, not an error."""
+    env.cache_dir.mkdir(parents=True, exist_ok=True)
+    path = env.cache_dir / "basedpyright.json"
+    settings = {
+        "typeCheckingMode": "recommended",
+        "pythonVersion": "3.11",
+        "stubPath": str(ROOT / "stubs"),
+        "extraPaths": [str(ROOT)],
+        "reportMissingModuleSource": "warning",
+    }
+    path.write_text(json.dumps(settings, indent=2) + "\n")
+    return str(path)
+
+
 def run_pyright(name: str, files: Sequence[str], env: Environment) -> list[Diagnostic]:
-    return parse_pyright(_run([env.tool(name, name), "--pythonpath", env.python, "--outputjson", *files]))
+    config = ["-p", _basedpyright_config(env)] if name == "basedpyright" else []
+    return parse_pyright(
+        _run([env.tool(name, name), *config, "--pythonpath", env.python, "--outputjson", *files])
+    )
 
 
 def run_pyrefly(name: str, files: Sequence[str], env: Environment) -> list[Diagnostic]:
@@ -322,7 +397,7 @@ EQUIVALENT_CODES: dict[str, dict[str, frozenset[str]]] = {
             {"invalid-method-override", "incompatible-method-override", "incompatible-property-override"}
         ),
         "misc": frozenset({"incompatible-property-override", "incompatible-method-override"}),
-        "attr-defined": frozenset({"unresolved-attribute"}),
+        "attr-defined": frozenset({"unresolved-attribute", "missing-attribute"}),
         "call-arg": frozenset({"unknown-argument", "too-many-positional-arguments"}),
     },
 }
@@ -433,10 +508,13 @@ def judge_accept(path: str, checker: str, diags: Sequence[Diagnostic]) -> FileVe
     )
 
 
-def judge_reject(path: Path, checker: str, diags: Sequence[Diagnostic]) -> FileVerdict:
+def judge_reject(
+    path: Path, checker: str, diags: Sequence[Diagnostic], shown: str | None = None
+) -> FileVerdict:
     """A reject file: every marked line caught as written down (or silent where the checker is documented to
-    miss it), and no error outside the marked statements."""
-    rel = str(path.relative_to(ROOT))
+    miss it), and no error outside the marked statements. ``shown``: the name problems use (default: the
+    path from the project root)."""
+    rel = shown or str(path.relative_to(ROOT))
     errors = [d for d in diags if d.severity == "error"]
     notes = [d for d in diags if d.severity == "note"]
     problems: list[str] = []
@@ -559,26 +637,182 @@ def check(checker: str, env: Environment) -> CheckerVerdict:
     )
 
 
+# -- a plugin project outside the checkout --------------------------------------------------------------
+
+#: How README tells a plugin author to install kvspec: as a package (pip builds a wheel), or editable in the
+#: mode whose path a checker follows (setuptools' default editable mode is an import hook no checker sees).
+INSTALL_FORMS: dict[str, tuple[str, ...]] = {
+    "package": (str(ROOT),),
+    "editable": ("-e", str(ROOT), "--config-settings", "editable_mode=compat"),
+}
+OUTSIDE_CHECKERS = ("mypy", "pyright")
+#: The negative control: setuptools' default editable install (an import hook), which no checker follows,
+#: must make the outside project fail (``--control``), or the check above proves nothing.
+HOOK_FORM: tuple[str, ...] = ("-e", str(ROOT))
+
+
+def _site_packages(python: str) -> str:
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def outside_project(env: Environment, form: str, checkers: Sequence[str] = OUTSIDE_CHECKERS) -> list[str]:
+    """A plugin project in a temporary folder outside the checkout, kvspec installed into its own virtualenv
+    as README says (``form``: "package" or "editable"; its dependencies are taken from ``env.python``'s
+    packages rather than downloaded again), then each checker run from that folder, strict: README's plugin
+    must be clean and the audit's mistakes caught as marked, which proves the checker resolved kvspec (a
+    kvspec it cannot see is ``Any``, and the mistakes pass). The problems found (empty: as expected)."""
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="kvspec-plugin-") as tmp:
+        project = Path(tmp) / "acme"
+        (project / "acme").mkdir(parents=True)
+        (project / "acme" / "__init__.py").write_text("")
+        (project / "acme" / "plugin.py").write_text((TYPING / "accept_readme_example.py").read_text())
+        mistakes = TYPING / "reject" / "reject_plugin_audit.py"
+        (project / "acme" / "mistakes.py").write_text(mistakes.read_text())
+        (project / "mypy.ini").write_text("[mypy]\nstrict = True\n")
+        (project / "pyrightconfig.json").write_text(json.dumps({"typeCheckingMode": "strict"}) + "\n")
+        venv = Path(tmp) / "venv"
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        python = str(venv / "bin" / "python")
+        # torch and kvspec's other requirements come from the checked environment (no second download).
+        Path(_site_packages(python), "kvspec_test_requirements.pth").write_text(
+            _site_packages(env.python) + "\n"
+        )
+        subprocess.run(
+            [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-deps",
+                *(HOOK_FORM if form == "hook" else INSTALL_FORMS[form]),
+            ],
+            check=True,
+            cwd=tmp,
+            capture_output=True,
+        )
+        files = ["acme/plugin.py", "acme/mistakes.py"]
+        for checker in checkers:
+            if checker == "mypy":
+                argv = [
+                    env.tools.get("mypy", sys.executable),
+                    "-m",
+                    "mypy",
+                    "--python-executable",
+                    python,
+                    "--cache-dir",
+                    str(Path(tmp) / "mypy-cache"),
+                    "--no-pretty",
+                    "--show-error-codes",
+                    "--no-error-summary",
+                    *files,
+                ]
+                out = subprocess.run(argv, cwd=project, capture_output=True, text=True, timeout=1800)
+                diags = parse_mypy(out.stdout)
+            elif checker == "pyright":
+                argv = [env.tool("pyright", "pyright"), "--pythonpath", python, "--outputjson", *files]
+                out = subprocess.run(argv, cwd=project, capture_output=True, text=True, timeout=1800)
+                diags = [replace(d, path=_inside(d.path, project)) for d in parse_pyright(out.stdout)]
+            else:
+                raise ValueError(f"the outside project is checked by {OUTSIDE_CHECKERS}, not {checker!r}")
+            where = f"outside project, kvspec installed as a {form}"
+            plugin = [d for d in diags if d.path == "acme/plugin.py"]
+            problems += [f"{p} ({where})" for p in judge_accept("acme/plugin.py", checker, plugin).problems]
+            caught = judge_reject(
+                mistakes,
+                checker,
+                [d for d in diags if d.path == "acme/mistakes.py"],
+                shown="acme/mistakes.py",
+            )
+            problems += [f"{p} ({where})" for p in caught.problems]
+            problems += [
+                f"{checker}: {d.path}:{d.line}: [{d.code}] {d.message} ({where})"
+                for d in diags
+                if d.severity == "error" and d.path not in files
+            ]
+    return problems
+
+
+def _inside(path: str, project: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(project.resolve()))
+    except ValueError:
+        return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    parser.add_argument("--only", default=",".join(CHECKER_NAMES), help="comma-separated checkers")
+    parser.add_argument("--only", default=",".join(CHECKER_NAMES), help="comma-separated checkers to run")
     parser.add_argument(
-        "--python", default=sys.executable, help="the interpreter whose packages are checked against"
+        "--python",
+        default=sys.executable,
+        help="the interpreter whose packages (torch, kvspec) are checked against",
     )
     parser.add_argument(
-        "--tool",
-        action="append",
-        default=[],
-        metavar="CHECKER=PYTHON",
-        help="the interpreter that has CHECKER",
+        "--install",
+        action="store_true",
+        help="install each checker, pinned, in a virtualenv of its own first",
+    )
+    parser.add_argument(
+        "--tool", action="append", default=[], metavar="CHECKER=PYTHON", help="use CHECKER as installed there"
+    )
+    parser.add_argument(
+        "--outside",
+        default=",".join(INSTALL_FORMS),
+        help="install forms for the plugin project outside the checkout ('' to skip): "
+        + ", ".join(INSTALL_FORMS),
+    )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="also install kvspec with the default (import-hook) editable mode and require mypy to fail there",
     )
     args = parser.parse_args(argv)
-    env = Environment(python=args.python, tools=dict(t.split("=", 1) for t in args.tool))
-    verdicts = [check(name, env) for name in args.only.split(",") if name]
+    only = [name for name in args.only.split(",") if name]
+    unknown = set(only) - set(CHECKER_NAMES)
+    if unknown:
+        parser.error(f"unknown checker(s) {sorted(unknown)}; the checkers are {', '.join(CHECKER_NAMES)}")
+    forms = [f for f in args.outside.split(",") if f]
+    outside_checkers = [c for c in OUTSIDE_CHECKERS if c in only]
+    tools = dict(t.split("=", 1) for t in args.tool)
+    if args.install:
+        tools = {**install([c for c in only if c not in tools]), **tools}
+    env = Environment(python=args.python, tools=tools)
+    verdicts = [check(name, env) for name in only]
     print(TABLE_HEADER)
     for verdict in verdicts:
         print(verdict.row())
     problems = [p for v in verdicts for p in v.problems]
+    if forms and outside_checkers:
+        print(f"\n| plugin project outside the checkout | {' | '.join(outside_checkers)} |")
+        print("|---|" + "---|" * len(outside_checkers))
+        for form in forms:
+            cells = []
+            for checker in outside_checkers:
+                found = outside_project(env, form, [checker])
+                problems += found
+                cells.append(
+                    "plugin clean, mistakes caught as marked"
+                    if not found
+                    else f"**{len(found)} difference(s)**"
+                )
+            print(f"| kvspec installed as a {form} | {' | '.join(cells)} |")
+    if args.control and "mypy" in only:
+        blind = outside_project(env, "hook", ["mypy"])
+        seen = any("import-not-found" in p for p in blind)
+        print(
+            "\nControl, kvspec installed editable with setuptools' default import hook: mypy "
+            + (
+                "cannot see kvspec, as expected"
+                if seen
+                else "**saw kvspec: the outside check proves nothing**"
+            )
+        )
+        if not seen:
+            problems.append("control: mypy resolved kvspec through an import-hook editable install")
     for problem in problems:
         print(problem, file=sys.stderr)
     return 1 if problems else 0

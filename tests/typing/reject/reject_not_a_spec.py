@@ -9,5 +9,5 @@ default_registry.register(NotASpec, FullAttentionManager)  # E: [arg-type] "type
 
 
 @register_kv_cache_spec(FullAttentionManager)
-class AlsoNotASpec:  # E: [type-var] Value of type variable "SpecT" of function cannot be "AlsoNotASpec"
+class AlsoNotASpec:  # E: [type-var] Value of type variable "SpecT" of function cannot be "AlsoNotASpec"  # pyrefly: missed: pyrefly 1.5.1 does not check class decorators; registration raises SpecProtocolError naming the missing members
     block_size: int = 16

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+
 import torch
 
 from kvspec.errors import DeviceError

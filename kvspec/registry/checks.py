@@ -276,7 +276,13 @@ def _hints(fn: Callable[..., Any], owner: type) -> dict[str, Any] | None:
 
 
 def _origin(hint: Any) -> type | None:
+    """The class an annotation names (``list`` for ``list[int]``); None for what names no one class (``Any``,
+    a union, a type variable), which is then not compared."""
+    if hint is Any:  # a class since Python 3.11, but it stands for every class
+        return None
     origin = typing.get_origin(hint) or hint
+    if origin is typing.Union or origin is types.UnionType:
+        return None
     return origin if isinstance(origin, type) else None
 
 
@@ -336,16 +342,34 @@ def _check_annotations(
     got, want = _hints(impl_fn, cls), _hints(proto_fn, proto)
     if not got or not want:
         return
+    # The protocol's name -> the implementation's name for the same argument: a positional-only protocol
+    # parameter (whose name a port may change) is the parameter at its position, since the caller passes it
+    # by position; any other, the parameter of its name.
+    pairs = {"return": "return"}
+    try:
+        impl_params, proto_params = _params(cls, member), _params(proto, member)
+    except (TypeError, ValueError):
+        impl_params, proto_params = [], []
+    for i, exp in enumerate(proto_params):
+        if exp.kind is exp.POSITIONAL_ONLY:
+            if i < len(impl_params) and impl_params[i].kind in (
+                exp.POSITIONAL_ONLY,
+                exp.POSITIONAL_OR_KEYWORD,
+            ):
+                pairs[exp.name] = impl_params[i].name
+        else:
+            pairs[exp.name] = exp.name
     for key, expected in want.items():
-        if key not in got:
+        mine = pairs.get(key)
+        if mine is None or mine not in got:
             continue
-        a, b = _origin(got[key]), _origin(expected)
+        a, b = _origin(got[mine]), _origin(expected)
         if a is None or b is None or a is type(None) or b is type(None):
             continue
         if not _related(a, b):
-            what = "returns" if key == "return" else f"takes {key}:"
+            what = "returns" if key == "return" else f"takes {mine}:"
             raise error(
-                f"{shown} {what} {_show(got[key])}, the protocol's is {_show(expected)}. "
+                f"{shown} {what} {_show(got[mine])}, the protocol's is {_show(expected)}. "
                 f"Match kvspec.{proto.__name__}'s annotation."
             )
 

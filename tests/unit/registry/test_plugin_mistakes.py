@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -26,9 +26,11 @@ from kvspec import (
     SchedulerLimits,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
+    SlidingWindowSpec,
     SpecCollection,
     SpecTraits,
     default_registry,
+    register_kv_cache_spec,
 )
 from kvspec.device.kv_cache import page_views_of
 from kvspec.errors import (
@@ -40,6 +42,7 @@ from kvspec.errors import (
     MissingManagerError,
     PluginContractError,
     RegistrationError,
+    RegistryBoundError,
     SpecClassError,
     SpecProtocolError,
     TraitsError,
@@ -650,3 +653,147 @@ def test_a_plugin_with_type_checking_only_annotations_still_constructs() -> None
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "1"
+
+
+# -- the checker audit's mistakes (tests/typing/reject/reject_plugin_audit.py), at run time -------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuditSpec(FullAttentionSpec):
+    pass
+
+
+class AuditManager(FullAttentionManager):
+    pass
+
+
+def _ported_manager() -> type:
+    """A manager ported from vLLM 0.23 as it was: its hit search takes vLLM's seven arguments."""
+
+    def find_longest_cache_hit(
+        cls: type,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: Any,
+        use_eagle: bool,
+        alignment_tokens: int,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        return ()
+
+    return type(
+        "PortedManager",
+        (FullAttentionManager,),
+        {"find_longest_cache_hit": classmethod(find_longest_cache_hit)},
+    )
+
+
+def _float_memory() -> type:
+    def max_memory_usage_bytes(self: Any, limits: SchedulerLimits) -> float:
+        return 1.5
+
+    return dataclass(frozen=True, kw_only=True)(
+        type("FloatMemory", (FullAttentionSpec,), {"max_memory_usage_bytes": max_memory_usage_bytes})
+    )
+
+
+def _str_page() -> type:
+    def page_size_bytes(self: Any) -> str:
+        return "64KiB"
+
+    return dataclass(frozen=True, kw_only=True)(
+        type("StrPage", (FullAttentionSpec,), {"page_size_bytes": property(page_size_bytes)})
+    )
+
+
+def _str_block_size() -> type:
+    ns: dict[str, Any] = {
+        k: v
+        for k, v in vars(GoodSpec).items()
+        if not k.startswith("__") and k not in ("block_size", "num_kv_heads")
+    }
+    ns["__annotations__"] = {"block_size": str}
+    ns["block_size"] = "16"
+    return dataclass(frozen=True, kw_only=True)(type("StrBlockSize", (), ns))
+
+
+AUDIT_MISTAKES: list[tuple[str, Callable[[Registry[Any, Any]], object], type[KVSpecError], str]] = [
+    (
+        "1a an old-signature manager, decorator form",
+        lambda reg: register_kv_cache_spec(_ported_manager(), registry=reg)(AuditSpec),
+        ManagerSignatureError,
+        "find_longest_cache_hit",
+    ),
+    (
+        "1b the spec passed as the manager",
+        lambda reg: register_kv_cache_spec(cast(Any, FullAttentionSpec), registry=reg)(AuditSpec),
+        ManagerProtocolError,
+        "FullAttentionSpec .*is not a KVCacheManager",
+    ),
+    (
+        "1c a typed registry given another family's manager",
+        lambda reg: Registry[AuditSpec, AuditManager](name="audit").register(
+            AuditSpec, cast(Any, SlidingWindowManager), FullAttentionSpec
+        ),
+        RegistryBoundError,
+        "SlidingWindowManager .*is not a subclass of AuditManager",
+    ),
+    (
+        "2a no page_size_bytes, decorator form",
+        lambda reg: register_kv_cache_spec(FullAttentionManager, registry=reg)(
+            variant("NoPageDecorated", page_size_bytes=None)
+        ),
+        SpecProtocolError,
+        "missing page_size_bytes",
+    ),
+    (
+        "2b no page_size_bytes, call form",
+        lambda reg: reg.register(variant("NoPageCalled", page_size_bytes=None), FullAttentionManager),
+        SpecProtocolError,
+        "missing page_size_bytes",
+    ),
+    (
+        "3 max_memory_usage_bytes returns float",
+        lambda reg: reg.register(_float_memory(), FullAttentionManager),
+        SpecClassError,
+        "max_memory_usage_bytes returns float, the protocol's is int",
+    ),
+    (
+        "3 page_size_bytes returns str",
+        lambda reg: reg.register(_str_page(), FullAttentionManager),
+        SpecClassError,
+        "page_size_bytes: the property returns str, the KVCacheSpec protocol's is int",
+    ),
+    (
+        "3 block_size declared str",
+        lambda reg: reg.register(_str_block_size(), FullAttentionManager),
+        SpecClassError,
+        "block_size: the field is declared str",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("label", "mistake", "error", "fragment"), AUDIT_MISTAKES, ids=[m[0] for m in AUDIT_MISTAKES]
+)
+def test_the_checker_audits_mistakes_are_refused_at_run_time(
+    label: str, mistake: Callable[[Registry[Any, Any]], object], error: type[KVSpecError], fragment: str
+) -> None:
+    reg = fresh()
+    before = reg.snapshot()
+    with pytest.raises(error, match=fragment):
+        mistake(reg)
+    assert reg.snapshot() == before
+
+
+def test_a_spec_that_is_not_a_subclass_of_its_uniform_base_is_caught_at_run_time_only() -> None:
+    """No checker can express it (a type variable's bound cannot depend on another argument): the run-time
+    check is the one that catches it (docs/PLUGINS.md, the checker table)."""
+
+    @dataclass(frozen=True, kw_only=True, slots=True)
+    class WindowedSpec(FullAttentionSpec):
+        pass
+
+    with pytest.raises(UniformBaseError, match="must inherit from its declared uniform_type_base_spec"):
+        fresh().register(WindowedSpec, FullAttentionManager, SlidingWindowSpec)

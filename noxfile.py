@@ -40,6 +40,19 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
+@nox.session(python="3.11", default=False)
+def typecheckers(session: nox.Session) -> None:
+    """The type checkers plugin authors run: mypy at pyproject's floor and at its pinned latest, pyright,
+    basedpyright, pyrefly, ty and zuban (pinned in tests/typing/checkers.txt), each installed in a virtualenv
+    of its own, over tests/typing (accept files clean, reject files rejected on their marked lines, with each
+    checker's expectations written beside the markers), examples/ and README's plugin; then a plugin project
+    outside the checkout, kvspec installed as README says, checked by mypy and pyright, with the import-hook
+    editable install as a negative control. Prints docs/PLUGINS.md's checker table. Arguments after ``--``
+    go to tests/typing/checkers.py (.ci/run: ``-- --only mypy-floor,mypy,pyright --outside package``)."""
+    _install(session)
+    session.run("python", "-m", "tests.typing.checkers", "--install", *(session.posargs or ["--control"]))
+
+
 def _install_vllm(session: nox.Session, version: str = "0.23.0", *, suite: bool = False) -> None:
     """vllm==``version`` without its dependencies, the pure-Python ones its imports need, torch, kvspec.
 

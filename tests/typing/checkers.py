@@ -603,8 +603,12 @@ TABLE_HEADER = (
 
 
 def plugin_files() -> tuple[list[str], list[str], list[str]]:
-    """What a plugin author writes: the accept files (README's plugin is one), the reject files, examples/."""
+    """What a plugin author writes: the accept files (README's plugin is one, and the vllm-ascend port in
+    tests/fixtures is another), the reject files, examples/."""
     accept = sorted(str(p.relative_to(ROOT)) for p in TYPING.glob("accept_*.py"))
+    accept += sorted(
+        str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "fixtures" / "vllm_ascend_port").glob("*.py")
+    )
     reject = sorted(str(p.relative_to(ROOT)) for p in (TYPING / "reject").glob("reject_*.py"))
     examples = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").glob("**/*.py"))
     return accept, reject, examples
@@ -620,16 +624,34 @@ def version_of(checker: str, env: Environment) -> str:
     return found.group(0) if found else out.strip()
 
 
+def mypy_ini_files() -> list[str]:
+    """What ``mypy`` alone checks: mypy.ini's ``files`` (kvspec/, stubs/, tests/, benchmarks/, ...)."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "mypy.ini")
+    return [f.strip() for f in config["mypy"]["files"].split(",") if f.strip()]
+
+
 def check(checker: str, env: Environment) -> CheckerVerdict:
-    """Run ``checker`` once over every plugin file and judge each."""
+    """Run ``checker`` once over every plugin file and judge each. Both mypys also check everything mypy.ini
+    names in the same run (kvspec/, tests/, benchmarks/, ...): the floor pyproject declares must be clean on
+    the project itself, and an error anywhere there is a difference (``elsewhere``)."""
     accept, reject, examples = plugin_files()
-    diags = RUNNERS[checker](checker, [*accept, *reject, *examples], env)
+    project = mypy_ini_files() if checker in ("mypy", "mypy-floor") else []
+    plugin = [*accept, *reject, *examples]
+    # A file under one of mypy.ini's folders is checked through it (naming it twice is an error), but for the
+    # reject files, which mypy.ini excludes.
+    inside = {f for f in plugin if any(f == d or f.startswith(d.rstrip("/") + "/") for d in project)}
+    inside -= set(reject)
+    diags = RUNNERS[checker](checker, [*project, *(f for f in plugin if f not in inside)], env)
     by_path: dict[str, list[Diagnostic]] = {}
     for d in diags:
         by_path.setdefault(d.path, []).append(d)
     given = {*accept, *reject, *examples}
     elsewhere = tuple(
-        f"{checker}: {d.path}:{d.line}: [{d.code}] {d.message} (a file the checker was not given)"
+        f"{checker}: {d.path}:{d.line}: [{d.code}] {d.message}"
+        + ("" if project else " (a file the checker was not given)")
         for d in diags
         if d.path not in given and d.severity == "error"
     )

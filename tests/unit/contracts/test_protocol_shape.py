@@ -75,7 +75,8 @@ def test_the_protocol_merge_keeps_list_of_self_and_the_builtins_take_list_of_any
     """The protocol checks a plugin's merge against ``list[Self]``; the built-ins take ``list[Any]`` so that a
     subclass's vLLM-style ``list[Self]`` override is valid under pyright too (list is invariant)."""
     assert "list[Self]" in str(inspect.signature(KVCacheSpec.merge))
-    for builtin in (FullAttentionSpec, MambaSpec, UniformTypeKVCacheSpecs):
+    builtins: tuple[type[KVCacheSpec], ...] = (FullAttentionSpec, MambaSpec, UniformTypeKVCacheSpecs)
+    for builtin in builtins:
         hint = get_type_hints(builtin.merge)["specs"]
         assert hint == list[Any], (builtin, hint)
 

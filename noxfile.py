@@ -47,10 +47,13 @@ def typecheckers(session: nox.Session) -> None:
     of its own, over tests/typing (accept files clean, reject files rejected on their marked lines, with each
     checker's expectations written beside the markers), examples/ and README's plugin; then a plugin project
     outside the checkout, kvspec installed as README says, checked by mypy and pyright, with the import-hook
-    editable install as a negative control. Prints docs/PLUGINS.md's checker table. Arguments after ``--``
-    go to tests/typing/checkers.py (.ci/run: ``-- --only mypy-floor,mypy,pyright --outside package``)."""
+    editable install as a negative control; and stubs/torch_npu compared with torch_npu's own sources (its
+    wheel downloaded, never installed). Prints docs/PLUGINS.md's checker table; about 4 minutes. Arguments
+    after ``--`` go to tests/typing/checkers.py (.ci/run: ``-- --only mypy-floor,mypy,pyright --outside
+    package``)."""
     _install(session)
-    session.run("python", "-m", "tests.typing.checkers", "--install", *(session.posargs or ["--control"]))
+    defaults = ["--control", "--npu-stubs"]
+    session.run("python", "-m", "tests.typing.checkers", "--install", *(session.posargs or defaults))
 
 
 def _install_vllm(session: nox.Session, version: str = "0.23.0", *, suite: bool = False) -> None:

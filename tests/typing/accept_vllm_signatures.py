@@ -1,9 +1,10 @@
-"""mypy must accept: a spec ported from vLLM keeps vLLM's signatures (issue 18, item 2).
+"""Every checker must accept: a spec ported from vLLM keeps vLLM's signatures (issue 18, item 2; issue 48).
 
 vLLM's specs write ``merge(cls, specs: list[Self])`` and ``max_memory_usage_bytes(self, vllm_config)``;
-a platform plugin (vllm-ascend's specs, for one) subclasses a built-in with them. kvspec's merge takes a
-list, and ``kvspec.contracts.vllm_config.VllmConfig`` (which ``SchedulerLimits`` satisfies) types the
-vLLM form, so both are valid overrides with only the imports changed.
+a platform plugin (vllm-ascend's specs, for one) subclasses a built-in with them. The protocol's parameters
+are positional-only (a port's names are its own), the built-ins' merge takes ``list[Any]`` (so a
+``list[Self]`` override is valid under pyright too), and ``kvspec.contracts.vllm_config.VllmConfig`` (which
+``SchedulerLimits`` satisfies) types the vLLM form: both are valid overrides with only the imports changed.
 """
 
 from dataclasses import dataclass, replace

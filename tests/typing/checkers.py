@@ -77,7 +77,7 @@ def pins() -> dict[str, str]:
         if line:
             name, requirement = line.split(None, 1)
             out[name] = requirement.strip()
-    missing = set(CHECKER_NAMES) - out.keys()
+    missing = {*CHECKER_NAMES, "torch-npu"} - out.keys()
     if missing:
         raise ValueError(f"{PINS_FILE.name} pins no version of {sorted(missing)}")
     return out
@@ -665,6 +665,75 @@ def check(checker: str, env: Environment) -> CheckerVerdict:
     )
 
 
+# -- stubs/ against the library it types -----------------------------------------------------------------
+
+
+def _signatures(tree: ast.Module) -> dict[str, list[tuple[str, bool]]]:
+    """Module-level functions: name -> [(parameter, has a default)]."""
+    out: dict[str, list[tuple[str, bool]]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            args = node.args
+            positional = [*args.posonlyargs, *args.args]
+            defaults = [False] * (len(positional) - len(args.defaults)) + [True] * len(args.defaults)
+            out[node.name] = [(a.arg, d) for a, d in zip(positional, defaults, strict=True)]
+    return out
+
+
+def npu_stub_problems(package_dir: Path) -> list[str]:
+    """Each function stubs/torch_npu/npu types, compared with the one torch_npu defines (in
+    ``torch_npu/npu/__init__.py`` or the module it imports it from): the same parameters, the same ones
+    optional. ``package_dir`` holds the unpacked ``torch_npu`` package."""
+    stubs = _signatures(ast.parse((ROOT / "stubs" / "torch_npu" / "npu" / "__init__.pyi").read_text()))
+    init = package_dir / "torch_npu" / "npu" / "__init__.py"
+    tree = ast.parse(init.read_text())
+    real = _signatures(tree)
+    for node in tree.body:  # `from .utils import synchronize, ...`
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            source = init.parent / f"{node.module.replace('.', '/')}.py"
+            if source.exists():
+                found = _signatures(ast.parse(source.read_text()))
+                real.update({a.asname or a.name: found[a.name] for a in node.names if a.name in found})
+    problems = []
+    for name, params in stubs.items():
+        if name not in real:
+            problems.append(f"stubs/torch_npu: torch_npu.npu has no function {name!r}")
+        elif real[name] != params:
+            problems.append(f"stubs/torch_npu: npu.{name}{params} but torch_npu defines {real[name]}")
+    return problems
+
+
+def check_npu_stubs() -> list[str]:
+    """Download the pinned torch_npu wheel (no dependencies; it is not installed) and compare the stubs."""
+    import zipfile
+
+    target = CACHE / "torch-npu"
+    target.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(target.glob("torch_npu-*.whl"))
+    if not wheels:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "-d",
+                str(target),
+                pins()["torch-npu"],
+            ],
+            check=True,
+        )
+        wheels = sorted(target.glob("torch_npu-*.whl"))
+    unpacked = target / "src"
+    with zipfile.ZipFile(wheels[-1]) as wheel:
+        for name in wheel.namelist():
+            if name.startswith("torch_npu/npu/") and name.endswith(".py"):
+                wheel.extract(name, unpacked)
+    return npu_stub_problems(unpacked)
+
+
 # -- a plugin project outside the checkout --------------------------------------------------------------
 
 #: How README tells a plugin author to install kvspec: as a package (pip builds a wheel), or editable in the
@@ -798,6 +867,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="also install kvspec with the default (import-hook) editable mode and require mypy to fail there",
     )
+    parser.add_argument(
+        "--npu-stubs",
+        action="store_true",
+        help="compare stubs/torch_npu with the pinned torch_npu release's sources (downloads its wheel)",
+    )
     args = parser.parse_args(argv)
     only = [name for name in args.only.split(",") if name]
     unknown = set(only) - set(CHECKER_NAMES)
@@ -841,6 +915,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if not seen:
             problems.append("control: mypy resolved kvspec through an import-hook editable install")
+    if args.npu_stubs:
+        found = check_npu_stubs()
+        problems += found
+        print(
+            f"\nstubs/torch_npu against {pins()['torch-npu']}'s sources: "
+            + (
+                "every stubbed call has torch_npu's parameters"
+                if not found
+                else f"**{len(found)} difference(s)**"
+            )
+        )
     for problem in problems:
         print(problem, file=sys.stderr)
     return 1 if problems else 0

@@ -173,8 +173,8 @@ def test_parsers_read_each_checkers_output() -> None:
 
 def test_every_checker_is_pinned_and_the_floor_is_pyprojects() -> None:
     pins = checkers.pins()
-    assert set(pins) == set(checkers.CHECKER_NAMES)
-    assert all(re.fullmatch(r"[a-z]+(\[nodejs\])?==\d+\.\d+(\.\d+)?", p) for p in pins.values()), pins
+    assert set(pins) == {*checkers.CHECKER_NAMES, "torch-npu"}
+    assert all(re.fullmatch(r"[a-z-]+(\[nodejs\])?==\d+\.\d+(\.\d+)?", p) for p in pins.values()), pins
     text = (checkers.ROOT / "pyproject.toml").read_text()
     assert f'"mypy>={checkers.mypy_floor()}"' in text
     assert pins["mypy-floor"] == f"mypy=={checkers.mypy_floor()}"
@@ -190,3 +190,22 @@ def test_every_reject_file_marks_what_it_rejects() -> None:
                 assert codes or checker in mark.missed, (
                     f"{path.name}:{mark.line}: no {checker} code for {mark.code}"
                 )
+
+
+def test_the_npu_stubs_are_compared_with_torch_npus_own_signatures(tmp_path: Path) -> None:
+    """A fake torch_npu package: the stubs agree with it as written, and a changed parameter is a difference."""
+    npu = tmp_path / "torch_npu" / "npu"
+    npu.mkdir(parents=True)
+    (npu / "utils.py").write_text("def synchronize(device=None):\n    pass\n")
+    (npu / "__init__.py").write_text(
+        "from .utils import (synchronize, set_device)\n\ndef is_available():\n    return False\n"
+    )
+    assert checkers.npu_stub_problems(tmp_path) == []
+    (npu / "utils.py").write_text("def synchronize(device):\n    pass\n")
+    (problem,) = checkers.npu_stub_problems(tmp_path)
+    assert "npu.synchronize[('device', True)] but torch_npu defines [('device', False)]" in problem
+    (npu / "__init__.py").write_text("from .utils import synchronize\n")
+    assert (
+        checkers.npu_stub_problems(tmp_path)[0]
+        == "stubs/torch_npu: torch_npu.npu has no function 'is_available'"
+    )

@@ -20,6 +20,7 @@ _PYRIGHT_CODES: dict[str, frozenset[str]] = {
     "misc": frozenset({"reportIncompatibleMethodOverride", "reportIncompatibleVariableOverride"}),
     "attr-defined": frozenset({"reportAttributeAccessIssue"}),
     "call-arg": frozenset({"reportCallIssue"}),
+    "assignment": frozenset({"reportAssignmentType"}),
 }
 
 #: How each checker that is not mypy-like names the mistake mypy reports under a code: an error there must
@@ -36,6 +37,7 @@ EQUIVALENT_CODES: dict[str, dict[str, frozenset[str]]] = {
         "misc": frozenset({"bad-override"}),
         "attr-defined": frozenset({"missing-attribute"}),
         "call-arg": frozenset({"unexpected-keyword", "bad-argument-count"}),
+        "assignment": frozenset({"bad-assignment"}),
     },
     "ty": {
         "arg-type": frozenset({"invalid-argument-type"}),
@@ -47,6 +49,7 @@ EQUIVALENT_CODES: dict[str, dict[str, frozenset[str]]] = {
         "misc": frozenset({"incompatible-property-override", "incompatible-method-override"}),
         "attr-defined": frozenset({"unresolved-attribute", "missing-attribute"}),
         "call-arg": frozenset({"unknown-argument", "too-many-positional-arguments"}),
+        "assignment": frozenset({"invalid-assignment"}),
     },
 }
 

@@ -14,7 +14,8 @@ def _install(session: nox.Session) -> None:
     if session.venv_backend == "none":  # `nox --no-venv`: the caller's environment is complete
         return
     session.install("-c", "constraints.txt", "torch==2.13.0")
-    session.install("-c", "constraints.txt", "-e", ".[dev]")
+    # README's install: editable in the mode whose path type checkers follow (tests/typing/checkers).
+    session.install("-c", "constraints.txt", "-e", ".[dev]", "--config-settings", "editable_mode=compat")
 
 
 @nox.session(python="3.11")

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from tests.typing.checkers.npu_stubs import check_npu_stubs
-from tests.typing.checkers.outside import INSTALL_FORMS, OUTSIDE_CHECKERS, outside_project
+from tests.typing.checkers.outside import FORM_LABELS, INSTALL_FORMS, OUTSIDE_CHECKERS, outside_project
 from tests.typing.checkers.pins import CHECKER_NAMES, install, pins
 from tests.typing.checkers.runners import Environment
 from tests.typing.checkers.verdicts import TABLE_HEADER, check
@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if not found
                     else f"**{len(found)} difference(s)**"
                 )
-            print(f"| kvspec installed as a {form} | {' | '.join(cells)} |")
+            print(f"| {FORM_LABELS[form]} | {' | '.join(cells)} |")
     if args.control and "mypy" in only:
         blind = outside_project(env, "hook", ["mypy"])
         seen = any("import-not-found" in p for p in blind)

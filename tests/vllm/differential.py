@@ -263,9 +263,23 @@ def _retaining(spec: Any) -> Any:
     return dataclasses.replace(spec, extra_retained_tokens=extra)
 
 
-def _spec(family: str, block_size: int, rng: random.Random, max_model_len: int, nspec: int) -> Any:
+#: A spec family beyond vLLM's built-ins (a platform's: tests/vllm_ascend): family -> (block size, rng) -> spec.
+SpecMaker = Callable[[int, random.Random], Any]
+
+
+def _spec(
+    family: str,
+    block_size: int,
+    rng: random.Random,
+    max_model_len: int,
+    nspec: int,
+    extra_specs: dict[str, SpecMaker] | None = None,
+) -> Any:
     import torch
     from vllm.v1 import kv_cache_interface as iface
+
+    if extra_specs and family in extra_specs:
+        return extra_specs[family](block_size, rng)
 
     attn = dict(block_size=block_size, num_kv_heads=rng.choice((1, 2, 4)), head_size=64, dtype=torch.float16)
     mla = dict(block_size=block_size, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
@@ -314,11 +328,19 @@ def _layout(rng: random.Random) -> tuple[str, ...]:
     return tuple(families)
 
 
-def draw_workload(seed: int, larger_mamba_blocks: bool = True) -> Workload:
+def draw_workload(
+    seed: int,
+    larger_mamba_blocks: bool = True,
+    *,
+    layout: Callable[[random.Random], tuple[str, ...]] | None = None,
+    extra_specs: dict[str, SpecMaker] | None = None,
+) -> Workload:
     """The workload of ``seed``. ``larger_mamba_blocks`` False: as drawn before 2026-12-05, Mamba blocks at
-    the attention block (the seeds the regression tests named before then)."""
+    the attention block (the seeds the regression tests named before then). ``layout`` draws the families
+    instead of the built-in mix, and ``extra_specs`` builds the families that are not vLLM's built-ins (a
+    platform's specs: tests/vllm_ascend)."""
     rng = random.Random(seed)
-    families = _layout(rng)
+    families = (layout or _layout)(rng)
     has_mamba = any(f.startswith("mamba") for f in families)
     cross = "cross" in families
     single = len(families) == 1
@@ -337,7 +359,10 @@ def draw_workload(seed: int, larger_mamba_blocks: bool = True) -> Workload:
         # vLLM's chunked-local hit search needs its block size to be the scheduler's (the LCM).
         top = max(block_sizes)
         block_sizes = [top if f == "chunked_local" else b for f, b in zip(families, block_sizes, strict=True)]
-    specs = tuple(_spec(f, b, rng, max_model_len, nspec) for f, b in zip(families, block_sizes, strict=True))
+    specs = tuple(
+        _spec(f, b, rng, max_model_len, nspec, extra_specs)
+        for f, b in zip(families, block_sizes, strict=True)
+    )
     # Identical families drawn twice must stay one spec (vLLM merges equal specs into one hit search).
     first: dict[str, Any] = {}
     specs = tuple(first.setdefault(f, s) for f, s in zip(families, specs, strict=True))

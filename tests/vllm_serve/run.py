@@ -41,6 +41,16 @@ CONFIGS: dict[str, ServerConfig] = {
         scheduling_policy="priority",
     ),
 }
+#: A hardware platform's plugin written for vLLM's registry (tests/vllm_platform, the capped platform), served
+#: stock and on kvspec (issue 49): run on request (``--configs``), not by default, and only the API workload.
+PLATFORM_CONFIGS: dict[str, ServerConfig] = {
+    # vLLM's own CPU platform with the plugin installed but not switched on: what the platform changes.
+    "platform-off": ServerConfig(label="platform-off"),
+    "platform-stock": ServerConfig(label="platform-stock", plugin_env={"CAPPED_PLATFORM": "1"}),
+    "platform-kvspec": ServerConfig(
+        label="platform-kvspec", plugin_env={"CAPPED_PLATFORM": "1", "KVSPEC_VLLM": "1"}
+    ),
+}
 #: The one-off prompts' scheduling priority in the retention configuration (less important than the default 0).
 ONEOFF_PRIORITY = 5
 #: The pinned prompt's priority there: the least important of all, so only its pin keeps it (the unpinned
@@ -158,25 +168,30 @@ def retention_probes(base_url: str) -> list[dict[str, Any]]:
 
 
 def run_config(name: str, model: str, work_dir: Path, out: Path, bench_prompts: int) -> dict[str, Any]:
-    config = CONFIGS[name]
+    config = CONFIGS[name] if name in CONFIGS else PLATFORM_CONFIGS[name]
     directory = model_dir(work_dir, model)
     pins = name == "kvspec-pins"
+    platform = name in PLATFORM_CONFIGS
     with running_server(directory, model, config, work_dir) as server:
         assert server.events_endpoint is not None
         collector = EventCollector(server.events_endpoint)
         api = run_workload(server.base_url, api_workload())
         counters = scrape_metrics(server.base_url, METRICS)
         events = collector.stop()
-        pressure = run_workload(
-            server.base_url,
-            pressure_workload(
-                retention_s=PIN_SECONDS if pins else None,
-                oneoff_priority=ONEOFF_PRIORITY if pins else 0,
-                pinned_priority=PINNED_PRIORITY if pins else 0,
-            ),
+        pressure = (
+            []
+            if platform
+            else run_workload(
+                server.base_url,
+                pressure_workload(
+                    retention_s=PIN_SECONDS if pins else None,
+                    oneoff_priority=ONEOFF_PRIORITY if pins else 0,
+                    pinned_priority=PINNED_PRIORITY if pins else 0,
+                ),
+            )
         )
-        bench = run_bench(server, directory, out, bench_prompts) if bench_prompts else None
-        probes = retention_probes(server.base_url) if name != "stock" else []
+        bench = run_bench(server, directory, out, bench_prompts) if bench_prompts and not platform else None
+        probes = retention_probes(server.base_url) if name in CONFIGS and name != "stock" else []
         log = server.log_text()
         pgid = server.process.pid
     return {
@@ -198,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="gemma3-tiny")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names from CONFIGS")
+    parser.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help="comma-separated names from CONFIGS or PLATFORM_CONFIGS (the platform plugin's servers)",
+    )
     parser.add_argument(
         "--bench-prompts", type=int, default=64, help="vllm bench serve's prompts (0: skip it)"
     )

@@ -9,6 +9,7 @@ and kvspec's conformance kit reports what it finds in the adopted classes.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -81,7 +82,7 @@ def test_both_registrations_are_adopted_with_their_own_managers(
     assert traits_of(window).sliding_window == 128
 
 
-LAYOUTS = {
+LAYOUTS: dict[str, Callable[[ModuleType], dict[str, Any]]] = {
     "MLA": lambda s: {f"layers.{i}": mla(s, block_size=128) for i in range(4)},
     "MLA, compress_ratio 4": lambda s: {
         f"layers.{i}": mla(s, block_size=128, compress_ratio=4) for i in range(4)

@@ -145,6 +145,15 @@ class ModelConfigError(KVSpecError, ValueError):
     """A model config (Hugging Face config.json or preset name) is unknown, malformed or incomplete."""
 
 
+class ModelFamilyError(RegistrationError):
+    """A model family cannot be registered: a bad name, a ``model_type`` another family already claims, or
+    an object that is not a ``ModelFamily``."""
+
+
+class UnknownModelFamilyError(KVSpecError, LookupError):
+    """No model family is registered under a name."""
+
+
 class BlockPoolError(KVSpecError, RuntimeError):
     """The block pool was used in a way that breaks its invariants."""
 
@@ -164,6 +173,11 @@ class PlotPathError(KVSpecError, ValueError):
 class OptionError(KVSpecError, ValueError):
     """A command-line option that cannot apply to what was asked (the message names the option and what it
     needs), or two options that contradict each other."""
+
+
+class OptionValueError(KVSpecError, ValueError):
+    """An option given to a registered router, tier or other named entry is unknown to it or of the wrong
+    kind (kvspec.named_registry)."""
 
 
 class TraceFormatError(KVSpecError, ValueError):

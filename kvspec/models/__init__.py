@@ -5,11 +5,12 @@ layer -> spec map the planner groups. Importing this package loads torch; the li
 before any work (presets, default model, cache dtypes) live in :mod:`kvspec.presets`.
 """
 
+from kvspec.models.config_reader import MODEL_DTYPES, ConfigReader
+from kvspec.models.decoder import BuildSettings, FamilyLayers
+from kvspec.models.family import FAMILIES, ModelFamily, check_tensor_parallel, model_families
 from kvspec.models.hf_config import (
-    MODEL_DTYPES,
     ModelLayout,
     build_model_layout,
-    check_tensor_parallel,
     layout_from_config,
     load_model_config,
     resolve_model_dtype,
@@ -18,7 +19,13 @@ from kvspec.models.layout_file import is_layout_file, layer_specs_from_layout
 from kvspec.presets import DEFAULT_MODEL, KV_CACHE_DTYPES, preset_names
 
 __all__ = [
+    "FAMILIES",
+    "BuildSettings",
+    "ConfigReader",
     "DEFAULT_MODEL",
+    "FamilyLayers",
+    "ModelFamily",
+    "model_families",
     "KV_CACHE_DTYPES",
     "MODEL_DTYPES",
     "ModelLayout",

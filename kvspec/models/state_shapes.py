@@ -1,6 +1,6 @@
 """Recurrent-state shapes of state-space and linear-attention layers, by vLLM 0.34's rules.
 
-A Mamba1, Mamba2, Gated DeltaNet or lightning-attention layer keeps a fixed-size state per request instead
+A Mamba1, Mamba2, Gated DeltaNet, lightning-attention or short-convolution layer keeps a fixed-size state per request instead
 of per-token KV. Its shapes (elements, one TP rank's share) follow vLLM 0.34's
 ``MambaStateShapeCalculator``: the convolution state is laid out (state length, channels) (vLLM's default
 "SD" layout; the bytes are the same either way), channels and heads divide by the tensor-parallel size,
@@ -27,7 +27,7 @@ Shape = tuple[int, ...]
 class StateLayout:
     """The state tensors of one layer on one TP rank: ``shapes[i]`` elements of ``dtypes[i]``."""
 
-    kind: str  # "mamba1" | "mamba2" | "gated_delta_net" | "linear_attention"
+    kind: str  # "mamba1" | "mamba2" | "gated_delta_net" | "linear_attention" | "short_conv"
     shapes: tuple[Shape, ...]
     dtypes: tuple[torch.dtype, ...]
 
@@ -118,5 +118,17 @@ def linear_attention_state(*, tp: int, num_heads: int, head_dim: int, dtype: tor
     return StateLayout(
         kind="linear_attention",
         shapes=((_divide(num_heads, tp, "lightning attention heads"), head_dim, head_dim),),
+        dtypes=(dtype,),
+    )
+
+
+def short_conv_state(
+    *, tp: int, conv_dim: int, conv_kernel: int, dtype: torch.dtype, num_speculative_tokens: int = 0
+) -> StateLayout:
+    """Short convolution (LFM2's conv blocks): one conv state (conv_kernel - 1 + spec, conv_dim / tp) of the
+    model dtype (vLLM 0.34's ``short_conv_state_shape`` / ``short_conv_state_dtype``)."""
+    return StateLayout(
+        kind="short_conv",
+        shapes=((conv_kernel - 1 + num_speculative_tokens, _divide(conv_dim, tp, "short conv channels")),),
         dtypes=(dtype,),
     )

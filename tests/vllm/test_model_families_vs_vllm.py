@@ -39,6 +39,7 @@ STATE_MODEL_CLASSES = {
     "falcon_h1": ("vllm.model_executor.models.falcon_h1", "FalconH1ForCausalLM"),
     "zamba2": ("vllm.model_executor.models.zamba2", "Zamba2ForCausalLM"),
     "qwen3_next": ("vllm.model_executor.models.qwen3_next", "Qwen3NextForCausalLM"),
+    "lfm2": ("vllm.model_executor.models.lfm2", "Lfm2ForCausalLM"),
 }
 BLOCK = 64
 

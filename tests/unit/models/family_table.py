@@ -14,7 +14,7 @@ from pathlib import Path
 from kvspec import MambaSpec
 from kvspec.contracts.traits import block_tokens_of
 from kvspec.models import build_model_layout
-from kvspec.models.families import FAMILIES
+from kvspec.models.family import model_families
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "tests" / "fixtures" / "configs"
@@ -30,7 +30,13 @@ _KIND_NAMES = {
     "MLAAttentionSpec": "MLA",
     "CrossAttentionSpec": "cross",
 }
-_STATE_NAMES = {"mamba1": "Mamba1", "mamba2": "Mamba2", "gdn_attn": "GDN", "linear": "lightning"}
+_STATE_NAMES = {
+    "mamba1": "Mamba1",
+    "mamba2": "Mamba2",
+    "gdn_attn": "GDN",
+    "linear": "lightning",
+    "short_conv": "short conv",
+}
 
 
 def table() -> str:
@@ -40,7 +46,7 @@ def table() -> str:
         "| state per layer (shapes, dtypes) | state bytes (padded page) | attention block @64 |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    by_name = {f.name: f for f in FAMILIES}
+    by_name = {f.name: f for f in model_families()}
     for path in sorted(CONFIGS.glob("*.json")):
         raw = json.loads(path.read_text())
         text = raw.get("text_config", raw)

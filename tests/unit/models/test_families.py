@@ -16,7 +16,7 @@ from kvspec import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvspec.contracts.spec import KVCacheSpec
 from kvspec.errors import ModelConfigError
 from kvspec.models import build_model_layout, layout_from_config
-from kvspec.models.families import FAMILIES, supported_model_types
+from kvspec.models.family import model_families, supported_model_types
 from kvspec.models.state_shapes import gated_delta_net_state
 
 CONFIGS = Path(__file__).parents[2] / "fixtures" / "configs"
@@ -183,8 +183,8 @@ def test_unknown_model_type_is_refused_with_the_families() -> None:
 
 
 def test_every_family_lists_the_keys_it_reads() -> None:
-    assert len(supported_model_types()) == sum(len(f.model_types) for f in FAMILIES)
-    assert all(f.keys and f.caches for f in FAMILIES)
+    assert len(supported_model_types()) == sum(len(f.model_types) for f in model_families())
+    assert all(f.keys and f.caches for f in model_families())
 
 
 @pytest.mark.parametrize(

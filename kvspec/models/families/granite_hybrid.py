@@ -1,0 +1,44 @@
+"""Granite 4.0-H: ``layer_types`` (or ``layers_block_type``): mamba a Mamba2 state, attention full
+attention whose head size is ``hidden_size / heads`` (it ignores ``head_dim``, vLLM granitemoehybrid.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvspec.models.config_reader import ConfigReader, LayerCaches, single_cache
+from kvspec.models.families._mamba2 import MAMBA_D_KEYS, Mamba2Hybrid
+from kvspec.models.family import FAMILIES, check_tensor_parallel
+
+_LAYER_TYPES = {"mamba", "attention", "full_attention", "linear_attention"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GraniteHybrid(Mamba2Hybrid):
+    def layer_caches(self, config: ConfigReader, num_layers: int) -> list[LayerCaches]:
+        key = "layer_types" if config.has("layer_types") else "layers_block_type"
+        return [single_cache(k) for k in config.layer_types(key, num_layers, _LAYER_TYPES)]
+
+    def attention_dims(self, config: ConfigReader, tp: int) -> tuple[int, int]:
+        heads = config.positive_int("num_attention_heads")
+        kv_heads = config.positive_int("num_key_value_heads", heads)
+        head_size = config.positive_int("hidden_size") // heads
+        return check_tensor_parallel(heads, kv_heads, tp, config.model_type), head_size
+
+
+GRANITE_HYBRID = GraniteHybrid(
+    key="granite_hybrid",
+    name="Granite 4.0-H (Mamba2 hybrid)",
+    model_types=("granitemoehybrid",),
+    caches="layer_types: mamba a Mamba2 state, attention full attention (head size hidden_size / heads)",
+    keys=(
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "hidden_size",
+        "max_position_embeddings",
+        "layer_types",
+        "mamba_expand",
+        *MAMBA_D_KEYS.names,
+    ),
+)
+FAMILIES.register(GRANITE_HYBRID.key, GRANITE_HYBRID)

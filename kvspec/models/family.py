@@ -1,0 +1,190 @@
+"""A model family: an object that carries its rules, and the one registry of families.
+
+A family knows the ``model_type`` values it covers, the config keys it reads, which cache each layer holds
+(:meth:`ModelFamily.layer_caches`), how big its attention is (:meth:`ModelFamily.attention_dims`), its state
+layers' shapes through the shared calculators of :mod:`kvspec.models.state_shapes`
+(:meth:`ModelFamily.state_layout`, as vLLM's model classes call ``MambaStateShapeCalculator``) and its
+Hugging Face class's defaults. Nothing outside a family tests which family it is.
+
+Adding a family is one module under ``kvspec/models/families/`` (a ``ModelFamily`` subclass overriding what
+differs, and one ``FAMILIES.register`` line), its test and a real config under ``tests/fixtures/configs``.
+A plugin registers its own the same way. A ``model_type`` of no family is refused (``ModelConfigError``
+naming it and the families), since planning an unknown hybrid as a dense decoder gives a silently wrong
+figure; ``assume_dense=True`` (``--assume-dense``) plans it as the dense family on purpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+
+from kvspec.errors import ModelConfigError, ModelFamilyError, UnknownModelFamilyError
+from kvspec.models.config_reader import ATTENTION_TYPES, ConfigReader, LayerCaches, single_cache
+from kvspec.models.decoder import BuildSettings, FamilyLayers, build_decoder
+from kvspec.models.state_shapes import StateLayout
+from kvspec.named_registry import NamedRegistry
+
+#: The keys every attention decoder reads.
+ATTENTION_KEYS = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_size",
+    "max_position_embeddings",
+)
+
+
+def check_tensor_parallel(heads: int, kv_heads: int, tp: int, model_type: str) -> int:
+    """KV heads per rank under the rule engines use: attention heads divide by TP, and KV heads divide by
+    TP (split) or TP by KV heads (each rank holds one replicated KV head)."""
+    if heads % tp:
+        raise ModelConfigError(
+            f"tensor_parallel_size={tp} does not divide the {model_type} model's {heads} attention heads; "
+            f"use a divisor of {heads}."
+        )
+    if kv_heads % tp and tp % kv_heads:
+        divisors = ", ".join(str(d) for d in range(1, kv_heads + 1) if kv_heads % d == 0)
+        raise ModelConfigError(
+            f"tensor_parallel_size={tp} must divide the {kv_heads} KV heads (or be a multiple of them, so each "
+            f"rank replicates one); use e.g. {divisors}."
+        )
+    return max(1, kv_heads // tp)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelFamily:
+    """A family of models kvspec plans from their Hugging Face config.
+
+    ``key``: its registry name ("dense", "nemotron_h"); ``name``: its name for people; ``model_types``: the
+    ``model_type`` values it covers (no two families share one); ``caches``: what its layers cache, in
+    words (docs/MODELS.md); ``keys``: the config keys it reads; ``default_max_positions``: the
+    ``max_position_embeddings`` its Hugging Face classes default to, by model type (a config that leaves it
+    out must not plan another context length); ``latent_attention``: its attention caches one latent per
+    token (MLA), the only kind ``kv_cache_dtype="fp8_ds_mla"`` applies to.
+
+    The base class is a plain attention decoder: ``layer_types`` when the config lists them, else
+    :meth:`pattern` (full attention everywhere); override what differs.
+    """
+
+    key: str
+    name: str
+    model_types: tuple[str, ...]
+    caches: str
+    keys: tuple[str, ...] = ATTENTION_KEYS
+    default_max_positions: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    latent_attention: bool = False
+
+    def build(self, config: ConfigReader, settings: BuildSettings) -> FamilyLayers:
+        """One spec per cache layer of one TP rank, the context length and notes."""
+        return build_decoder(self, config, settings)
+
+    def layer_caches(self, config: ConfigReader, num_layers: int) -> list[LayerCaches]:
+        """The caches each of the ``num_layers`` layers holds."""
+        if config.has("layer_types"):
+            kinds = config.layer_types("layer_types", num_layers, ATTENTION_TYPES)
+            return [single_cache(k) for k in kinds]
+        return self.pattern(config, num_layers)
+
+    def pattern(self, config: ConfigReader, num_layers: int) -> list[LayerCaches]:
+        """The layers' caches when the config lists no ``layer_types``: full attention in every layer."""
+        return [("full",)] * num_layers
+
+    def attention_dims(self, config: ConfigReader, tp: int) -> tuple[int, int]:
+        """(KV heads on one of ``tp`` ranks, head size) of the attention layers: ``head_dim``, else
+        ``hidden_size / num_attention_heads``."""
+        heads = config.positive_int("num_attention_heads")
+        kv_heads = config.positive_int("num_key_value_heads", heads)
+        head_dim = config.get("head_dim")
+        if head_dim is None:
+            head_dim = config.positive_int("hidden_size") // heads
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+            raise ModelConfigError(
+                f"{config.model_type} config key 'head_dim' must be a positive integer, got {head_dim!r}."
+            )
+        return check_tensor_parallel(heads, kv_heads, tp, config.model_type), head_dim
+
+    def state_layout(self, config: ConfigReader, tp: int, model_dtype: torch.dtype) -> StateLayout:
+        """The state of the family's state layers on one of ``tp`` ranks; a family without state layers
+        refuses a config that names some."""
+        raise ModelConfigError(
+            f"{config.model_type} config names state layers, which the {self.name} family has none of."
+        )
+
+
+def _check_family(name: str, family: ModelFamily) -> ModelFamily:
+    given: object = family
+    if not isinstance(given, ModelFamily):
+        raise ModelFamilyError(
+            f"Model family {name!r}: register a kvspec.models.ModelFamily (a subclass overriding what differs), "
+            f"got {type(given).__name__}."
+        )
+    if family.key != name:
+        raise ModelFamilyError(f"Model family {name!r}: its key is {family.key!r}; register it under that.")
+    if not family.model_types:
+        raise ModelFamilyError(f"Model family {name!r} covers no model_type.")
+    for entry in FAMILIES.entries():
+        shared = sorted(set(entry.item.model_types) & set(family.model_types))
+        if shared and entry.name != name:
+            raise ModelFamilyError(
+                f"Model family {name!r}: model_type {', '.join(map(repr, shared))} is already the "
+                f"{entry.name!r} family's."
+            )
+    return family
+
+
+#: The model families by key; built-ins register in kvspec.models.families, one line each.
+FAMILIES: NamedRegistry[ModelFamily] = NamedRegistry(
+    what="Model family",
+    error=ModelFamilyError,
+    unknown_error=UnknownModelFamilyError,
+    register_with="kvspec.models.FAMILIES.register",
+    example="nemotron_h",
+    check=_check_family,
+)
+#: The family ``assume_dense`` plans an unknown model_type as.
+DENSE = "dense"
+
+
+def model_families() -> tuple[ModelFamily, ...]:
+    """Every registered family, built-ins first in the order docs/MODELS.md lists them."""
+    return tuple(entry.item for entry in FAMILIES.entries())
+
+
+def supported_model_types() -> list[str]:
+    return sorted(t for family in model_families() for t in family.model_types)
+
+
+def recognise_family(model_type: str, inner_type: str, *, assume_dense: bool = False) -> ModelFamily:
+    """The family of a config whose ``model_type`` is ``model_type`` (``inner_type``: its text config's, the
+    one that decides for multimodal wrappers such as Gemma 3's)."""
+    families = model_families()
+    by_type = {t: family for family in families for t in family.model_types}
+    family = by_type.get(inner_type) or by_type.get(model_type)
+    if family is not None:
+        return family
+    if assume_dense:
+        return FAMILIES.entry(DENSE).item
+    names = "; ".join(f"{f.name}: {', '.join(f.model_types)}" for f in families)
+    raise ModelConfigError(
+        f"kvspec does not know model_type {inner_type!r}"
+        + (f" (in a {model_type!r} config)" if inner_type != model_type else "")
+        + f", so it cannot tell which layers hold which cache. Supported families: {names}. "
+        "If the model is a plain decoder (full attention in every layer), pass --assume-dense "
+        "(assume_dense=True) to plan it as one."
+    )
+
+
+__all__ = [
+    "ATTENTION_KEYS",
+    "DENSE",
+    "FAMILIES",
+    "ModelFamily",
+    "check_tensor_parallel",
+    "model_families",
+    "recognise_family",
+    "supported_model_types",
+]

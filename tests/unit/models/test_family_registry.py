@@ -1,0 +1,187 @@
+"""Model families as objects that carry their rules (issue 50): one registry of families, a family added in
+one module (LFM2, short convolution), a plugin's family planned through the same path, and no code outside
+a family testing which family it is."""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvspec.models
+from kvspec import FullAttentionSpec, MambaSpec
+from kvspec.errors import ModelConfigError, ModelFamilyError, UnknownModelFamilyError
+from kvspec.models import FAMILIES, ConfigReader, ModelFamily, build_model_layout, layout_from_config
+from kvspec.models.config_reader import LayerCaches
+from kvspec.models.families.dense import DENSE
+from kvspec.models.family import model_families, recognise_family
+
+CONFIGS = Path(__file__).parents[2] / "fixtures" / "configs"
+LFM2 = CONFIGS / "LiquidAI__LFM2-1.2B.json"
+MODELS = Path(kvspec.models.__file__).parent
+
+
+@pytest.fixture
+def saved_families() -> Iterator[None]:
+    saved = FAMILIES.snapshot()
+    try:
+        yield
+    finally:
+        FAMILIES.restore(saved)
+
+
+def test_lfm2_conv_layers_hold_a_short_convolution_state() -> None:
+    """LFM2-1.2B: 16 layers, attention at full_attn_idxs [2, 5, 8, 10, 12, 14] (8 KV heads of 2048 / 32 =
+    64), a conv state of (conv_L_cache - 1, conv_dim) = (2, 2048) bf16 in the 10 others."""
+    layout = build_model_layout(str(LFM2), block_size=64)
+    assert layout.family == "LFM2 (short convolution hybrid)"
+    specs = layout.layer_specs
+    attention = [n for n, s in specs.items() if isinstance(s, FullAttentionSpec)]
+    assert attention == [f"model.layers.{i}" for i in (2, 5, 8, 10, 12, 14)]
+    states = {s for s in specs.values() if isinstance(s, MambaSpec)}
+    assert len(states) == 1 and len(specs) == 16
+    (state,) = states
+    assert state.shapes == ((2, 2048),) and state.dtypes == (torch.bfloat16,)
+    assert state.mamba_type == "short_conv" and state.num_prefill_checkpoint_blocks == 0
+    assert state.unpadded_page_size_bytes == 2 * 2048 * 2 == 8192
+    # 2 x 8 x 64 x 2 = 2,048 bytes a token: a 64-token page (131,072 bytes) already holds the state.
+    full = specs["model.layers.2"]
+    assert full.block_size == 64 and full.page_size_bytes == 64 * 2048
+    assert state.page_size_bytes == 131_072
+    # TP 2: half the KV heads and half the conv channels on each rank.
+    tp2 = build_model_layout(str(LFM2), block_size=64, tensor_parallel_size=2).layer_specs
+    assert tp2["model.layers.2"].page_size_bytes == 64 * 1024
+    assert {s.shapes for s in tp2.values() if isinstance(s, MambaSpec)} == {((2, 1024),)}
+
+
+def test_lfm2_layer_types_spelling_gives_the_same_layout() -> None:
+    """Newer LFM2 configs (and transformers' class) write the pattern out as layer_types."""
+    raw = json.loads(LFM2.read_text())
+    attention = set(raw.pop("full_attn_idxs"))
+    raw["layer_types"] = ["full_attention" if i in attention else "conv" for i in range(16)]
+    assert layout_from_config(raw).layer_specs == build_model_layout(str(LFM2)).layer_specs
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"full_attn_idxs": [2, 16]}, "'full_attn_idxs' must list layer indices below 16"),
+        ({"full_attn_idxs": None}, "missing 'full_attn_idxs'"),
+        ({"conv_L_cache": 0}, "'conv_L_cache' must be a positive integer"),
+        ({"layer_types": ["conv"] * 15 + ["mamba"]}, "unknown layer type 'mamba' in 'layer_types'"),
+    ],
+)
+def test_bad_lfm2_configs_name_the_key(change: dict[str, object], message: str) -> None:
+    raw = {**json.loads(LFM2.read_text()), **change}
+    with pytest.raises(ModelConfigError, match=message):
+        layout_from_config(raw)
+
+
+def test_the_registry_lists_each_built_in_family_once_in_the_documented_order() -> None:
+    keys = [f.key for f in model_families()][:14]
+    assert keys == [
+        "dense",
+        "gemma",
+        "gpt_oss",
+        "llama4",
+        "mla",
+        "jamba",
+        "nemotron_h",
+        "granite_hybrid",
+        "falcon_h1",
+        "zamba2",
+        "qwen3_next",
+        "minimax",
+        "lfm2",
+        "whisper",
+    ]
+    assert FAMILIES.entry("lfm2").item.model_types == ("lfm2",)
+    with pytest.raises(UnknownModelFamilyError, match="Unknown model family 'mamba3'; registered: dense,"):
+        FAMILIES.entry("mamba3")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _EveryThirdFull(ModelFamily):
+    """A plugin's family: full attention every third layer, a sliding window elsewhere."""
+
+    def pattern(self, config: ConfigReader, num_layers: int) -> list[LayerCaches]:
+        return [("full",) if i % 3 == 2 else ("sliding",) for i in range(num_layers)]
+
+
+def test_a_plugin_family_is_planned_through_the_same_path(saved_families: None) -> None:
+    family = _EveryThirdFull(key="acme.thirds", name="Acme thirds", model_types=("acme_thirds",), caches="x")
+    FAMILIES.register("acme.thirds", family)
+    raw = {
+        "model_type": "acme_thirds",
+        "num_hidden_layers": 6,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "sliding_window": 512,
+        "max_position_embeddings": 4096,
+    }
+    layout = layout_from_config(raw)
+    assert layout.family == "Acme thirds" and not layout.assumed_dense
+    kinds = [type(s).__name__ for s in layout.layer_specs.values()]
+    assert kinds == ["SlidingWindowSpec", "SlidingWindowSpec", "FullAttentionSpec"] * 2
+    assert recognise_family("acme_thirds", "acme_thirds") is family
+
+
+def test_registration_refusals_change_nothing(saved_families: None) -> None:
+    before = FAMILIES.snapshot()
+    thief = _EveryThirdFull(key="acme.thief", name="thief", model_types=("llama", "acme"), caches="x")
+    with pytest.raises(ModelFamilyError, match="model_type 'llama' is already the 'dense' family's"):
+        FAMILIES.register("acme.thief", thief)
+    with pytest.raises(ModelFamilyError, match=r"its key is 'acme\.thief'; register it under that"):
+        FAMILIES.register("acme.other", thief)
+    with pytest.raises(ModelFamilyError, match="must be dotted lower-case words"):
+        FAMILIES.register("Acme", thief)
+    with pytest.raises(ModelFamilyError, match=r"register a kvspec\.models\.ModelFamily"):
+        FAMILIES.register("acme.thief", "not a family")  # type: ignore[arg-type]
+    with pytest.raises(ModelFamilyError, match="'dense' is already registered; pass replace=True"):
+        FAMILIES.register("dense", _EveryThirdFull(key="dense", name="d", model_types=("zz",), caches="x"))
+    assert FAMILIES.snapshot() == before
+    # Replacing a built-in on purpose is allowed, and a snapshot puts it back.
+    FAMILIES.register(
+        "dense", _EveryThirdFull(key="dense", name="d", model_types=("zz",), caches="x"), replace=True
+    )
+    assert recognise_family("zz", "zz").name == "d"
+
+
+def test_assume_dense_plans_an_unknown_type_as_the_dense_family() -> None:
+    family = recognise_family("acme_new", "acme_new", assume_dense=True)
+    assert family is DENSE
+    with pytest.raises(ModelConfigError, match="does not know model_type 'acme_new'"):
+        recognise_family("acme_new", "acme_new")
+
+
+def _family_identity_tests(source: str) -> list[int]:
+    """Lines comparing with ``is``/``is not`` against a family constant or a name ending in _FAMILY, or
+    looking a family up in a table keyed by family (the forms models/hf_config.py used)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(isinstance(op, ast.Is | ast.IsNot) for op in node.ops):
+            for side in (node.left, *node.comparators):
+                name = side.attr if isinstance(side, ast.Attribute) else getattr(side, "id", "")
+                if name.isupper() and name not in ("None",):
+                    found.append(node.lineno)
+    return found
+
+
+def test_the_identity_scan_finds_the_old_form() -> None:
+    assert _family_identity_tests("if family is families.NEMOTRON_H: pass\nx = f is not ZAMBA2\n") == [1, 2]
+    assert _family_identity_tests("if family is None: pass\n") == []
+
+
+def test_no_code_in_the_models_layer_tests_which_family_it_has() -> None:
+    found = {
+        str(path.relative_to(MODELS)): lines
+        for path in sorted(MODELS.rglob("*.py"))
+        if (lines := _family_identity_tests(path.read_text()))
+    }
+    assert found == {}

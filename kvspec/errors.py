@@ -215,6 +215,10 @@ class RouterError(RegistrationError):
     (the message names the router and what is wrong)."""
 
 
+class RouterOptionError(RouterError, OptionValueError):
+    """An option given to a router is one it does not declare, or of the wrong kind."""
+
+
 class UnknownRouterError(KVSpecError, LookupError):
     """A router name nobody registered (the message lists the registered ones)."""
 
@@ -268,7 +272,7 @@ class UnknownTierError(KVSpecError, LookupError):
     """A tier or tier cache policy name nobody registered (the message lists the registered ones)."""
 
 
-class TierConfigError(KVSpecError, ValueError):
+class TierConfigError(OptionValueError):
     """Tier settings that cannot run: a size that is not a byte count, a capacity below one block, an unknown
     group family to offload, a bandwidth that is not positive; the message names the setting and what it
     accepts."""

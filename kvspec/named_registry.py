@@ -19,16 +19,19 @@ test put one back as it was. Built-ins register beside their code, one line each
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from kvspec.errors import KVSpecError, OptionValueError
 
 T = TypeVar("T")
+D = TypeVar("D")
 OptionValue = int | float | str
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
@@ -88,20 +91,50 @@ class Entry(Generic[T]):
         return frozenset(o.name for o in self.options)
 
     def settings(self, given: Mapping[str, object]) -> dict[str, OptionValue]:
-        """Every declared option's value: ``given``'s, checked, else the default. An option the entry does
-        not declare, or a value of the wrong kind, is the extension point's option error (an
-        ``OptionValueError``) naming it and what it takes."""
-        owner = f"{self.what} {self.name!r}"
-        unknown = sorted(set(given) - self.option_names)
-        if unknown:
-            takes = ", ".join(o.describe() for o in self.options) or "none"
-            raise self.option_error(
-                f"{owner} takes no option {', '.join(map(repr, unknown))}; its options: {takes}."
+        """Every declared option's value (:func:`option_settings`)."""
+        return option_settings(f"{self.what} {self.name!r}", self.options, given, self.option_error)
+
+
+def option_settings(
+    owner: str,
+    options: Sequence[Option],
+    given: Mapping[str, object],
+    error: type[KVSpecError] = OptionValueError,
+) -> dict[str, OptionValue]:
+    """Every option in ``options`` with its value: ``given``'s, checked, else the default. An option
+    ``owner`` does not declare, or a value of the wrong kind, is ``error`` naming it and what ``owner``
+    takes: the one wording of every extension point."""
+    names = {o.name for o in options}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        takes = ", ".join(o.describe() for o in options) or "none"
+        raise error(f"{owner} takes no option {', '.join(map(repr, unknown))}; its options: {takes}.")
+    return {o.name: o.coerce(given[o.name], owner, error) if o.name in given else o.default for o in options}
+
+
+def declared_options(settings: type[Any]) -> tuple[Option, ...]:
+    """The options a settings dataclass declares: one per field, its annotation (``int``, ``float`` or
+    ``str``) the kind, its default the default. Every field needs a default."""
+    if not dataclasses.is_dataclass(settings):
+        raise TypeError(f"{settings!r} is not a dataclass of options")
+    hints = typing.get_type_hints(settings)
+    out = []
+    for f in dataclasses.fields(settings):
+        kind = hints[f.name]
+        if kind not in (int, float, str) or f.default is dataclasses.MISSING:
+            raise TypeError(
+                f"option {f.name!r} of {settings.__name__} must be an int, float or str with a default"
             )
-        return {
-            o.name: o.coerce(given[o.name], owner, self.option_error) if o.name in given else o.default
-            for o in self.options
-        }
+        out.append(Option(name=f.name, kind=kind, default=f.default))
+    return tuple(out)
+
+
+def read_options(
+    settings: type[D], owner: str, given: Mapping[str, object], error: type[KVSpecError] = OptionValueError
+) -> D:
+    """``settings`` (a dataclass of options, :func:`declared_options`) built from ``given``: the values
+    checked by :func:`option_settings`, the defaults for the rest."""
+    return settings(**option_settings(owner, declared_options(settings), given, error))
 
 
 class NamedRegistry(Generic[T]):
@@ -176,7 +209,7 @@ class NamedRegistry(Generic[T]):
         )
         with self._lock:
             taken = self._entries.get(name)
-            if taken is not None and not replace and taken.item is not item:
+            if taken is not None and not replace and taken.item != item:
                 raise self._error(
                     f"{self.what} {name!r} is already registered; pass replace=True to replace it."
                 )
@@ -200,7 +233,7 @@ class NamedRegistry(Generic[T]):
             entry = self._entries.get(name)
         if entry is None:
             raise self._unknown(
-                f"Unknown {self.what.lower()} {name!r}; registered: {', '.join(self.names())} (a plugin "
+                f"Unknown {self.what.lower()} {name!r}; registered: {', '.join((*self._reserved, *self.names()))} (a plugin "
                 f"registers more with {self._register_with})."
             )
         return entry
@@ -231,4 +264,13 @@ class NamedRegistry(Generic[T]):
             self._entries.update(saved)
 
 
-__all__ = ["Entry", "NamedRegistry", "Option", "OptionValue", "OptionValueError"]
+__all__ = [
+    "Entry",
+    "NamedRegistry",
+    "Option",
+    "OptionValue",
+    "OptionValueError",
+    "declared_options",
+    "option_settings",
+    "read_options",
+]

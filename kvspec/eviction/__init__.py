@@ -16,6 +16,9 @@ rather than once per block, :class:`BatchEvictionPolicy`) and registers a factor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from kvspec.blocks.eviction import (
     BatchEvictionPolicy,
     BlockUse,
@@ -30,6 +33,7 @@ from kvspec.eviction.lfu import LFUPolicy
 from kvspec.eviction.lru import ReleaseOrderLRU
 from kvspec.eviction.registry import (
     LRU,
+    POLICIES,
     eviction_policy_names,
     register_eviction_policy,
     resolve_eviction_policy,
@@ -39,22 +43,23 @@ from kvspec.eviction.registry import (
 from kvspec.eviction.retention import RetentionPolicy
 from kvspec.eviction.slru import SLRUPolicy
 
-#: The built-in policies' factories by name ("lru" needs none).
-BUILTIN_POLICIES: dict[str, EvictionPolicyFactory] = {
-    "lfu": LFUPolicy,
-    "slru": SLRUPolicy,
-    "retention": RetentionPolicy,
-    "hybrid": HybridAwarePolicy,
-}
+# The built-ins, one line each (kv_offload's factory: one registry, one line a built-in).
+POLICIES.register("lfu", LFUPolicy)
+POLICIES.register("slru", SLRUPolicy)
+POLICIES.register("retention", RetentionPolicy)
+POLICIES.register("hybrid", HybridAwarePolicy)
 
-for _name, _factory in BUILTIN_POLICIES.items():
-    register_eviction_policy(_name, _factory)
+#: The built-in policies' factories by name ("lru" needs none), as registered at import.
+BUILTIN_POLICIES: Mapping[str, EvictionPolicyFactory] = MappingProxyType(
+    {entry.name: entry.item for entry in POLICIES.entries()}
+)
 
 __all__ = [
     "BUILTIN_POLICIES",
     "BatchEvictionPolicy",
     "BlockList",
     "LRU",
+    "POLICIES",
     "BlockUse",
     "EvictionContext",
     "EvictionPolicy",

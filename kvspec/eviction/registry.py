@@ -9,21 +9,15 @@ the middle of a run.
 
 from __future__ import annotations
 
-import re
-import threading
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Mapping
 from typing import cast
 
 from kvspec.blocks.eviction import EvictionContext, EvictionPolicy, EvictionPolicyFactory, GroupInfo
 from kvspec.errors import EvictionPolicyError, UnknownEvictionPolicyError
+from kvspec.named_registry import Entry, NamedRegistry
 
 #: The name of vLLM's own LRU order (the pool's linked list; no policy object).
 LRU = "lru"
-
-_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
-_lock = threading.Lock()
-_policies: dict[str, EvictionPolicyFactory] = {}
 
 
 def probe_context(num_blocks: int = 4) -> EvictionContext:
@@ -72,33 +66,31 @@ def check_eviction_policy_factory(name: str, factory: object) -> EvictionPolicyF
     return checked
 
 
+#: Every eviction policy's factory by name ("lru", the pool's own order, is reserved and needs none);
+#: the built-ins register in kvspec.eviction, one line each.
+POLICIES: NamedRegistry[EvictionPolicyFactory] = NamedRegistry(
+    what="Eviction policy",
+    error=EvictionPolicyError,
+    unknown_error=UnknownEvictionPolicyError,
+    register_with="kvspec.eviction.register_eviction_policy",
+    example="lfu",
+    check=check_eviction_policy_factory,
+    reserved={
+        LRU: "vLLM's own free-queue order (the pool's linked list); register yours under another name.",
+    },
+)
+
+
 def register_eviction_policy(name: str, factory: EvictionPolicyFactory, *, replace: bool = False) -> None:
     """Register ``factory`` under ``name`` (dotted lower-case words: "lfu", "acme.cost_aware").
     A name already taken is refused unless ``replace``; "lru" is vLLM's own order and cannot be taken.
     Nothing changes when the registration is refused."""
-    if not _NAME.match(str(name)):
-        raise EvictionPolicyError(
-            f"Eviction policy name {name!r} must be dotted lower-case words like 'lfu' or 'acme.cost_aware'."
-        )
-    if name == LRU:
-        raise EvictionPolicyError(
-            "Eviction policy name 'lru' is vLLM's own free-queue order (the pool's linked list); "
-            "register yours under another name."
-        )
-    checked = check_eviction_policy_factory(name, factory)
-    with _lock:
-        if name in _policies and not replace and _policies[name] is not factory:
-            raise EvictionPolicyError(
-                f"Eviction policy {name!r} is already registered (to {_describe(_policies[name])}); pass "
-                "replace=True to replace it."
-            )
-        _policies[name] = checked
+    POLICIES.register(name, factory, replace=replace)
 
 
 def eviction_policy_names() -> tuple[str, ...]:
     """Every name ``resolve_eviction_policy`` takes: "lru" first, then the registered ones, sorted."""
-    with _lock:
-        return (LRU, *sorted(_policies))
+    return (LRU, *POLICIES.names())
 
 
 def resolve_eviction_policy(
@@ -109,36 +101,23 @@ def resolve_eviction_policy(
     if policy is None or policy == LRU:
         return None
     if isinstance(policy, str):
-        with _lock:
-            factory = _policies.get(policy)
-        if factory is None:
-            raise UnknownEvictionPolicyError(
-                f"Unknown eviction policy {policy!r}; registered: {', '.join(eviction_policy_names())} "
-                "(a plugin registers more with kvspec.eviction.register_eviction_policy)."
-            )
-        return factory
+        return POLICIES.entry(policy).item
     return check_eviction_policy_factory(getattr(policy, "__name__", repr(policy)), policy)
 
 
-def snapshot() -> Mapping[str, EvictionPolicyFactory]:
+def snapshot() -> Mapping[str, Entry[EvictionPolicyFactory]]:
     """The registrations now (read-only), for :func:`restore` (tests)."""
-    with _lock:
-        return MappingProxyType(dict(_policies))
+    return POLICIES.snapshot()
 
 
-def restore(saved: Mapping[str, EvictionPolicyFactory]) -> None:
+def restore(saved: Mapping[str, Entry[EvictionPolicyFactory]]) -> None:
     """Put back the registrations a :func:`snapshot` saw."""
-    with _lock:
-        _policies.clear()
-        _policies.update(saved)
-
-
-def _describe(factory: Callable[..., object]) -> str:
-    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
+    POLICIES.restore(saved)
 
 
 __all__ = [
     "LRU",
+    "POLICIES",
     "check_eviction_policy_factory",
     "probe_context",
     "eviction_policy_names",

@@ -1,13 +1,15 @@
 """Fleets of engine instances behind KV-aware routers (see docs/FLEET.md).
 
 Routers are plugins: :func:`register_router` a factory with what it reads, check it with
-:func:`kvspec.fleet.kit.check_router`. The built-ins (:mod:`kvspec.fleet.routers`) are registered here.
+:func:`kvspec.fleet.kit.check_router`. The built-ins (:mod:`kvspec.fleet.routers`) register where they are defined, one ``@router`` each.
 """
 
 from __future__ import annotations
 
-from kvspec.fleet.registry import register_router, resolve_router, router_names
-from kvspec.fleet.routers import ROUTER_OPTIONS, register_builtin_routers
+from kvspec.fleet import consistent_hash as _consistent_hash  # noqa: F401  (registers its router)
+from kvspec.fleet import routers as _routers  # noqa: F401  (registers the built-in routers)
+from kvspec.fleet.fleet import FleetReport, FleetSettings, run_fleet
+from kvspec.fleet.registry import ROUTERS, register_router, resolve_router, router, router_names
 from kvspec.fleet.routing import (
     ROUTER_READS,
     FleetView,
@@ -19,12 +21,8 @@ from kvspec.fleet.routing import (
     RouterSpec,
 )
 
-register_builtin_routers()
-
-from kvspec.fleet.fleet import FleetReport, FleetSettings, run_fleet  # noqa: E402
-
 __all__ = [
-    "ROUTER_OPTIONS",
+    "ROUTERS",
     "ROUTER_READS",
     "FleetReport",
     "FleetSettings",
@@ -37,6 +35,7 @@ __all__ = [
     "RouterSpec",
     "register_router",
     "resolve_router",
+    "router",
     "router_names",
     "run_fleet",
 ]

@@ -31,8 +31,9 @@ name                      rule (source)                                         
                           (the conversation trace's first block) pulls all traffic to one instance
 ========================  =====================================================================  =========
 
-Options (``RouterContext.options``) per router are listed in :data:`ROUTER_OPTIONS`; an unknown one is a
-``RouterError`` when the router is built.
+Each router declares its options (name, default) where it registers, in one ``@router`` line; the registry
+fills in the defaults and refuses an unknown option or a value that is not a number (``RouterOptionError``)
+when the router is built. ``ROUTERS.entry(name).options`` lists them.
 """
 
 from __future__ import annotations
@@ -40,48 +41,70 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from kvspec.errors import RouterError
 from kvspec.fleet.index import KVEventIndex
-from kvspec.fleet.registry import register_router
-from kvspec.fleet.routing import FleetView, RouterContext, RouteRequest, option
-
-#: Each built-in router's options and their defaults.
-ROUTER_OPTIONS: Final[Mapping[str, Mapping[str, float]]] = {
-    "round_robin": {},
-    "random": {},
-    "least_loaded": {},
-    "power_of_two": {},
-    "cache_aware": {
-        "cache_threshold": 0.3,
-        "balance_abs_threshold": 64,
-        "balance_rel_threshold": 1.5,
-        "max_tree_size": 2**25,
-    },
-    "precise_prefix": {"prefix_weight": 3.0, "kv_usage_weight": 2.0, "queue_weight": 2.0, "cpu_weight": 0.8},
-    "exact_prefix": {"prefix_weight": 3.0, "kv_usage_weight": 2.0, "queue_weight": 2.0},
-    "kv_cost": {
-        "overlap_score_credit": 1.0,
-        "prefill_load_scale": 1.0,
-        "temperature": 0.0,
-        "host_credit": 0.75,
-        "disk_credit": 0.25,
-    },
-    "exact": {"overlap_score_credit": 1.0, "prefill_load_scale": 1.0, "temperature": 0.0},
-    "longest_prefix": {"random_ties": 0.0},
-}
+from kvspec.fleet.registry import router
+from kvspec.fleet.routing import FleetView, RouterContext, RouteRequest, router_options
 
 
-def _check_options(name: str, context: RouterContext) -> None:
-    known = ROUTER_OPTIONS[name]
-    unknown = sorted(set(context.options) - set(known))
-    if unknown:
-        raise RouterError(
-            f"Router {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
-            f"{', '.join(f'{k} (default {v:g})' for k, v in known.items()) or 'none'}."
-        )
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CacheAwareOptions:
+    """``cache_aware``: the prefix-match ratio to follow history, the imbalance (absolute requests and
+    ratio) that falls back to the least loaded, the history's size in tokens."""
+
+    cache_threshold: float = 0.3
+    balance_abs_threshold: float = 64
+    balance_rel_threshold: float = 1.5
+    max_tree_size: int = 2**25
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PrefixScorerOptions:
+    """``exact_prefix``: llm-d's weights (its benchmark's) of prefix overlap, free KV and short queue."""
+
+    prefix_weight: float = 3.0
+    kv_usage_weight: float = 2.0
+    queue_weight: float = 2.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PrecisePrefixOptions(PrefixScorerOptions):
+    """``precise_prefix``: the weights, and what a block held only in host memory counts."""
+
+    cpu_weight: float = 0.8
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CostOptions:
+    """``exact``: Dynamo's overlap credit, prefill load scale and softmax temperature (0: lowest cost)."""
+
+    overlap_score_credit: float = 1.0
+    prefill_load_scale: float = 1.0
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KvCostOptions(CostOptions):
+    """``kv_cost``: the cost's options, and the overlap credit of a block in host memory and on disk."""
+
+    host_credit: float = 0.75
+    disk_credit: float = 0.25
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LongestPrefixOptions:
+    """``longest_prefix``: ties to the lowest index (0) or at random (1)."""
+
+    random_ties: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NoOptions:
+    """A router that takes no option."""
 
 
 def _pick_tied(values: Sequence[float], best: float, rng: random.Random) -> int:
@@ -112,9 +135,10 @@ def _least_loaded(loads: Sequence[Any], among: Sequence[int] | None = None) -> i
     return min(candidates, key=lambda i: (loads[i].requests, i))
 
 
+@router("round_robin", options=NoOptions, description="instances in turn")
 class RoundRobin:
     def __init__(self, context: RouterContext) -> None:
-        _check_options("round_robin", context)
+        router_options(NoOptions, "round_robin", context)
         self._n = context.num_instances
         self._next = 0
 
@@ -124,9 +148,10 @@ class RoundRobin:
         return choice
 
 
+@router("random", options=NoOptions, description="uniform at random (seeded)")
 class RandomRouter:
     def __init__(self, context: RouterContext) -> None:
-        _check_options("random", context)
+        router_options(NoOptions, "random", context)
         self._n = context.num_instances
         self._rng = random.Random(context.seed)
 
@@ -134,17 +159,21 @@ class RandomRouter:
         return self._rng.randrange(self._n)
 
 
+@router("least_loaded", reads=("loads",), options=NoOptions, description="fewest requests in flight")
 class LeastLoaded:
     def __init__(self, context: RouterContext) -> None:
-        _check_options("least_loaded", context)
+        router_options(NoOptions, "least_loaded", context)
 
     def route(self, request: RouteRequest, fleet: FleetView) -> int:
         return _least_loaded(fleet.loads())
 
 
+@router(
+    "power_of_two", reads=("loads",), options=NoOptions, description="the less loaded of two random instances"
+)
 class PowerOfTwo:
     def __init__(self, context: RouterContext) -> None:
-        _check_options("power_of_two", context)
+        router_options(NoOptions, "power_of_two", context)
         self._n = context.num_instances
         self._rng = random.Random(context.seed)
 
@@ -156,16 +185,22 @@ class PowerOfTwo:
         return second if loads[second].requests < loads[first].requests else first
 
 
+@router(
+    "cache_aware",
+    reads=("loads",),
+    options=CacheAwareOptions,
+    description="SGLang/vllm-router cache_aware: routing-history prefix match, balance thresholds",
+)
 class CacheAware:
     """SGLang's / vllm-router's ``cache_aware`` over the router's own routing history (see the module table)."""
 
     def __init__(self, context: RouterContext) -> None:
-        _check_options("cache_aware", context)
-        self._threshold = option(context, "cache_threshold", 0.3)
-        self._abs = option(context, "balance_abs_threshold", 64)
-        self._rel = option(context, "balance_rel_threshold", 1.5)
+        options = router_options(CacheAwareOptions, "cache_aware", context)
+        self._threshold = options.cache_threshold
+        self._abs = options.balance_abs_threshold
+        self._rel = options.balance_rel_threshold
         self._block = context.block_size
-        self._capacity = max(1, int(option(context, "max_tree_size", 2**25)) // context.block_size)
+        self._capacity = max(1, options.max_tree_size // context.block_size)
         self._trees: list[OrderedDict[bytes, None]] = [OrderedDict() for _ in range(context.num_instances)]
 
     def _match(self, tree: OrderedDict[bytes, None], hashes: Sequence[bytes]) -> int:
@@ -199,19 +234,20 @@ class CacheAware:
         return choice
 
 
-class PrecisePrefix(_IndexFed):
-    """llm-d's precise prefix-cache scorer with its queue and KV-usage scorers (see the module table)."""
+class _PrefixScorer:
+    """llm-d's precise prefix-cache scorer with its queue and KV-usage scorers (see the module table), the
+    overlap from KV events (``precise_prefix``) or from each instance's coordinator (``exact_prefix``)."""
+
+    name = "exact_prefix"
+    settings: type[PrefixScorerOptions] = PrefixScorerOptions
 
     def __init__(self, context: RouterContext) -> None:
-        _check_options("precise_prefix", context)
-        self.index = KVEventIndex(context.num_instances)
-        self.medium_weights = {"GPU": 1.0, "CPU": option(context, "cpu_weight", 0.8)}
-        self._weights = (
-            option(context, "prefix_weight", 3.0),
-            option(context, "kv_usage_weight", 2.0),
-            option(context, "queue_weight", 2.0),
-        )
+        options = router_options(self.settings, self.name, context)
+        self._weights = (options.prefix_weight, options.kv_usage_weight, options.queue_weight)
         self._rng = random.Random(context.seed)
+
+    def _overlap_blocks(self, request: RouteRequest, fleet: FleetView) -> list[float]:
+        raise NotImplementedError
 
     def route(self, request: RouteRequest, fleet: FleetView) -> int:
         loads = fleet.loads()
@@ -227,13 +263,36 @@ class PrecisePrefix(_IndexFed):
         return _pick_tied(scores, max(scores), self._rng)
 
 
-class ExactPrefix(PrecisePrefix):
-    """llm-d's scoring with each instance's real hit instead of the KV-event index (``exact_prefix``)."""
-
-    name = "exact_prefix"
+@router(
+    "precise_prefix",
+    reads=("loads", "kv_events"),
+    options=PrecisePrefixOptions,
+    description="llm-d precise prefix scorer: KV-event index, longest prefix, queue and KV usage",
+)
+class PrecisePrefix(_IndexFed, _PrefixScorer):
+    name = "precise_prefix"
+    settings = PrecisePrefixOptions
 
     def __init__(self, context: RouterContext) -> None:
-        super().__init__(context)  # the same options as precise_prefix's
+        super().__init__(context)
+        self.index = KVEventIndex(context.num_instances)
+        self.medium_weights = {
+            "GPU": 1.0,
+            "CPU": router_options(PrecisePrefixOptions, self.name, context).cpu_weight,
+        }
+
+
+@router(
+    "exact_prefix",
+    reads=("loads", "cache"),
+    options=PrefixScorerOptions,
+    description="kvspec: precise_prefix's scoring with each instance's real hit",
+)
+class ExactPrefix(_PrefixScorer):
+    """llm-d's scoring with each instance's real hit instead of the KV-event index (``exact_prefix``)."""
+
+    def __init__(self, context: RouterContext) -> None:
+        super().__init__(context)
         self._block = context.block_size
 
     def _overlap_blocks(self, request: RouteRequest, fleet: FleetView) -> list[float]:
@@ -244,13 +303,14 @@ class _CostRouter:
     """Dynamo's KV router cost (``kv_cost``), with the overlap from KV events or, in ``exact``, from each
     instance's coordinator."""
 
-    name = "kv_cost"
+    name = "exact"
+    settings: type[CostOptions] = CostOptions
 
     def __init__(self, context: RouterContext) -> None:
-        _check_options(self.name, context)
-        self._credit = option(context, "overlap_score_credit", 1.0)
-        self._scale = option(context, "prefill_load_scale", 1.0)
-        self._temperature = option(context, "temperature", 0.0)
+        options = router_options(self.settings, self.name, context)
+        self._credit = options.overlap_score_credit
+        self._scale = options.prefill_load_scale
+        self._temperature = options.temperature
         if self._temperature < 0:
             raise RouterError(f"Router {self.name!r}: temperature must be >= 0, got {self._temperature:g}")
         self._block = context.block_size
@@ -278,35 +338,52 @@ class _CostRouter:
         return _pick_tied(costs, min(costs), self._rng)
 
 
+@router(
+    "kv_cost",
+    reads=("loads", "kv_events"),
+    options=KvCostOptions,
+    description="Dynamo KV router: prefill blocks left after the overlap + active blocks",
+)
 class KvCost(_IndexFed, _CostRouter):
     name = "kv_cost"
+    settings = KvCostOptions
 
     def __init__(self, context: RouterContext) -> None:
         super().__init__(context)
+        costs = router_options(KvCostOptions, self.name, context)
         self.index = KVEventIndex(context.num_instances)
         # Dynamo's overlap credits per tier: device 1.0, host 0.75, disk 0.25.
         self.medium_weights = {
             "GPU": 1.0,
-            "CPU": option(context, "host_credit", 0.75),
-            "STORAGE": option(context, "disk_credit", 0.25),
+            "CPU": costs.host_credit,
+            "STORAGE": costs.disk_credit,
         }
 
 
+@router(
+    "exact",
+    reads=("loads", "cache"),
+    options=CostOptions,
+    description="kvspec: kv_cost with each instance's real hit (hybrid retention counted)",
+)
 class Exact(_CostRouter):
-    name = "exact"
-
     def _overlap_blocks(self, request: RouteRequest, fleet: FleetView) -> list[float]:
         return [fleet.cache_hit(i, request) / self._block for i in range(fleet.num_instances)]
 
 
+@router(
+    "longest_prefix",
+    reads=("cache",),
+    options=LongestPrefixOptions,
+    description="the longest real hit, no load term (Mooncake Fig. 10's local scheduler)",
+)
 class LongestPrefix:
     """The instance whose coordinator gives ``request`` the longest hit (tiers included), whatever its load;
     ties to the lowest index (``random_ties`` 0) or at random (1). A cache-only baseline: it shows what
     affinity alone does, herding included."""
 
     def __init__(self, context: RouterContext) -> None:
-        _check_options("longest_prefix", context)
-        random_ties = option(context, "random_ties", 0.0)
+        random_ties = router_options(LongestPrefixOptions, "longest_prefix", context).random_ties
         if random_ties not in (0.0, 1.0):
             raise RouterError(f"Router 'longest_prefix': random_ties must be 0 or 1, got {random_ties:g}")
         self._rng = random.Random(context.seed) if random_ties else None
@@ -319,53 +396,7 @@ class LongestPrefix:
         return _pick_tied(hits, best, self._rng)
 
 
-def register_builtin_routers() -> None:
-    register_router("round_robin", RoundRobin, description="instances in turn")
-    register_router("random", RandomRouter, description="uniform at random (seeded)")
-    register_router("least_loaded", LeastLoaded, reads=("loads",), description="fewest requests in flight")
-    register_router(
-        "power_of_two", PowerOfTwo, reads=("loads",), description="the less loaded of two random instances"
-    )
-    register_router(
-        "cache_aware",
-        CacheAware,
-        reads=("loads",),
-        description="SGLang/vllm-router cache_aware: routing-history prefix match, balance thresholds",
-    )
-    register_router(
-        "precise_prefix",
-        PrecisePrefix,
-        reads=("loads", "kv_events"),
-        description="llm-d precise prefix scorer: KV-event index, longest prefix, queue and KV usage",
-    )
-    register_router(
-        "kv_cost",
-        KvCost,
-        reads=("loads", "kv_events"),
-        description="Dynamo KV router: prefill blocks left after the overlap + active blocks",
-    )
-    register_router(
-        "exact_prefix",
-        ExactPrefix,
-        reads=("loads", "cache"),
-        description="kvspec: precise_prefix's scoring with each instance's real hit",
-    )
-    register_router(
-        "exact",
-        Exact,
-        reads=("loads", "cache"),
-        description="kvspec: kv_cost with each instance's real hit (hybrid retention counted)",
-    )
-    register_router(
-        "longest_prefix",
-        LongestPrefix,
-        reads=("cache",),
-        description="the longest real hit, no load term (Mooncake Fig. 10's local scheduler)",
-    )
-
-
 __all__ = [
-    "ROUTER_OPTIONS",
     "CacheAware",
     "Exact",
     "ExactPrefix",
@@ -376,5 +407,4 @@ __all__ = [
     "PrecisePrefix",
     "RandomRouter",
     "RoundRobin",
-    "register_builtin_routers",
 ]

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol, runtime_checkable
+from typing import Final, Protocol, TypeVar, runtime_checkable
 
 from kvspec.blocks.request import Request
 from kvspec.engine.instance import InstanceLoad
-from kvspec.errors import RouterAccessError
+from kvspec.errors import RouterAccessError, RouterOptionError
+from kvspec.named_registry import Option, read_options
 
 #: What a router may declare it reads.
 ROUTER_READS: Final = frozenset({"loads", "kv_events", "cache"})
+
+D = TypeVar("D")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -85,11 +88,13 @@ RouterFactory = Callable[[RouterContext], Router]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RouterSpec:
-    """A registered router: its name, factory, what it reads and a one-line description."""
+    """A registered router: its name, factory, what it reads, the options it declares and a one-line
+    description."""
 
     name: str
     factory: RouterFactory
     reads: frozenset[str]
+    options: tuple[Option, ...] = ()
     description: str = ""
 
 
@@ -106,9 +111,11 @@ def require_read(router: str, reads: frozenset[str], read: str) -> None:
         )
 
 
-def option(context: RouterContext, name: str, default: float) -> float:
-    """The router option ``name`` (its default when not given)."""
-    return float(context.options.get(name, default))
+def router_options(settings: type[D], router: str, context: RouterContext) -> D:
+    """``router``'s options: ``settings`` (a dataclass whose fields are the options it declares, with their
+    defaults) built from ``context.options``; an option it does not declare, or a value of the wrong kind,
+    is a ``RouterOptionError`` in the wording every registry uses."""
+    return read_options(settings, f"Router {router!r}", context.options, RouterOptionError)
 
 
 __all__ = [
@@ -120,6 +127,6 @@ __all__ = [
     "RouterContext",
     "RouterFactory",
     "RouterSpec",
-    "option",
     "require_read",
+    "router_options",
 ]

@@ -11,18 +11,24 @@ conformance kit (:func:`kvspec.tiers.kit.check_tier`) goes further: it runs the 
 
 from __future__ import annotations
 
-import re
-import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
+from typing import Any, TypeVar
 
 from kvspec.errors import TierConfigError, TierError, UnknownTierError
+from kvspec.named_registry import (
+    Entry,
+    NamedRegistry,
+    Option,
+    declared_options,
+    option_settings,
+    read_options,
+)
 from kvspec.tiers.base import MEDIUM_CPU, MEDIUM_STORAGE, OffloadTier
 from kvspec.tiers.host import HostTier
 from kvspec.tiers.pool import SharedPool
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
+D = TypeVar("D")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,16 +46,25 @@ TierFactory = Callable[[TierContext], OffloadTier]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TierSpec:
-    """A registration: the factory, the options it accepts, a one-line description."""
+    """A registration: the factory, the options it declares, a one-line description."""
 
     name: str
     factory: TierFactory
-    options: frozenset[str]
+    options: tuple[Option, ...] = ()
     description: str = ""
 
+    @property
+    def option_names(self) -> frozenset[str]:
+        return frozenset(o.name for o in self.options)
 
-_lock = threading.Lock()
-_tiers: dict[str, TierSpec] = {}
+
+def tier_options(settings: type[D], tier: str, context: TierContext) -> D:
+    """``tier``'s options: ``settings`` (a dataclass whose fields are the options it declares, with their
+    defaults) built from ``context.options``; an undeclared option or a value of the wrong kind is a
+    ``TierConfigError`` in the wording every registry uses."""
+    return read_options(settings, f"Tier {tier!r}", context.options, TierConfigError)
+
+
 _CALLS = (
     "lookup",
     "prepare_load",
@@ -63,14 +78,10 @@ _CALLS = (
 
 
 def build_tier(spec: TierSpec, context: TierContext) -> OffloadTier:
-    """``spec``'s tier for ``context``, checked: a ``TierConfigError`` for options it does not take, a
-    ``TierError`` naming the tier if the factory fails or builds something that is not a tier."""
-    unknown = sorted(set(context.options) - spec.options)
-    if unknown:
-        raise TierConfigError(
-            f"Tier {spec.name!r} takes no option {', '.join(map(repr, unknown))}; it takes "
-            f"{', '.join(sorted(spec.options)) or 'none'}."
-        )
+    """``spec``'s tier for ``context``, checked: a ``TierConfigError`` for options it does not declare or of
+    the wrong kind, a ``TierError`` naming the tier if the factory fails or builds something that is not a
+    tier."""
+    option_settings(f"Tier {spec.name!r}", spec.options, context.options, TierConfigError)
     try:
         tier = spec.factory(context)
     except (TierError, TierConfigError, UnknownTierError):
@@ -97,109 +108,109 @@ def build_tier(spec: TierSpec, context: TierContext) -> OffloadTier:
     return tier
 
 
+def _check(name: str, spec: TierSpec) -> TierSpec:
+    if not callable(spec.factory):
+        raise TierError(
+            f"Tier {name!r}: the factory must be callable (TierContext -> OffloadTier), got "
+            f"{type(spec.factory).__name__}."
+        )
+    build_tier(spec, TierContext(capacity_blocks=4))
+    return spec
+
+
+#: Every offload tier by name; the built-ins register below, one line each.
+TIERS: NamedRegistry[TierSpec] = NamedRegistry(
+    what="Tier",
+    error=TierError,
+    unknown_error=UnknownTierError,
+    option_error=TierConfigError,
+    register_with="kvspec.tiers.register_tier",
+    example="nvme",
+    check=_check,
+)
+
+
 def register_tier(
     name: str,
     factory: TierFactory,
     *,
-    options: Collection[str] = (),
+    options: Iterable[Option] | type[Any] = (),
     description: str = "",
     replace: bool = False,
 ) -> TierSpec:
-    """Register ``factory`` under ``name`` ("host", "acme.nvme"), taking the options named in
-    ``options``. A name already taken is refused unless ``replace``. Nothing changes when refused."""
-    given: object = name
-    if not isinstance(given, str) or not _NAME.match(given):
-        raise TierError(f"Tier name {name!r} must be dotted lower-case words like 'host' or 'acme.nvme'.")
-    if isinstance(options, str):
-        raise TierError(f"Tier {name!r}: options must be a collection of names, got the string {options!r}.")
-    if not callable(factory):
-        raise TierError(
-            f"Tier {name!r}: the factory must be callable (TierContext -> OffloadTier), got "
-            f"{type(factory).__name__}."
-        )
-    spec = TierSpec(name=name, factory=factory, options=frozenset(options), description=description)
-    build_tier(spec, TierContext(capacity_blocks=4))
-    with _lock:
-        taken = _tiers.get(name)
-        if taken is not None and not replace and taken.factory is not factory:
-            raise TierError(f"Tier {name!r} is already registered; pass replace=True to replace it.")
-        _tiers[name] = spec
-    return spec
+    """Register ``factory`` under ``name`` ("host", "acme.nvme"), taking ``options``: ``Option`` values, or
+    the dataclass of options it reads them into (:func:`tier_options`). A name already taken is refused
+    unless ``replace``. Nothing changes when refused."""
+    declared = declared_options(options) if isinstance(options, type) else tuple(options)
+    spec = TierSpec(name=name, factory=factory, options=declared, description=description)
+    return TIERS.register(name, spec, options=declared, description=description, replace=replace).item
 
 
 def tier_names() -> tuple[str, ...]:
-    with _lock:
-        return tuple(sorted(_tiers))
+    return TIERS.names()
 
 
 def resolve_tier(name: str) -> TierSpec:
     """The registration of ``name``; ``UnknownTierError`` listing the registered names otherwise."""
-    with _lock:
-        spec = _tiers.get(name)
-    if spec is None:
-        raise UnknownTierError(
-            f"Unknown tier {name!r}; registered: {', '.join(tier_names())} (a plugin registers more with "
-            "kvspec.tiers.register_tier)."
-        )
-    return spec
+    return TIERS.entry(name).item
 
 
-def snapshot() -> Mapping[str, TierSpec]:
-    with _lock:
-        return MappingProxyType(dict(_tiers))
+def snapshot() -> Mapping[str, Entry[TierSpec]]:
+    return TIERS.snapshot()
 
 
-def restore(saved: Mapping[str, TierSpec]) -> None:
-    with _lock:
-        _tiers.clear()
-        _tiers.update(saved)
+def restore(saved: Mapping[str, Entry[TierSpec]]) -> None:
+    TIERS.restore(saved)
 
 
-def _option_int(context: TierContext, name: str, default: int) -> int:
-    value = context.options.get(name, default)
-    if isinstance(value, str) or int(value) != value:
-        raise TierConfigError(f"Option {name!r} must be a whole number, got {value!r}.")
-    return int(value)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostTierOptions:
+    """``host``: the eviction policy ("lru" or "arc") and the hits a block needs before it is stored."""
+
+    policy: str = "lru"
+    store_threshold: int = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SharedPoolOptions:
+    """``mooncake``: the fill ratio that starts eviction and the share of the pool one eviction frees."""
+
+    high_watermark: float = 0.9
+    eviction_ratio: float = 0.05
 
 
 def _host(context: TierContext) -> OffloadTier:
-    policy = context.options.get("policy", "lru")
-    return HostTier(
-        context.capacity_blocks,
-        policy=str(policy),
-        store_threshold=_option_int(context, "store_threshold", 1),
-    )
+    options = tier_options(HostTierOptions, "host", context)
+    return HostTier(context.capacity_blocks, policy=options.policy, store_threshold=options.store_threshold)
 
 
 def _mooncake(context: TierContext) -> OffloadTier:
-    def number(name: str, default: float) -> float:
-        value = context.options.get(name, default)
-        if isinstance(value, str):
-            raise TierConfigError(f"Option {name!r} must be a number, got {value!r}.")
-        return float(value)
-
+    options = tier_options(SharedPoolOptions, "mooncake", context)
     return SharedPool(
         context.capacity_blocks,
-        high_watermark=number("high_watermark", 0.9),
-        eviction_ratio=number("eviction_ratio", 0.05),
+        high_watermark=options.high_watermark,
+        eviction_ratio=options.eviction_ratio,
     )
 
 
 register_tier(
     "host",
     _host,
-    options=("policy", "store_threshold"),
+    options=HostTierOptions,
     description="host memory per instance: vLLM 0.34's CPU offloading (LRU or ARC, store threshold)",
 )
 register_tier(
     "mooncake",
     _mooncake,
-    options=("high_watermark", "eviction_ratio"),
+    options=SharedPoolOptions,
     description="a pool shared by a fleet: Mooncake Store (approximate LRU, high-water mark)",
 )
 
 
 __all__ = [
+    "TIERS",
+    "HostTierOptions",
+    "SharedPoolOptions",
     "TierContext",
     "TierFactory",
     "TierSpec",
@@ -209,4 +220,5 @@ __all__ = [
     "restore",
     "snapshot",
     "tier_names",
+    "tier_options",
 ]

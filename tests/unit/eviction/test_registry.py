@@ -57,7 +57,7 @@ def test_a_plugin_policy_registers_and_resolves() -> None:
         ("acme.x", 42, "must be callable"),
         ("acme.x", NotAPolicy, "not an EvictionPolicy \\(missing or not callable: remove, pop_victim"),
         ("acme.x", lambda ctx: 1 / 0, "raised ZeroDivisionError"),
-        ("lfu", ReleaseOrderLRU, "'lfu' is already registered .*replace=True"),
+        ("lfu", ReleaseOrderLRU, "'lfu' is already registered.*replace=True"),
     ],
 )
 def test_bad_registrations_are_refused_and_change_nothing(name: str, factory: object, message: str) -> None:

@@ -136,8 +136,7 @@ def test_kv_events_reach_the_router_after_the_lag(lag_ms: float, overlap: list[i
     published at 16.4 ms, blocks 4-7 at 32.8 ms. The sibling arrives at 60 ms: a router that gets events
     ``lag_ms`` late sees both stores, the first only, or none (its 6 shared blocks span both)."""
     trace = family_trace([0, 0], gap_ms=60.0)
-    context = RouterContext(num_instances=2, block_size=16)
-    spy = _Spy(context)
+    spy = _Spy(RouterContext(num_instances=2, block_size=16))
     run_fleet(
         trace,
         make_config([full_spec(16)], 60),

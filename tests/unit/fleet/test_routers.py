@@ -62,6 +62,7 @@ def ctx(n: int = 2, seed: int = 0, **options: float) -> RouterContext:
 def test_the_builtins_are_registered_and_pass_the_kit() -> None:
     assert router_names() == (
         "cache_aware",
+        "consistent_hash",
         "exact",
         "exact_prefix",
         "kv_cost",
@@ -203,7 +204,7 @@ def test_registration_refuses_what_cannot_route() -> None:
         register_router("round_robin", NoEvents)
     with pytest.raises(
         RouterError,
-        match=r"'cache_aware' has no option 'cache_treshold'; its options: cache_threshold \(default 0.3\)",
+        match=r"'cache_aware' takes no option 'cache_treshold'; its options: cache_threshold \(default 0.3\)",
     ):
         CacheAware(ctx(cache_treshold=0.5))
     assert "test.r" not in router_names()

@@ -190,7 +190,7 @@ def test_the_fleet_command_runs_one_fleet_and_a_sweep(
         (["--eviction", "fifo"], "Unknown eviction policy 'fifo'"),
         (
             ["--router", "cache_aware", "--router-option", "cache_treshold=0.5"],
-            "has no option 'cache_treshold'",
+            "takes no option 'cache_treshold'",
         ),
         (["--speedup", "0"], "speedup must be a finite number > 0"),
         (["--step-time", "fast"], "give three numbers in milliseconds"),

@@ -6,7 +6,7 @@ from collections.abc import Collection, Iterator, Sequence
 
 import pytest
 
-from kvspec.errors import PluginContractError, TierConfigError, TierError, UnknownTierError
+from kvspec.errors import OptionValueError, PluginContractError, TierConfigError, TierError, UnknownTierError
 from kvspec.tiers import (
     HostTier,
     LookupResult,
@@ -52,8 +52,20 @@ def test_the_door_refuses_bad_registrations_by_name() -> None:
     assert "acme.nvme" not in tier_names()
     with pytest.raises(UnknownTierError, match=r"registered: .*host.*mooncake"):
         resolve_tier("acme.nvme")
-    with pytest.raises(TierConfigError, match="takes no option 'ttl'; it takes policy, store_threshold"):
+    with pytest.raises(
+        TierConfigError,
+        match=r"Tier 'host' takes no option 'ttl'; its options: policy \(default 'lru'\), store_threshold",
+    ):
         build_tier(resolve_tier("host"), TierContext(capacity_blocks=4, options={"ttl": 3.0}))
+    # Values are checked against the declared kinds, in the wording every registry uses.
+    with pytest.raises(
+        OptionValueError, match=r"Tier 'host': option 'store_threshold' must be a whole number, got 1\.5"
+    ):
+        build_tier(resolve_tier("host"), TierContext(capacity_blocks=4, options={"store_threshold": 1.5}))
+    with pytest.raises(
+        TierConfigError, match="Tier 'mooncake': option 'high_watermark' must be a number, got 'x'"
+    ):
+        build_tier(resolve_tier("mooncake"), TierContext(capacity_blocks=4, options={"high_watermark": "x"}))
 
 
 class _Broken:

@@ -40,6 +40,11 @@ class UnsupportedConfigurationError(KVSpecError, ValueError):
     """A valid spec was used in a setting it does not support (e.g. sliding window with decode CP)."""
 
 
+class ReleaseMismatchError(UnsupportedConfigurationError):
+    """A ``KVCacheConfig`` planned under one vLLM release's rules given to a coordinator running another's:
+    the run would reproduce neither release (the message names both and the ways out)."""
+
+
 class RegistrationError(KVSpecError, TypeError):
     """A spec/manager registration was rejected; the registry is left exactly as it was."""
 

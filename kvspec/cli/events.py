@@ -2,7 +2,7 @@
 
 It subscribes to vLLM's ZMQ publisher and prints each event as it comes, one line each (``--json``: one
 JSON object per line, with the batch's ``seq`` and ``ts``); it stops after ``--count`` events or when
-``--idle-timeout`` seconds pass with none. The decoding is ``kvspec.integrations.vllm_event_wire`` (vLLM 0.23's
+``--idle-timeout`` seconds pass with none. The decoding is ``kvspec.blocks.event_wire`` (vLLM 0.23's
 positional arrays and 0.32/0.34's tagged maps alike). Needs ``pip install 'kvspec[vllm]'`` (pyzmq, msgspec).
 """
 
@@ -64,8 +64,8 @@ def _line(seq: int | None, record: dict[str, Any]) -> str:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
+    from kvspec.blocks.event_wire import event_as_json, receive_batches
     from kvspec.errors import EventWireError
-    from kvspec.integrations.vllm_event_wire import event_as_json, receive_batches
 
     # "Never" is a very long poll: ZMQ takes milliseconds in a C int.
     timeout = args.idle_timeout if args.idle_timeout is not None else 2_000_000.0

@@ -17,7 +17,7 @@ from kvspec.contracts.release import DEFAULT_PROFILE, ReleaseProfile
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.contracts.traits import SpecTraits, block_tokens_of, traits_of
 from kvspec.coordinator.options import CoordinatorOptions
-from kvspec.errors import UnsupportedConfigurationError
+from kvspec.errors import ReleaseMismatchError, UnsupportedConfigurationError
 from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec, scheduler_spec
 from kvspec.registry.builtins import default_registry
 
@@ -47,6 +47,18 @@ class GroupLayout:
     retention_interval: int | None
 
 
+def _check_release(config: KVCacheConfig, profile: ReleaseProfile) -> None:
+    """A config planned under one release's rules runs only under that release's (a profile derived from
+    it with ``dataclasses.replace`` keeps its name: a mix made on purpose)."""
+    if config.release is not None and config.release != profile.name:
+        raise ReleaseMismatchError(
+            f"This KVCacheConfig was planned under the {config.release!r} release profile but the coordinator "
+            f"runs the {profile.name!r} profile's rules: the run would reproduce neither release. Plan and run with one "
+            f"profile (profile=... in both), or derive a mixed profile from {config.release!r} on purpose "
+            "(dataclasses.replace(<its profile>, ...) keeps its name)."
+        )
+
+
 def derive_layout(config: KVCacheConfig, limits: SchedulerLimits, options: CoordinatorOptions) -> GroupLayout:
     """The layout a coordinator built from ``config``, ``limits`` and ``options`` runs, or the
     ``KVSpecError`` that says why none can: every group's spec registered, caching and EAGLE supported by
@@ -54,6 +66,7 @@ def derive_layout(config: KVCacheConfig, limits: SchedulerLimits, options: Coord
     re-prefill shorter than the scheduler block, one zeroing choice per group. Pure: nothing is built."""
     registry = default_registry if options.registry is None else options.registry
     profile = options.profile
+    _check_release(config, profile)
     groups = config.kv_cache_groups
     specs = tuple(scheduler_spec(g.kv_cache_spec) for g in groups)
     traits = tuple(traits_of(s) for s in specs)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvspec.blocks.event_wire import encode_event_batch
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheCoordinator
 from kvspec.engine.instance import EngineInstance, InstanceLoad, TimedReplayStats, percentile
@@ -37,7 +38,6 @@ from kvspec.errors import FleetConfigError, RoutingError
 from kvspec.eviction import resolve_eviction_policy
 from kvspec.fleet.registry import build_router, resolve_router
 from kvspec.fleet.routing import ReadsKVEvents, Router, RouterContext, RouteRequest, RouterSpec, require_read
-from kvspec.integrations.vllm_event_wire import encode_event_batch
 from kvspec.intmath import cdiv
 from kvspec.planning.config import KVCacheConfig
 from kvspec.tiers.connector import TierStats

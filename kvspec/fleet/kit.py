@@ -18,12 +18,12 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvspec.blocks.event_wire import encode_event_batch
 from kvspec.blocks.events import BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.engine.instance import InstanceLoad
 from kvspec.errors import RoutingError
 from kvspec.fleet.registry import build_router, resolve_router
 from kvspec.fleet.routing import ReadsKVEvents, RouterContext, RouteRequest, RouterSpec, require_read
-from kvspec.integrations.vllm_event_wire import encode_event_batch
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

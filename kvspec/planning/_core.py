@@ -822,6 +822,7 @@ def get_kv_cache_configs(
         dataclasses.replace(
             get_kv_cache_config_from_groups(groups, 0, num_blocks_override=num_blocks),
             prefix_cache_retention_interval=retention,
+            release=profile.name,
         )
         for groups in worker_groups
     ]

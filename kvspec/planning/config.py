@@ -63,6 +63,10 @@ class KVCacheConfig:
     #: 0.23). A coordinator built from the config runs it unless told otherwise. A config built by hand keeps
     #: the default None, as vLLM's dataclass does.
     prefix_cache_retention_interval: int | None = None
+    #: The name of the release profile whose planning rules planned this config (``ReleaseProfile.name``;
+    #: None: built by hand or converted from an engine's own plan). A coordinator running another release's
+    #: rules refuses it (``ReleaseMismatchError``): the run would reproduce neither release.
+    release: str | None = None
 
     @property
     def has_mamba_layers(self) -> bool:

@@ -217,11 +217,11 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "models",
         "engine",
         "tiers",
-        "integrations",
     },
     "cli": BASE
     | {
         "fleet",
+        "blocks",
         "build_info",
         "presets",
         "contracts",

@@ -84,7 +84,7 @@ class EventCollector:
         time.sleep(1.0)  # ZMQ's slow joiner: let the subscription reach the publisher before anything is sent
 
     def _run(self) -> None:
-        from kvspec.integrations.vllm_event_wire import decode_event_batch
+        from kvspec.blocks.event_wire import decode_event_batch
 
         while not self._stop.is_set():
             if self._socket.poll(200):
@@ -93,7 +93,7 @@ class EventCollector:
 
     def stop(self, settle_s: float = 1.5) -> list[dict[str, Any]]:
         """Stop after ``settle_s`` (the last step's events are in flight); the events, in order, as JSON."""
-        from kvspec.integrations.vllm_event_wire import event_as_json
+        from kvspec.blocks.event_wire import event_as_json
 
         time.sleep(settle_s)
         self._stop.set()

@@ -155,3 +155,34 @@ def test_the_keyword_settings_are_the_options_fields() -> None:
     name the same settings."""
     fields = {f.name for f in dataclasses.fields(CoordinatorOptions)}
     assert set(typing.get_type_hints(CoordinatorSettings)) == fields
+
+
+def test_a_config_planned_for_one_release_is_refused_by_a_coordinator_of_another() -> None:
+    """Planned under 0.34 (null block held back, retention 0) and run under 0.23's pool and hit rules, the run
+    would reproduce neither release: refused, naming both. A profile derived from the config's release on
+    purpose runs it; a config built by hand (no release) runs under any."""
+    (planned,) = get_kv_cache_configs([_gemma_like()], [64 << 20], LIMITS)
+    assert planned.release == VLLM_0_34.name
+    config = generate_scheduler_kv_cache_config([planned])
+    assert config.release == VLLM_0_34.name
+    with pytest.raises(
+        UnsupportedConfigurationError,
+        match=r"planned under the 'vllm-0\.34' release profile but the coordinator runs the 'vllm-0\.23' profile's rules",
+    ):
+        KVCacheCoordinator(config, LIMITS, profile=VLLM_0_23)
+    with pytest.raises(
+        UnsupportedConfigurationError,
+        match=r"planned under the 'vllm-0\.34' release profile but the coordinator runs the 'vllm-0\.32' profile's rules",
+    ):
+        KVCacheCoordinator(config, LIMITS, profile=VLLM_0_32)
+    mixed = dataclasses.replace(VLLM_0_34, free_unhashed_first=False)
+    assert KVCacheCoordinator(config, LIMITS, profile=mixed).profile is mixed
+    (planned_023,) = get_kv_cache_configs([_gemma_like()], [64 << 20], LIMITS, profile=VLLM_0_23)
+    assert planned_023.release == VLLM_0_23.name
+    with pytest.raises(
+        UnsupportedConfigurationError,
+        match=r"planned under the 'vllm-0\.23' release profile but the coordinator runs the 'vllm-0\.34' profile's rules",
+    ):
+        KVCacheCoordinator(generate_scheduler_kv_cache_config([planned_023]), LIMITS)
+    by_hand = dataclasses.replace(config, release=None)
+    assert KVCacheCoordinator(by_hand, LIMITS, profile=VLLM_0_23).profile is VLLM_0_23

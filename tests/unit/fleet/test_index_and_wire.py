@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvspec.blocks.event_wire import decode_event_batch, encode_event_batch
 from kvspec.blocks.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.errors import EventWireError
 from kvspec.fleet.index import KVEventIndex
-from kvspec.integrations.vllm_event_wire import decode_event_batch, encode_event_batch
 
 
 def _stored(hashes: list[bytes], kind: str | None = "full_attention", group: int = 0) -> BlockStored:

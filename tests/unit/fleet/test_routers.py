@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 import pytest
 
+from kvspec.blocks.event_wire import encode_event_batch
 from kvspec.engine.instance import InstanceLoad
 from kvspec.errors import RouterAccessError, RouterError, RoutingError
 from kvspec.fleet import RouterContext, RouteRequest, register_router, resolve_router, router_names
 from kvspec.fleet.kit import check_router
 from kvspec.fleet.routers import CacheAware, Exact, KvCost, LongestPrefix, PowerOfTwo, PrecisePrefix
 from kvspec.fleet.routing import FleetView
-from kvspec.integrations.vllm_event_wire import encode_event_batch
 from tests.unit.fleet.test_index_and_wire import _stored
 
 H = [bytes([i]) * 4 for i in range(16)]

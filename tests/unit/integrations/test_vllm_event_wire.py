@@ -14,15 +14,15 @@ import msgspec
 import pytest
 import zmq
 
-from kvspec.cli.main import main
-from kvspec.errors import EventWireError
-from kvspec.integrations.vllm_event_wire import (
+from kvspec.blocks.event_wire import (
     WireAllBlocksCleared,
     WireBlockRemoved,
     WireBlockStored,
     decode_event_batch,
     event_as_json,
 )
+from kvspec.cli.main import main
+from kvspec.errors import EventWireError
 
 Hash = bytes | int
 

@@ -1,6 +1,6 @@
 """What vLLM's code reads beside the manager: its coordinator (``kv_cache_manager.coordinator``: the groups,
 ``get_num_blocks_to_allocate``, the hit search) and its block pool, as facades over kvspec's coordinator and
-pool, and the block pools vLLM's tests construct (``VllmBlockPool``, ``Vllm034BlockPool``)."""
+pool, and the block pools vLLM's tests construct (``Vllm023BlockPool``, ``Vllm034BlockPool``)."""
 
 from __future__ import annotations
 
@@ -297,7 +297,7 @@ def _register_with_vllm(name: str) -> None:
         vllm_cls.register(_FACADE_CLASSES[name])
 
 
-class VllmBlockPool(BlockPool):
+class Vllm023BlockPool(BlockPool):
     """kvspec's ``BlockPool`` that also takes vLLM requests in ``cache_full_blocks`` (read through a view)."""
 
     def cache_full_blocks(
@@ -359,8 +359,8 @@ class VllmBlockPool(BlockPool):
         return [event_to_vllm(e) for e in super().take_events()]
 
 
-class Vllm034BlockPool(VllmBlockPool):
-    """``VllmBlockPool`` behind vLLM 0.34.0's constructor, with that release's pool rules (the ``VLLM_0_34``
+class Vllm034BlockPool(Vllm023BlockPool):
+    """``Vllm023BlockPool`` behind vLLM 0.34.0's constructor, with that release's pool rules (the ``VLLM_0_34``
     profile: unhashed frees first, a coarse block keyed by its last fine hash)."""
 
     def __init__(
@@ -384,3 +384,7 @@ class Vllm034BlockPool(VllmBlockPool):
             coarse_hash_is_last_fine=VLLM_0_34.coarse_hash_is_last_fine,
             hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
+
+
+#: vLLM 0.23.0's block pool under its earlier name.
+VllmBlockPool = Vllm023BlockPool

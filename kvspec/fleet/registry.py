@@ -106,17 +106,24 @@ def register_router(
 
 
 def router(
-    name: str,
+    name: str | None = None,
     *,
     reads: Collection[str] = (),
-    options: Iterable[Option] | type[Any] = (),
+    options: Iterable[Option] | type[Any] | None = None,
     description: str = "",
 ) -> Callable[[RouterFactory], RouterFactory]:
     """A decorator registering the decorated router class (or factory) under ``name``: a built-in's one
-    line."""
+    line. A class that declares ``name`` and ``settings`` (its options dataclass) as class attributes need
+    not repeat them here."""
 
     def register(factory: RouterFactory) -> RouterFactory:
-        register_router(name, factory, reads=reads, options=options, description=description)
+        register_router(
+            name if name is not None else getattr(factory, "name"),  # noqa: B009
+            factory,
+            reads=reads,
+            options=options if options is not None else getattr(factory, "settings", ()),
+            description=description,
+        )
         return factory
 
     return register

@@ -43,7 +43,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from kvspec.errors import RouterError
 from kvspec.fleet.index import KVEventIndex
@@ -120,6 +120,12 @@ class _IndexFed:
 
     index: KVEventIndex
     medium_weights: dict[str, float]
+
+    def _start_index(self, num_instances: int, **offloaded: float) -> None:
+        """An empty index of ``num_instances``; a block in device memory counts 1, one only offloaded the
+        weight of its medium in ``offloaded`` (CPU=, STORAGE=)."""
+        self.index = KVEventIndex(num_instances)
+        self.medium_weights = {"GPU": 1.0, **offloaded}
 
     def on_kv_events(self, instance: int, payload: bytes) -> None:
         self.index.apply(instance, payload)
@@ -238,8 +244,8 @@ class _PrefixScorer:
     """llm-d's precise prefix-cache scorer with its queue and KV-usage scorers (see the module table), the
     overlap from KV events (``precise_prefix``) or from each instance's coordinator (``exact_prefix``)."""
 
-    name = "exact_prefix"
-    settings: type[PrefixScorerOptions] = PrefixScorerOptions
+    name: ClassVar[str]
+    settings: ClassVar[type[PrefixScorerOptions]]
 
     def __init__(self, context: RouterContext) -> None:
         options = router_options(self.settings, self.name, context)
@@ -264,9 +270,7 @@ class _PrefixScorer:
 
 
 @router(
-    "precise_prefix",
     reads=("loads", "kv_events"),
-    options=PrecisePrefixOptions,
     description="llm-d precise prefix scorer: KV-event index, longest prefix, queue and KV usage",
 )
 class PrecisePrefix(_IndexFed, _PrefixScorer):
@@ -275,21 +279,20 @@ class PrecisePrefix(_IndexFed, _PrefixScorer):
 
     def __init__(self, context: RouterContext) -> None:
         super().__init__(context)
-        self.index = KVEventIndex(context.num_instances)
-        self.medium_weights = {
-            "GPU": 1.0,
-            "CPU": router_options(PrecisePrefixOptions, self.name, context).cpu_weight,
-        }
+        self._start_index(
+            context.num_instances, CPU=router_options(PrecisePrefixOptions, self.name, context).cpu_weight
+        )
 
 
 @router(
-    "exact_prefix",
     reads=("loads", "cache"),
-    options=PrefixScorerOptions,
     description="kvspec: precise_prefix's scoring with each instance's real hit",
 )
 class ExactPrefix(_PrefixScorer):
     """llm-d's scoring with each instance's real hit instead of the KV-event index (``exact_prefix``)."""
+
+    name = "exact_prefix"
+    settings = PrefixScorerOptions
 
     def __init__(self, context: RouterContext) -> None:
         super().__init__(context)
@@ -303,8 +306,8 @@ class _CostRouter:
     """Dynamo's KV router cost (``kv_cost``), with the overlap from KV events or, in ``exact``, from each
     instance's coordinator."""
 
-    name = "exact"
-    settings: type[CostOptions] = CostOptions
+    name: ClassVar[str]
+    settings: ClassVar[type[CostOptions]]
 
     def __init__(self, context: RouterContext) -> None:
         options = router_options(self.settings, self.name, context)
@@ -339,9 +342,7 @@ class _CostRouter:
 
 
 @router(
-    "kv_cost",
     reads=("loads", "kv_events"),
-    options=KvCostOptions,
     description="Dynamo KV router: prefill blocks left after the overlap + active blocks",
 )
 class KvCost(_IndexFed, _CostRouter):
@@ -351,22 +352,18 @@ class KvCost(_IndexFed, _CostRouter):
     def __init__(self, context: RouterContext) -> None:
         super().__init__(context)
         costs = router_options(KvCostOptions, self.name, context)
-        self.index = KVEventIndex(context.num_instances)
         # Dynamo's overlap credits per tier: device 1.0, host 0.75, disk 0.25.
-        self.medium_weights = {
-            "GPU": 1.0,
-            "CPU": costs.host_credit,
-            "STORAGE": costs.disk_credit,
-        }
+        self._start_index(context.num_instances, CPU=costs.host_credit, STORAGE=costs.disk_credit)
 
 
 @router(
-    "exact",
     reads=("loads", "cache"),
-    options=CostOptions,
     description="kvspec: kv_cost with each instance's real hit (hybrid retention counted)",
 )
 class Exact(_CostRouter):
+    name = "exact"
+    settings = CostOptions
+
     def _overlap_blocks(self, request: RouteRequest, fleet: FleetView) -> list[float]:
         return [fleet.cache_hit(i, request) / self._block for i in range(fleet.num_instances)]
 

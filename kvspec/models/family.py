@@ -64,7 +64,8 @@ class ModelFamily:
     words (docs/MODELS.md); ``keys``: the config keys it reads; ``default_max_positions``: the
     ``max_position_embeddings`` its Hugging Face classes default to, by model type (a config that leaves it
     out must not plan another context length); ``latent_attention``: its attention caches one latent per
-    token (MLA), the only kind ``kv_cache_dtype="fp8_ds_mla"`` applies to.
+    token (MLA), the only kind ``kv_cache_dtype="fp8_ds_mla"`` applies to; ``head_size_from_hidden``: its
+    attention's head size is ``hidden_size / heads`` whatever ``head_dim`` says (Granite 4.0-H, LFM2).
 
     The base class is a plain attention decoder: ``layer_types`` when the config lists them, else
     :meth:`pattern` (full attention everywhere); override what differs.
@@ -77,6 +78,7 @@ class ModelFamily:
     keys: tuple[str, ...] = ATTENTION_KEYS
     default_max_positions: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     latent_attention: bool = False
+    head_size_from_hidden: bool = False
 
     def build(self, config: ConfigReader, settings: BuildSettings) -> FamilyLayers:
         """One spec per cache layer of one TP rank, the context length and notes."""
@@ -94,11 +96,11 @@ class ModelFamily:
         return [("full",)] * num_layers
 
     def attention_dims(self, config: ConfigReader, tp: int) -> tuple[int, int]:
-        """(KV heads on one of ``tp`` ranks, head size) of the attention layers: ``head_dim``, else
-        ``hidden_size / num_attention_heads``."""
+        """(KV heads on one of ``tp`` ranks, head size) of the attention layers: ``head_dim``, else (or
+        with ``head_size_from_hidden``) ``hidden_size / num_attention_heads``."""
         heads = config.positive_int("num_attention_heads")
         kv_heads = config.positive_int("num_key_value_heads", heads)
-        head_dim = config.get("head_dim")
+        head_dim = None if self.head_size_from_hidden else config.get("head_dim")
         if head_dim is None:
             head_dim = config.positive_int("hidden_size") // heads
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:

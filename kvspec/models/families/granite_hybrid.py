@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from kvspec.models.config_reader import ConfigReader, LayerCaches, single_cache
 from kvspec.models.families._mamba2 import MAMBA_D_KEYS, Mamba2Hybrid
-from kvspec.models.family import FAMILIES, check_tensor_parallel
+from kvspec.models.family import FAMILIES
 
 _LAYER_TYPES = {"mamba", "attention", "full_attention", "linear_attention"}
 
@@ -18,15 +18,10 @@ class GraniteHybrid(Mamba2Hybrid):
         key = "layer_types" if config.has("layer_types") else "layers_block_type"
         return [single_cache(k) for k in config.layer_types(key, num_layers, _LAYER_TYPES)]
 
-    def attention_dims(self, config: ConfigReader, tp: int) -> tuple[int, int]:
-        heads = config.positive_int("num_attention_heads")
-        kv_heads = config.positive_int("num_key_value_heads", heads)
-        head_size = config.positive_int("hidden_size") // heads
-        return check_tensor_parallel(heads, kv_heads, tp, config.model_type), head_size
-
 
 GRANITE_HYBRID = GraniteHybrid(
     key="granite_hybrid",
+    head_size_from_hidden=True,
     name="Granite 4.0-H (Mamba2 hybrid)",
     model_types=("granitemoehybrid",),
     caches="layer_types: mamba a Mamba2 state, attention full attention (head size hidden_size / heads)",

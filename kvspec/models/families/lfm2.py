@@ -13,7 +13,7 @@ import torch
 from kvspec.errors import ModelConfigError
 from kvspec.models import state_shapes
 from kvspec.models.config_reader import ConfigReader, LayerCaches, single_cache
-from kvspec.models.family import FAMILIES, ModelFamily, check_tensor_parallel
+from kvspec.models.family import FAMILIES, ModelFamily
 from kvspec.models.state_shapes import StateLayout
 
 _LAYER_TYPES = {"conv", "full_attention"}
@@ -34,12 +34,6 @@ class ShortConvHybrid(ModelFamily):
             )
         return [("full",) if i in attention else ("state",) for i in range(num_layers)]
 
-    def attention_dims(self, config: ConfigReader, tp: int) -> tuple[int, int]:
-        heads = config.positive_int("num_attention_heads")
-        kv_heads = config.positive_int("num_key_value_heads", heads)
-        head_size = config.positive_int("hidden_size") // heads
-        return check_tensor_parallel(heads, kv_heads, tp, config.model_type), head_size
-
     def state_layout(self, config: ConfigReader, tp: int, model_dtype: torch.dtype) -> StateLayout:
         return state_shapes.short_conv_state(
             tp=tp,
@@ -51,6 +45,7 @@ class ShortConvHybrid(ModelFamily):
 
 LFM2 = ShortConvHybrid(
     key="lfm2",
+    head_size_from_hidden=True,
     name="LFM2 (short convolution hybrid)",
     model_types=("lfm2",),
     caches="layer_types (or full_attn_idxs): conv a short-convolution state, full_attention full attention",

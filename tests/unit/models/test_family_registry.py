@@ -185,3 +185,27 @@ def test_no_code_in_the_models_layer_tests_which_family_it_has() -> None:
         if (lines := _family_identity_tests(path.read_text()))
     }
     assert found == {}
+
+
+@pytest.mark.parametrize("name", ["ibm-granite__granite-4.0-h-small", "LiquidAI__LFM2-1.2B"])
+def test_families_whose_attention_ignores_head_dim(name: str) -> None:
+    """Granite 4.0-H's and LFM2's attention size heads as hidden_size / heads (vLLM's model classes), even
+    when a config carries a head_dim; a dense decoder takes head_dim."""
+    raw = json.loads((CONFIGS / f"{name}.json").read_text())
+    with_head_dim = {**raw, "head_dim": 256}
+    heads = {
+        s.head_size
+        for s in layout_from_config(with_head_dim).layer_specs.values()
+        if isinstance(s, FullAttentionSpec)
+    }
+    assert heads == {raw["hidden_size"] // raw["num_attention_heads"]}
+    dense = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": raw["hidden_size"],
+        "num_attention_heads": raw["num_attention_heads"],
+        "head_dim": 256,
+        "max_position_embeddings": 4096,
+    }
+    dense_specs = layout_from_config(dense).layer_specs.values()
+    assert {s.head_size for s in dense_specs if isinstance(s, FullAttentionSpec)} == {256}

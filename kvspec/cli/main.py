@@ -600,7 +600,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     add_fleet_parser(sub)
     try:
-        from kvspec.cli.simulate import add_simulate_parser
+        from kvspec.cli.simulate_args import add_simulate_parser
     except ImportError:  # pragma: no cover - the engine ships with kvspec
         pass
     else:

@@ -549,7 +549,7 @@ def test_restore_validates_every_entry() -> None:
 
 
 def test_is_uniform_with_collection_accepts_vllms_dict_for_every_builtin() -> None:
-    from tests.unit.test_testing import BUILTIN_PAIRS
+    from tests.unit.testing.test_plugin_kit import BUILTIN_PAIRS
 
     for spec, _ in BUILTIN_PAIRS:
         same = [spec, spec.copy_with_new_block_size(spec.block_size)]

@@ -69,21 +69,6 @@ class DecoderRules(Protocol):
 
 
 _SUFFIX = {"full": "self_attn", "sliding": "self_attn", "chunked": "self_attn", "state": "mamba"}
-_STATE_NAMES = {
-    "mamba1": "Mamba1",
-    "mamba2": "Mamba2",
-    "gated_delta_net": "Gated DeltaNet",
-    "linear_attention": "lightning attention",
-    "short_conv": "short convolution",
-}
-#: kvspec's state kinds -> MambaSpec.mamba_type (vLLM's MambaAttentionBackendEnum member, lower case).
-_MAMBA_TYPES = {
-    "mamba1": "mamba1",
-    "mamba2": "mamba2",
-    "gated_delta_net": "gdn_attn",
-    "linear_attention": "linear",
-    "short_conv": "short_conv",
-}
 
 
 def build_decoder(rules: DecoderRules, config: ConfigReader, settings: BuildSettings) -> FamilyLayers:
@@ -139,13 +124,13 @@ def _hybrid_state(
 ) -> tuple[MambaSpec, int]:
     """The state layers' spec and the attention block size that holds one state (``kv_width``: KV heads x
     head size of one attention layer on one rank)."""
-    checkpoints = 1 if state.kind == "mamba2" else 0  # vLLM's MambaMixer2 exports one per prompt
+    checkpoints = state.prefill_checkpoints
     block_size = settings.block_size
     spec = MambaSpec(
         block_size=block_size,
         shapes=state.shapes,
         dtypes=state.dtypes,
-        mamba_type=_MAMBA_TYPES[state.kind],
+        mamba_type=state.mamba_type,
         mamba_cache_mode=settings.mamba_cache_mode,
         num_prefill_checkpoint_blocks=checkpoints,
         prefill_checkpoint_alignment=1 if checkpoints else None,
@@ -161,7 +146,7 @@ def _hybrid_state(
     if needed > block_size:
         notes.append(
             f"attention block size raised from {block_size} to {needed} tokens to hold a "
-            f"{_STATE_NAMES[state.kind]} state of {state_page:,} bytes"
+            f"{state.label} state of {state_page:,} bytes"
         )
         block_size = needed
     spec = dataclasses.replace(

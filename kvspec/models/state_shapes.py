@@ -25,11 +25,17 @@ Shape = tuple[int, ...]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StateLayout:
-    """The state tensors of one layer on one TP rank: ``shapes[i]`` elements of ``dtypes[i]``."""
+    """The state tensors of one layer on one TP rank: ``shapes[i]`` elements of ``dtypes[i]``; ``kind`` its
+    calculator, ``mamba_type`` the ``MambaSpec.mamba_type`` it is cached as (vLLM's
+    ``MambaAttentionBackendEnum`` member, lower case), ``label`` its name for people and
+    ``prefill_checkpoints`` the blocks its mixer exports per prompt (vLLM's ``MambaMixer2``: one)."""
 
     kind: str  # "mamba1" | "mamba2" | "gated_delta_net" | "linear_attention" | "short_conv"
     shapes: tuple[Shape, ...]
     dtypes: tuple[torch.dtype, ...]
+    mamba_type: str
+    label: str
+    prefill_checkpoints: int = 0
 
 
 def _divide(value: int, tp: int, what: str) -> int:
@@ -56,7 +62,11 @@ def mamba1_state(
     """Mamba1 (Jamba): conv state (conv_kernel - 1, d_inner / tp), SSM state (d_inner / tp, d_state)."""
     channels = _divide(intermediate_size, tp, "mamba inner size")
     return StateLayout(
-        kind="mamba1", shapes=((conv_kernel - 1, channels), (channels, state_size)), dtypes=dtypes
+        kind="mamba1",
+        shapes=((conv_kernel - 1, channels), (channels, state_size)),
+        dtypes=dtypes,
+        mamba_type="mamba1",
+        label="Mamba1",
     )
 
 
@@ -78,6 +88,9 @@ def mamba2_state(
     conv_dim = intermediate_size + 2 * groups * state_size
     return StateLayout(
         kind="mamba2",
+        mamba_type="mamba2",
+        label="Mamba2",
+        prefill_checkpoints=1,
         shapes=(
             (conv_kernel - 1 + num_speculative_tokens, _divide(conv_dim, tp, "mamba2 conv channels")),
             (_divide(num_heads, tp, "mamba2 heads"), head_dim, state_size),
@@ -102,6 +115,8 @@ def gated_delta_net_state(
     conv_dim = head_k_dim * num_k_heads * 2 + head_v_dim * num_v_heads
     return StateLayout(
         kind="gated_delta_net",
+        mamba_type="gdn_attn",
+        label="Gated DeltaNet",
         shapes=(
             (
                 conv_kernel - 1 + num_speculative_tokens,
@@ -117,6 +132,8 @@ def linear_attention_state(*, tp: int, num_heads: int, head_dim: int, dtype: tor
     """Lightning (linear) attention, MiniMax's: one (heads / tp, head_dim, head_dim) state."""
     return StateLayout(
         kind="linear_attention",
+        mamba_type="linear",
+        label="lightning attention",
         shapes=((_divide(num_heads, tp, "lightning attention heads"), head_dim, head_dim),),
         dtypes=(dtype,),
     )
@@ -129,6 +146,8 @@ def short_conv_state(
     model dtype (vLLM 0.34's ``short_conv_state_shape`` / ``short_conv_state_dtype``)."""
     return StateLayout(
         kind="short_conv",
+        mamba_type="short_conv",
+        label="short convolution",
         shapes=((conv_kernel - 1 + num_speculative_tokens, _divide(conv_dim, tp, "short conv channels")),),
         dtypes=(dtype,),
     )

@@ -197,7 +197,9 @@ class TestOneWorker:
 
     def test_attention_free(self) -> None:
         config = get_kv_cache_config({}, 1 << 30, LIMITS, profile=VLLM_0_23)
-        assert config == KVCacheConfig(num_blocks=1, kv_cache_tensors=(), kv_cache_groups=())
+        assert config == KVCacheConfig(
+            num_blocks=1, kv_cache_tensors=(), kv_cache_groups=(), release=VLLM_0_23.name
+        )
 
     def test_the_planned_config_carries_the_profiles_retention(self) -> None:
         """vLLM 0.34's planner writes its retention (0: sparse) into every config; 0.23 plans dense (None),

@@ -74,7 +74,7 @@ def _release_profile() -> ReleaseProfile:
 
 PROFILE = _release_profile()
 #: Mamba with prefix caching: vLLM 0.34 runs it in "align" mode only; 0.23's shape keeps "none" (cached).
-MAMBA_MODE: Literal["none", "align"] = "align" if PROFILE.mamba_cache_modes == ("none", "align") else "none"
+MAMBA_MODE: Literal["none", "align"] = "align" if PROFILE.mamba.cache_modes == ("none", "align") else "none"
 BLOCK = 16
 HEADS, HEAD_SIZE, DTYPE = 8, 128, torch.bfloat16
 MAX_MODEL_LEN = 4096
@@ -172,7 +172,7 @@ class KvspecAdapter:
             (config,) = get_kv_cache_configs(
                 [self.specs(model)], [1 << 50], self.limits(), num_blocks_override=num_blocks
             )
-            retention = {"prefix_cache_retention_interval": PROFILE.prefix_cache_retention_interval}
+            retention = {"prefix_cache_retention_interval": PROFILE.planning.prefix_cache_retention_interval}
         self.kv = kvspec.KVCacheCoordinator(
             generate_scheduler_kv_cache_config([config]),
             self.limits(),

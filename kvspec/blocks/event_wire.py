@@ -222,6 +222,11 @@ def _event_fields(event: KVCacheEvent) -> tuple[str, dict[str, Any]]:
     return "AllBlocksCleared", {}
 
 
+#: The wire formats kvspec writes and reads: ``"0.34"`` (tagged maps, vLLM 0.32 on) and ``"0.23"`` (positional
+#: arrays). A release names its format in ``ReleaseProfile.events.wire``.
+WIRE_FORMATS: Final = ("0.34", "0.23")
+
+
 def encode_event_batch(
     events: Sequence[KVCacheEvent],
     *,
@@ -229,12 +234,15 @@ def encode_event_batch(
     wire: str = "0.34",
     data_parallel_rank: int | None = None,
 ) -> bytes:
-    """kvspec's KV events as one publisher payload in vLLM's wire format: ``"0.34"`` (and 0.32): events as
+    """kvspec's KV events as one publisher payload in vLLM's wire format: ``"0.34"`` (0.32's too): events as
     msgpack maps tagged ``"type"``, fields at their default left out (msgspec's ``omit_defaults``);
     ``"0.23"``: positional arrays ``[tag, field, ...]`` in vLLM 0.23's field order. The batch is
     ``[ts, events, data_parallel_rank]`` either way. :func:`decode_event_batch` reads both back."""
-    if wire not in ("0.34", "0.32", "0.23"):
-        raise EventWireError(f"unknown KV event wire format {wire!r}; kvspec writes '0.34' (maps) or '0.23'")
+    if wire not in WIRE_FORMATS:
+        raise EventWireError(
+            f"unknown KV event wire format {wire!r}; kvspec writes {' or '.join(map(repr, WIRE_FORMATS))} "
+            "(a release's format is its profile's events.wire)"
+        )
     encoded: list[Any] = []
     if wire == "0.23":
         for event in events:

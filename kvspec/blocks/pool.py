@@ -567,7 +567,7 @@ class BlockPool:
         self.kv_event_queue: list[KVCacheEvent] = []
         #: Told when blocks are allocated, hit and evicted (kvspec.blocks.metrics); None: nothing is told.
         self.metrics_collector = metrics_collector
-        #: vLLM 0.34's free order (``ReleaseProfile.free_unhashed_first``): a freed block without a hash (any
+        #: vLLM 0.34's free order (``PoolRules.free_unhashed_first``): a freed block without a hash (any
         #: block when caching is off) is reused first, a hashed one last.
         self.free_unhashed_first = free_unhashed_first
         #: How a block of a multiple of the hash block size is keyed (``ReleaseProfile``): the last fine hash

@@ -12,6 +12,7 @@ from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
 from kvspec.cli.tiers import add_tier_options, check_tier_options
+from kvspec.contracts.release import EVENT_RELEASES
 from kvspec.errors import KVSpecError, OptionError
 
 #: Per-instance KV blocks when neither --memory nor --num-blocks is given: DynoSim's default.
@@ -87,7 +88,7 @@ def add_fleet_parser(sub: Any) -> None:
     p.add_argument("--max-num-seqs", type=_positive, default=256)
     p.add_argument("--speedup", type=float, default=1.0, help="arrival times divided by this (default 1)")
     p.add_argument("--event-lag-ms", type=float, default=0.0, help="KV events reach the router this late")
-    p.add_argument("--event-wire", choices=("0.34", "0.23"), default="0.34")
+    p.add_argument("--event-wire", choices=EVENT_RELEASES, default=EVENT_RELEASES[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=_positive, default=None, help="only the trace's first N requests")
     p.add_argument(

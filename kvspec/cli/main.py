@@ -94,7 +94,9 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     layered = plan.get("fits") and any(
         row["sliding_window"] or row["kind"] == "mamba" for stage in plan["stages"] for row in stage["groups"]
     )
-    plan["prefix_cache_retention_interval"] = profile.prefix_cache_retention_interval if layered else None
+    plan["prefix_cache_retention_interval"] = (
+        profile.planning.prefix_cache_retention_interval if layered else None
+    )
     other = next(r for r in RELEASE_CHOICES if r != release)
     if not explicit_block and _profile(other).default_block_size != profile.default_block_size:
         alt = _build_plan(args, _profile(other).default_block_size, _profile(other))

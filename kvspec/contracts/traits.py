@@ -86,7 +86,7 @@ class SpecTraits:
     - ``context_parallel_sharded``: with decode context parallelism a block's tokens are sharded over the
       ranks, so one block spans ``block_size x DCP`` tokens (attention). False: every rank holds the whole
       block (a Mamba state, a draft model's replicated layers); under vLLM 0.34's rules such a group keeps
-      its block size beside sharded groups (``ReleaseProfile.context_parallel_per_group``).
+      its block size beside sharded groups (``ManagerRules.context_parallel_per_group``).
     - ``tokens_per_block``: the tokens one block holds when that is not ``block_size`` (a compressed block
       domain: ``block_size`` rows of ``compress_ratio`` tokens each). Allocation, caching, hashing and hit
       lengths then count in these logical tokens. None: ``block_size`` tokens per block.

@@ -199,7 +199,7 @@ class CoordinatorCore:
         self.hash_lookahead_tokens: Final = options.hash_lookahead_tokens
         # Blocks are published only as far as the request is hashed (lookahead hashes lag the tokens).
         self._publish_only_hashed: Final = (
-            options.hash_lookahead_tokens > 0 or self.profile.publish_only_hashed_blocks
+            options.hash_lookahead_tokens > 0 or self.profile.pool.publish_only_hashed_blocks
         )
         self._eagle_group_ids: Final = layout.eagle_group_ids
         self.num_reprefillable_tokens: Final = options.num_reprefillable_tokens
@@ -235,8 +235,7 @@ class CoordinatorCore:
             block_pool=self.block_pool,
             hash_block_size=self.hash_block_size,
             scheduler_block_size=self.scheduler_block_size,
-            eagle_margin_within_hashes=self.profile.eagle_margin_within_hashes,
-            eagle_margin_for_state_groups=self.profile.eagle_margin_for_state_groups,
+            rules=self.profile.hit_search,
             partial_hash_hits=self.partial_hash_hits,
         )
         # Events describe the whole group (a uniform-type group's kind is its layers', not its
@@ -304,7 +303,7 @@ class CoordinatorCore:
         self._tail_groups: dict[int, Callable[[RequestView, int], None]] = {
             g: cast(CachesPromptTails, m).cache_prompt_tail
             for g, m in self._caching_groups
-            if self.profile.partial_prompt_tail_entries
+            if self.profile.hit_search.partial_prompt_tail_entries
             and self.traits[g].prefix_hits_left_closed
             and self.group_block_sizes[g] != self.hash_block_size
             and PROMPT_TAIL in caps[g]
@@ -1136,7 +1135,9 @@ def _partial_hash_hits_apply(
     hash block or its block the hash block. Needs the partial prompt-tail entries of 0.34's pool."""
     profile = coord.profile
     if not (
-        coord.enable_caching and profile.partial_prompt_tail_entries and profile.coarse_hash_is_last_fine
+        coord.enable_caching
+        and profile.hit_search.partial_prompt_tail_entries
+        and profile.pool.coarse_hash_is_last_fine
     ):
         return False
     hash_block = coord.hash_block_size

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from kvspec.blocks.hashing import BlockHashListWithBlockSize
 from kvspec.blocks.pool import BlockPool, KVCacheBlock
 from kvspec.contracts.manager import SUB_BLOCK_HITS, HitQuery, KVCacheManager, declared_capabilities
+from kvspec.contracts.release import HitSearchRules
 from kvspec.contracts.spec import KVCacheSpec
 from kvspec.contracts.traits import SpecTraits
 
@@ -94,8 +95,7 @@ class PrefixHitSearch:
         block_pool: BlockPool,
         hash_block_size: int,
         scheduler_block_size: int,
-        eagle_margin_within_hashes: bool = False,
-        eagle_margin_for_state_groups: bool = True,
+        rules: HitSearchRules,
         partial_hash_hits: bool = False,
     ) -> None:
         self.spec_groups = spec_groups
@@ -106,18 +106,18 @@ class PrefixHitSearch:
         )
         # How far past the candidate an EAGLE group's search may look (tokens): one block (one hash block
         # for a sub-block search), except for a group of state snapshots under 0.34
-        # (ReleaseProfile.eagle_margin_for_state_groups).
+        # (HitSearchRules.eagle_margin_for_state_groups).
         self._eagle_margin = tuple(
             0
-            if g.traits.hits_at_own_block_boundaries and not eagle_margin_for_state_groups
+            if g.traits.hits_at_own_block_boundaries and not rules.eagle_margin_for_state_groups
             else (hash_block_size if fine and g.block_size > hash_block_size else g.block_size)
             for g, fine in zip(spec_groups, self._fine, strict=True)
         )
         self._partial = partial_hash_hits
         self._alignment = hash_block_size if partial_hash_hits else scheduler_block_size
-        # ReleaseProfile.eagle_margin_within_hashes: how far an EAGLE group's search may reach past the
+        # HitSearchRules.eagle_margin_within_hashes: how far an EAGLE group's search may reach past the
         # candidate length (the request's hashed tokens, 0.34; the search's maximum, 0.23).
-        self.eagle_margin_within_hashes = eagle_margin_within_hashes
+        self.eagle_margin_within_hashes = rules.eagle_margin_within_hashes
         self.num_groups = num_groups
         self.block_pool = block_pool
         self.hash_block_size = hash_block_size

@@ -49,13 +49,13 @@ class GroupLayout:
 
 def _check_release(config: KVCacheConfig, profile: ReleaseProfile) -> None:
     """A config planned under one release's rules runs only under that release's (a profile derived from
-    it with ``dataclasses.replace`` keeps its name: a mix made on purpose)."""
+    it with ``ReleaseProfile.derive`` keeps its name: a mix made on purpose)."""
     if config.release is not None and config.release != profile.name:
         raise ReleaseMismatchError(
             f"This KVCacheConfig was planned under the {config.release!r} release profile but the coordinator "
             f"runs the {profile.name!r} profile's rules: the run would reproduce neither release. Plan and run with one "
             f"profile (profile=... in both), or derive a mixed profile from {config.release!r} on purpose "
-            "(dataclasses.replace(<its profile>, ...) keeps its name)."
+            "(<its profile>.derive(...) keeps its name)."
         )
 
 
@@ -153,7 +153,7 @@ def resolve_block_sizes(
         size = (block_tokens_of(specs[0]) * spans[0]) if specs else 16 * dcp * pcp
         return size, size if hash_block_size is None else hash_block_size
     sizes = [block_tokens_of(s) for s in specs]
-    if profile.context_parallel_per_group:
+    if profile.managers.context_parallel_per_group:
         sizes = [size * span for size, span in zip(sizes, spans, strict=True)]
         scheduler = math.lcm(*sizes)
     else:

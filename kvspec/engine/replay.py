@@ -32,7 +32,7 @@ from kvspec.planning.config import KVCacheConfig
 
 #: The prefix-cache retention interval (tokens) the current release plans into every config: vLLM 0.34's 0
 #: (sparse sliding-window and Mamba caches). A replay uses it unless told otherwise (None: dense).
-PLANNED_RETENTION: Final = DEFAULT_PROFILE.prefix_cache_retention_interval
+PLANNED_RETENTION: Final = DEFAULT_PROFILE.planning.prefix_cache_retention_interval
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

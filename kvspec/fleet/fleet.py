@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,20 +26,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.blocks.event_wire import encode_event_batch
+from kvspec.contracts.release import EVENT_RELEASES, profile_for_event_wire
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheCoordinator
-from kvspec.engine.instance import EngineInstance, InstanceLoad, TimedReplayStats, percentile
+from kvspec.engine.instance import EngineInstance, InstanceLoad
 from kvspec.engine.offload import build_connector, build_pool
 from kvspec.engine.replay import PLANNED_RETENTION, TraceClock, trace_request
+from kvspec.engine.stats import TimedReplayStats
 from kvspec.engine.step_time import StepTime, StepTimeModel
 from kvspec.engine.traces import TraceRequest
 from kvspec.errors import FleetConfigError, RoutingError
 from kvspec.eviction import resolve_eviction_policy
 from kvspec.fleet.registry import build_router, resolve_router
+from kvspec.fleet.report import FleetReport, fleet_report, tier_settings
 from kvspec.fleet.routing import ReadsKVEvents, Router, RouterContext, RouteRequest, RouterSpec, require_read
 from kvspec.intmath import cdiv
 from kvspec.planning.config import KVCacheConfig
-from kvspec.tiers.connector import TierStats
 from kvspec.tiers.settings import TierSettings
 
 
@@ -83,8 +84,10 @@ class FleetSettings:
             raise FleetConfigError(f"speedup must be a finite number > 0, got {self.speedup!r}")
         if not (self.event_lag_ms >= 0 and math.isfinite(self.event_lag_ms)):
             raise FleetConfigError(f"event_lag_ms must be a finite number >= 0, got {self.event_lag_ms!r}")
-        if self.event_wire not in ("0.34", "0.32", "0.23"):
-            raise FleetConfigError(f"event_wire must be '0.34' or '0.23', got {self.event_wire!r}")
+        if self.event_wire not in EVENT_RELEASES:
+            raise FleetConfigError(
+                f"event_wire must be a vLLM release ({', '.join(EVENT_RELEASES)}), got {self.event_wire!r}"
+            )
 
 
 class _GuardedView:
@@ -118,96 +121,6 @@ class _GuardedView:
 
     def _fresh(self) -> None:
         self._loads = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FleetReport:
-    """A fleet run's figures: ``total`` and one row per instance (``instances``), plus the settings and
-    ``wall_seconds`` (this machine's time to run it)."""
-
-    settings: dict[str, Any]
-    total: dict[str, Any]
-    instances: list[dict[str, Any]]
-    wall_seconds: float
-    #: With ``FleetSettings.per_request``: per request, in trace order, its line, instance, first
-    #: admission's hit tokens, queueing, TTFT and end-to-end ms.
-    requests: list[dict[str, Any]] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "settings": self.settings,
-            "total": self.total,
-            "instances": self.instances,
-            "wall_seconds": self.wall_seconds,
-        }
-
-
-def _latency(values: list[float], name: str) -> dict[str, float]:
-    return {
-        f"{name}_mean": round(statistics.fmean(values), 1) if values else 0.0,
-        f"{name}_p50": round(percentile(values, 0.5), 1),
-        f"{name}_p90": round(percentile(values, 0.9), 1),
-        f"{name}_p99": round(percentile(values, 0.99), 1),
-    }
-
-
-def _figures(stats: TimedReplayStats, seconds: float) -> dict[str, Any]:
-    return {
-        "requests": stats.requests,
-        "finished": stats.finished,
-        "refused": stats.refused,
-        "prompt_tokens": stats.prompt_tokens,
-        "reused_tokens": stats.first_admission_hit_tokens,
-        "reuse_ratio": round(stats.prompt_hit_rate, 4),
-        "prompt_blocks": stats.prompt_blocks,
-        "reused_blocks": stats.first_admission_hit_blocks,
-        "block_reuse_ratio": round(stats.block_hit_rate, 4),
-        "generated_tokens": stats.generated_tokens,
-        "preemptions": stats.preemptions,
-        "steps": stats.steps,
-        **_latency(stats.ttft_ms, "ttft_ms"),
-        **_latency(stats.e2e_ms, "e2e_ms"),
-        **_latency(stats.queue_ms, "queue_ms"),
-        "output_tokens_per_s": round(stats.generated_tokens / seconds, 1) if seconds else 0.0,
-        "total_tokens_per_s": round((stats.prompt_tokens + stats.generated_tokens) / seconds, 1)
-        if seconds
-        else 0.0,
-        **stats.tier_figures(),
-    }
-
-
-def _merge(parts: Sequence[TimedReplayStats]) -> TimedReplayStats:
-    total = TimedReplayStats()
-    tiers = [part.tiers for part in parts if part.tiers is not None]
-    if tiers:
-        total.tiers = TierStats.merged(tiers)
-    for part in parts:
-        for f in dataclasses.fields(TimedReplayStats):
-            value = getattr(part, f.name)
-            if f.name == "tiers":
-                continue
-            if isinstance(value, list):
-                getattr(total, f.name).extend(value)
-            elif f.name == "simulated_ms":
-                total.simulated_ms = max(total.simulated_ms, value)
-            else:
-                setattr(total, f.name, getattr(total, f.name) + value)
-    return total
-
-
-def _tier_settings(tiers: TierSettings | None, pool: object) -> dict[str, Any]:
-    if tiers is None:
-        return {}
-    return {
-        "host_bytes_per_instance": tiers.host_bytes,
-        "host_tier": tiers.host_tier,
-        "host_options": dict(tiers.host_options),
-        "shared_pool_bytes": tiers.pool_bytes,
-        "pool_blocks": getattr(pool, "capacity_blocks", 0),
-        "offload": list(tiers.offload),
-        "host_link": repr(tiers.host_link),
-        "pool_link": repr(tiers.pool_link),
-    }
 
 
 def fleet_coordinator(
@@ -247,6 +160,36 @@ def run_fleet(
     spec = resolve_router(settings.router)
     resolve_eviction_policy(settings.eviction_policy)  # an unknown name fails before any work
     started = time.perf_counter()
+    instances, tiers, pool = _start_instances(config, limits, settings, spec, on_request)
+    context = RouterContext(
+        num_instances=settings.num_instances,
+        block_size=instances[0].coordinator.hash_block_size,
+        seed=settings.seed,
+        options=dict(settings.router_options),
+    )
+    chosen = router if router is not None else build_router(spec, context)
+    ordered = sorted(requests, key=lambda r: r.arrival_ms)
+    if settings.speedup != 1.0:
+        ordered = [dataclasses.replace(r, arrival_ms=r.arrival_ms / settings.speedup) for r in ordered]
+    refused_at_door = _Replay(instances, chosen, spec, settings, on_request).run(ordered)
+    for instance in instances:
+        instance.coordinator.check_invariants()
+    return fleet_report(
+        instances,
+        refused_at_door,
+        settings=_settings_row(settings, config, instances, tiers, pool),
+        wall_seconds=time.perf_counter() - started,
+    )
+
+
+def _start_instances(
+    config: KVCacheConfig,
+    limits: SchedulerLimits,
+    settings: FleetSettings,
+    spec: RouterSpec,
+    on_request: Callable[[TraceRequest], None] | None,
+) -> tuple[list[EngineInstance], TierSettings | None, object]:
+    """The fleet's instances, each on its own clock, with the tiers (one shared pool) when enabled."""
     n = settings.num_instances
     wants_events = "kv_events" in spec.reads
     clocks = [TraceClock() for _ in range(n)]
@@ -272,136 +215,130 @@ def run_fleet(
         instance.track_queued_hits = "loads" in spec.reads
         instance.record_requests = settings.per_request
         instance.fast_decode = settings.quiet_decode
-    hasher = instances[0].coordinator.make_block_hasher(seed="kvspec-replay")
-    hash_block = instances[0].coordinator.hash_block_size
-    context = RouterContext(
-        num_instances=n,
-        block_size=hash_block,
-        seed=settings.seed,
-        options=dict(settings.router_options),
-    )
-    chosen = router if router is not None else build_router(spec, context)
-    on_events = chosen.on_kv_events if wants_events and isinstance(chosen, ReadsKVEvents) else None
-    view = _GuardedView(instances, spec)
-    speedup = settings.speedup
-    ordered = sorted(requests, key=lambda r: r.arrival_ms)
-    if speedup != 1.0:
-        ordered = [dataclasses.replace(r, arrival_ms=r.arrival_ms / speedup) for r in ordered]
-    pending = deque(ordered)
-    inbox: list[tuple[float, int, int, bytes]] = []  # (delivery ms, sequence, instance, payload)
-    sequence = 0
-    lag = settings.event_lag_ms
-    wire = settings.event_wire
-    refused_at_door = TimedReplayStats()
-    busy = [False] * n
-    while True:
-        next_step = float("inf")
-        stepper = -1
-        for i, instance in enumerate(instances):
-            if busy[i] and instance.now_ms < next_step:
-                next_step = instance.now_ms
-                stepper = i
-        if pending and pending[0].arrival_ms <= next_step:
-            item = pending.popleft()
-            now = item.arrival_ms
-            while inbox and inbox[0][0] <= now and on_events is not None:
-                _, _, source, payload = heapq.heappop(inbox)
-                on_events(source, payload)
-            if instances[0].refuses(item):
-                refused_at_door.requests += 1
-                refused_at_door.refused += 1
-                refused_at_door.prompt_tokens += item.input_length
-                refused_at_door.prompt_blocks += cdiv(item.input_length, item.hash_block_size or hash_block)
-                if on_request is not None:
-                    on_request(item)
+    return instances, tiers, pool
+
+
+class _Replay:
+    """The fleet's event loop: the earliest of the next arrival (routed, or refused at the door) and the
+    earliest busy instance's step runs next; KV events reach the router ``event_lag_ms`` after the step that
+    made them, in vLLM's wire format."""
+
+    def __init__(
+        self,
+        instances: list[EngineInstance],
+        router: Router,
+        spec: RouterSpec,
+        settings: FleetSettings,
+        on_request: Callable[[TraceRequest], None] | None,
+    ) -> None:
+        self.instances = instances
+        self.router = router
+        self.name = settings.router
+        self.view = _GuardedView(instances, spec)
+        self.on_request = on_request
+        self.on_events = (
+            router.on_kv_events if "kv_events" in spec.reads and isinstance(router, ReadsKVEvents) else None
+        )
+        self.lag = settings.event_lag_ms
+        self.wire = profile_for_event_wire(settings.event_wire).events.wire
+        self.hasher = instances[0].coordinator.make_block_hasher(seed="kvspec-replay")
+        self.hash_block = instances[0].coordinator.hash_block_size
+        self.inbox: list[tuple[float, int, int, bytes]] = []  # (delivery ms, sequence, instance, payload)
+        self.sequence = 0
+        self.refused_at_door = TimedReplayStats()
+
+    def run(self, ordered: list[TraceRequest]) -> TimedReplayStats:
+        """Replay ``ordered`` (by arrival) to the end; the requests refused at the door, as stats."""
+        instances = self.instances
+        pending = deque(ordered)
+        busy = [False] * len(instances)
+        while True:
+            next_step = float("inf")
+            stepper = -1
+            for i, instance in enumerate(instances):
+                if busy[i] and instance.now_ms < next_step:
+                    next_step = instance.now_ms
+                    stepper = i
+            if pending and pending[0].arrival_ms <= next_step:
+                item = pending.popleft()
+                choice = self._arrive(item)
+                if choice is not None:
+                    busy[choice] = instances[choice].busy
                 continue
-            request = trace_request(item, hasher)
-            view._fresh()
-            choice = chosen.route(
-                RouteRequest(
-                    request_id=request.request_id,
-                    arrival_ms=now,
-                    num_tokens=request.num_tokens,
-                    block_hashes=request.block_hashes,
-                    request=request,
-                ),
-                view,
-            )
-            picked: object = choice
-            if type(picked) is not int or not 0 <= picked < n:
-                raise RoutingError(
-                    f"Router {settings.router!r} sent request {request.request_id} to instance {choice!r}; "
-                    f"the fleet has instances 0..{n - 1}"
-                )
-            instances[choice].add(item, request, at_ms=now)
-            busy[choice] = instances[choice].busy
-            continue
-        if stepper < 0:
-            break
-        instance = instances[stepper]
-        instance.step(pending[0].arrival_ms if pending else float("inf"))
-        busy[stepper] = instance.busy
-        if on_events is not None:
-            events = instance.take_events()
-            if events:
-                payload = encode_event_batch(events, ts=instance.now_ms / 1000.0, wire=wire)
-                heapq.heappush(inbox, (instance.now_ms + lag, sequence, stepper, payload))
-                sequence += 1
-    for instance in instances:
-        instance.coordinator.check_invariants()
-    total = _merge([*(i.stats for i in instances), refused_at_door])
-    seconds = total.simulated_ms / 1000.0
-    rows = []
-    for instance in instances:
-        row = {"instance": instance.index, **_figures(instance.stats, seconds)}
-        rows.append(row)
-    per_instance = [row["requests"] for row in rows]
-    prompt = [row["prompt_tokens"] for row in rows]
-    summary = _figures(total, seconds)
-    summary["refused_at_door"] = refused_at_door.refused
-    summary["simulated_seconds"] = round(seconds, 3)
-    summary["load_imbalance"] = (
-        round(max(per_instance) / statistics.fmean(per_instance), 3) if any(per_instance) else 1.0
-    )
-    summary["prompt_token_imbalance"] = (
-        round(max(prompt) / statistics.fmean(prompt), 3) if any(prompt) else 1.0
-    )
-    return FleetReport(
-        settings={
-            "num_instances": n,
-            "router": settings.router,
-            "router_options": dict(settings.router_options),
-            "eviction_policy": settings.eviction_policy,
-            "blocks_per_instance": config.num_blocks - 1,
-            "block_size": instances[0].coordinator.scheduler_block_size,
-            "max_num_batched_tokens": settings.max_num_batched_tokens,
-            "max_num_seqs": settings.max_num_seqs,
-            "step_time": repr(settings.step_time),
-            "event_lag_ms": settings.event_lag_ms,
-            "event_wire": settings.event_wire,
-            "speedup": settings.speedup,
-            "seed": settings.seed,
-            **_tier_settings(tiers, pool),
-        },
-        total=summary,
-        instances=rows,
-        wall_seconds=round(time.perf_counter() - started, 3),
-        requests=sorted(
-            (
-                {
-                    "line": line,
-                    "instance": instance.index,
-                    "hit_tokens": hit,
-                    "queue_ms": round(queued, 3),
-                    "ttft_ms": round(ttft, 3),
-                    "e2e_ms": round(e2e, 3),
-                }
-                for instance in instances
-                for line, hit, queued, ttft, e2e in instance.stats.per_request
+            if stepper < 0:
+                return self.refused_at_door
+            instance = instances[stepper]
+            instance.step(pending[0].arrival_ms if pending else float("inf"))
+            busy[stepper] = instance.busy
+            if self.on_events is not None:
+                events = instance.take_events()
+                if events:
+                    payload = encode_event_batch(events, ts=instance.now_ms / 1000.0, wire=self.wire)
+                    heapq.heappush(self.inbox, (instance.now_ms + self.lag, self.sequence, stepper, payload))
+                    self.sequence += 1
+
+    def _arrive(self, item: TraceRequest) -> int | None:
+        """Deliver the events due, then route ``item`` (None: refused at the door)."""
+        now = item.arrival_ms
+        while self.inbox and self.inbox[0][0] <= now and self.on_events is not None:
+            _, _, source, payload = heapq.heappop(self.inbox)
+            self.on_events(source, payload)
+        instances = self.instances
+        if instances[0].refuses(item):
+            door = self.refused_at_door
+            door.requests += 1
+            door.refused += 1
+            door.prompt_tokens += item.input_length
+            door.prompt_blocks += cdiv(item.input_length, item.hash_block_size or self.hash_block)
+            if self.on_request is not None:
+                self.on_request(item)
+            return None
+        request = trace_request(item, self.hasher)
+        self.view._fresh()
+        choice = self.router.route(
+            RouteRequest(
+                request_id=request.request_id,
+                arrival_ms=now,
+                num_tokens=request.num_tokens,
+                block_hashes=request.block_hashes,
+                request=request,
             ),
-            key=lambda row: row["line"],
-        ),
-    )
+            self.view,
+        )
+        picked: object = choice
+        if type(picked) is not int or not 0 <= picked < len(instances):
+            raise RoutingError(
+                f"Router {self.name!r} sent request {request.request_id} to instance {choice!r}; "
+                f"the fleet has instances 0..{len(instances) - 1}"
+            )
+        instances[choice].add(item, request, at_ms=now)
+        return choice
+
+
+def _settings_row(
+    settings: FleetSettings,
+    config: KVCacheConfig,
+    instances: list[EngineInstance],
+    tiers: TierSettings | None,
+    pool: object,
+) -> dict[str, Any]:
+    """The settings a report prints: what the run was given, as plain values."""
+    return {
+        "num_instances": settings.num_instances,
+        "router": settings.router,
+        "router_options": dict(settings.router_options),
+        "eviction_policy": settings.eviction_policy,
+        "blocks_per_instance": config.num_blocks - 1,
+        "block_size": instances[0].coordinator.scheduler_block_size,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "max_num_seqs": settings.max_num_seqs,
+        "step_time": repr(settings.step_time),
+        "event_lag_ms": settings.event_lag_ms,
+        "event_wire": settings.event_wire,
+        "speedup": settings.speedup,
+        "seed": settings.seed,
+        **tier_settings(tiers, pool),
+    }
 
 
 __all__ = ["FleetReport", "FleetSettings", "fleet_coordinator", "run_fleet"]

@@ -380,8 +380,8 @@ class Vllm034BlockPool(Vllm023BlockPool):
             enable_kv_cache_events,
             medium,
             metrics_collector,
-            free_unhashed_first=VLLM_0_34.free_unhashed_first,
-            coarse_hash_is_last_fine=VLLM_0_34.coarse_hash_is_last_fine,
+            free_unhashed_first=VLLM_0_34.pool.free_unhashed_first,
+            coarse_hash_is_last_fine=VLLM_0_34.pool.coarse_hash_is_last_fine,
             hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
 

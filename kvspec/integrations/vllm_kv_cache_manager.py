@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Final, cast
 
 from kvspec.blocks.eviction import EvictionPolicyFactory
-from kvspec.contracts.release import VLLM_0_23, VLLM_0_32, profile_for_vllm_version
+from kvspec.contracts.release import profile_for_vllm_version
 from kvspec.eviction.registry import resolve_eviction_policy
 from kvspec.integrations.vllm import SpecConverter
 from kvspec.integrations.vllm_adapter_023 import Vllm023KVCacheManager
@@ -35,6 +35,7 @@ __all__ = [
     "Vllm032KVCacheManager",
     "Vllm034BlockPool",
     "Vllm034KVCacheManager",
+    "ADAPTERS",
     "Vllm023BlockPool",
     "VllmBlockPool",
     "Vllm023KVCacheManager",
@@ -54,13 +55,20 @@ _PATCHED_MODULES: Final = ("vllm.v1.core.sched.scheduler", "vllm.v1.core.kv_cach
 _originals: dict[str, Any] = {}
 
 
+#: The adapter for each manager interface a release's scheduler calls (``ReleaseProfile.managers.signatures``):
+#: a new release whose scheduler calls an interface listed here needs no new adapter.
+ADAPTERS: Final[dict[str, type[Vllm023KVCacheManager]]] = {
+    "0.23": Vllm023KVCacheManager,
+    "0.32": Vllm032KVCacheManager,
+    "0.34": Vllm034KVCacheManager,
+}
+
+
 def adapter_class() -> type[Vllm023KVCacheManager]:
     """The adapter speaking the installed vLLM's interface: ``Vllm034KVCacheManager`` for 0.34 and later,
     ``Vllm032KVCacheManager`` for 0.32 and 0.33, ``Vllm023KVCacheManager`` before."""
     profile = profile_for_vllm_version(str(importlib.import_module("vllm").__version__))
-    if profile is VLLM_0_23:
-        return Vllm023KVCacheManager
-    return Vllm032KVCacheManager if profile is VLLM_0_32 else Vllm034KVCacheManager
+    return ADAPTERS[profile.managers.signatures]
 
 
 def install(

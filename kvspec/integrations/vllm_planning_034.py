@@ -161,7 +161,7 @@ def get_kv_cache_configs(
     """vLLM 0.34's ``get_kv_cache_configs``: one config per worker with kvspec's block count.
 
     kvspec projects the global groups onto each worker, applies ``num_gpu_blocks_override``, holds the
-    null block back from auto-fit and the checks (``VLLM_0_34.planning_reserves_null_block``), fits
+    null block back from auto-fit and the checks (``VLLM_0_34.planning.reserve_null_block``), fits
     ``max_model_len`` when the user asked for -1 (written back into ``model_config`` as vLLM does), checks
     that every worker holds one max-length request, and gives every worker the smallest block count. The
     builder then places each worker's groups for that count; ``kv_tp_replicas`` and the zeroing decision
@@ -178,7 +178,7 @@ def get_kv_cache_configs(
         worker_groups=worker_groups,
         available_bytes=available_memory,
         num_blocks_override=vllm_config.cache_config.num_gpu_blocks_override,
-        reserve_null_block=VLLM_0_34.planning_reserves_null_block,
+        reserve_null_block=VLLM_0_34.planning.reserve_null_block,
         block_bytes=[_placed_block_bytes(builder, vllm_config, g) for g in vllm_groups],
     )
     model_config = vllm_config.model_config
@@ -213,7 +213,7 @@ def check_enough_kv_cache_memory(
     limits = limits_from_vllm_config(vllm_config)
     planning.check_enough_kv_cache_memory(
         list(groups),
-        planning.usable_bytes(groups, available_memory, VLLM_0_34.planning_reserves_null_block),
+        planning.usable_bytes(groups, available_memory, VLLM_0_34.planning.reserve_null_block),
         limits,
     )
 

@@ -38,11 +38,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvspec.contracts.release import PROFILES
 from kvspec.errors import KVSpecError, VllmPluginSettingsError
 from kvspec.integrations.vllm_retention import RETENTION_XARG, parse_retention_seconds
 
 #: The vLLM releases kvspec's adapters were checked against, block for block (README "With vLLM").
-CHECKED_VLLM_RELEASES: Final = ("0.23.0", "0.32.0", "0.34.0")
+CHECKED_VLLM_RELEASES: Final = tuple(
+    p.vllm_version for p in sorted(PROFILES.values(), key=lambda p: p.release)
+)
 
 #: The built-in eviction policies that ignore a request's retention (only ``retention`` weighs it).
 _POLICIES_WITHOUT_RETENTION: Final = frozenset({"lru", "lfu", "slru", "hybrid"})

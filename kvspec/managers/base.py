@@ -409,7 +409,7 @@ class SingleTypeKVCacheManager:
         """Whether ``cache_blocks`` can change something even when no new full block is complete (the
         coordinator then calls it on every allocation instead of skipping the calls that complete no
         block). False for every built-in manager but Mamba "align" under vLLM 0.32
-        (``ReleaseProfile.mamba_boundary_recache_defers_hits``)."""
+        (``MambaRules.boundary_recache_defers_hits``)."""
         return False
 
     def cache_prompt_tail(self, request: RequestView, num_tokens: int) -> None:
@@ -443,7 +443,7 @@ class SingleTypeKVCacheManager:
         )
         if shared_prefix_boundary > 0:
             boundaries.append(shared_prefix_boundary)
-            if context.use_eagle and context.profile.eagle_block_before_junction:
+            if context.use_eagle and context.profile.managers.eagle_block_before_junction:
                 boundaries.append(shared_prefix_boundary - self.block_size)
         return boundaries
 

@@ -78,7 +78,7 @@ class SinkFullAttentionManager(FullAttentionManager):
                 f"{self.block_size}, got {sink_len!r}."
             )
         # vLLM 0.23 holds the sink's blocks for the manager's life; 0.34 no longer takes them from the pool.
-        reserve = self.context.profile.sink_reserves_blocks
+        reserve = self.context.profile.managers.sink_reserves_blocks
         self.sink_blocks = self.block_pool.get_new_blocks(sink_len // self.block_size) if reserve else []
 
     def iter_held_blocks(self) -> Iterator[KVCacheBlock]:

@@ -48,14 +48,14 @@ class MambaManager(SingleTypeKVCacheManager):
         self.cached_blocks_this_step: set[bytes] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self._allocated_block_reqs: set[str] = set()
-        # vLLM 0.34's align frees (ReleaseProfile.mamba_align_frees_across_nulls): blocks below this index
+        # vLLM 0.34's align frees (MambaRules.align_frees_across_nulls): blocks below this index
         # are retired (freed or never kept) per request.
         rules = self.context.profile.mamba  # the profile's Mamba section, read once
         #: Sparse retention thins the states cached (vLLM 0.34's rule; ``MambaRules.sparse_retention``).
         self._sparse_retention = rules.sparse_retention
         self._frees_across_nulls = rules.align_frees_across_nulls
         self._num_retired_blocks: dict[str, int] = {}
-        # vLLM 0.32's re-keying of the prompt-boundary state (ReleaseProfile.mamba_boundary_recache_defers_hits).
+        # vLLM 0.32's re-keying of the prompt-boundary state (MambaRules.boundary_recache_defers_hits).
         self._marks_prompt_boundary = mode == "align" and rules.boundary_recache_defers_hits
         # vLLM 0.34's prefill checkpoints ("align", num_prefill_checkpoint_blocks > 0): the prompt's final chunk
         # may run past the last boundary a later request can hit; the backend then exports the state at that
@@ -484,7 +484,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.cached_blocks_this_step.add(block_hash)
 
     def cache_mask(self, request: RequestView, num_blocks: int) -> list[bool] | None:
-        """Dense (None) unless sparse retention applies (``ReleaseProfile.mamba_sparse_retention``, "align"):
+        """Dense (None) unless sparse retention applies (``MambaRules.sparse_retention``, "align"):
         then only the state blocks a hit can end on are cached: the last block of every ``interval`` tokens
         (none when 0), and the block ending at each reachable boundary (the prompt's replay boundaries and
         the shared-prefix junction, aligned down to the scheduler block). Units: blocks from the first."""

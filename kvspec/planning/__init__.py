@@ -16,7 +16,7 @@ the current vLLM release), read through its ``planning`` section: under vLLM 0.3
 are padded, pages that cannot be unified beside MLA fall back to one full-allocation group, and the null
 block is held back from the memory checks; every planned ``KVCacheConfig`` carries the profile's
 prefix-cache retention, which the coordinator then runs. ``profile=VLLM_0_23`` plans as vLLM 0.23.0 does; a
-mix of behaviours is a derived profile (``dataclasses.replace(VLLM_0_34, planning_pads_pages=False)``).
+mix of behaviours is a derived profile (``VLLM_0_34.derive(pad_pages=False)``).
 ``pack_pages`` picks a block-outermost tensor layout (pages of several sizes side by side in one block).
 
 The functions are :mod:`kvspec.planning._core`'s (compiled in the compiled build); the public entry

@@ -142,7 +142,7 @@ def unify_kv_cache_spec_page_size(
     if len(pages) <= 1:
         return dict(layer_specs)
     max_page = max(pages)
-    pad_pages = (DEFAULT_PROFILE if profile is None else profile).planning_pads_pages
+    pad_pages = (DEFAULT_PROFILE if profile is None else profile).planning.pad_pages
     out: dict[str, KVCacheSpec] = {}
     for name, spec in layer_specs.items():
         page = spec.page_size_bytes
@@ -813,11 +813,11 @@ def get_kv_cache_configs(
         worker_groups=worker_groups,
         available_bytes=per_worker_available_bytes,
         num_blocks_override=num_blocks_override,
-        reserve_null_block=profile.planning_reserves_null_block,
+        reserve_null_block=profile.planning.reserve_null_block,
     )
     num_blocks = plan_num_blocks(budgets, limits)
     # The planned retention travels with the config, as vLLM 0.34's planner writes it (the coordinator reads it).
-    retention = profile.prefix_cache_retention_interval
+    retention = profile.planning.prefix_cache_retention_interval
     return [
         dataclasses.replace(
             get_kv_cache_config_from_groups(groups, 0, num_blocks_override=num_blocks),
@@ -935,7 +935,7 @@ def auto_fit_max_model_len(
     budgets = WorkerBudgets(
         worker_groups=[project_groups_to_worker(groups, specs) for specs in per_worker_specs],
         available_bytes=per_worker_available_bytes,
-        reserve_null_block=profile.planning_reserves_null_block,
+        reserve_null_block=profile.planning.reserve_null_block,
     )
     return auto_fit_from_groups(budgets, limits)
 

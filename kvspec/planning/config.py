@@ -59,7 +59,7 @@ class KVCacheConfig:
     kv_cache_tensors: tuple[KVCacheTensor, ...]
     kv_cache_groups: tuple[KVCacheGroupSpec, ...]
     #: The prefix-cache retention the planner chose (tokens; None: dense, every full block cached), as vLLM
-    #: 0.34's planner writes it (``ReleaseProfile.prefix_cache_retention_interval``: 0 under 0.34, None under
+    #: 0.34's planner writes it (``PlanningRules.prefix_cache_retention_interval``: 0 under 0.34, None under
     #: 0.23). A coordinator built from the config runs it unless told otherwise. A config built by hand keeps
     #: the default None, as vLLM's dataclass does.
     prefix_cache_retention_interval: int | None = None

@@ -336,7 +336,9 @@ def check_plugin(
         layouts["beside full attention"] = {"full.0": companion, "plugin.0": spec, "plugin.1": spec}
     for label, layers in layouts.items():
         try:
-            config = get_kv_cache_config(layers, 0, limits, num_blocks_override=num_blocks, registry=scratch)
+            config = get_kv_cache_config(
+                layers, 0, limits, num_blocks_override=num_blocks, registry=scratch, profile=profile
+            )
         except KVSpecError as exc:
             raise _fail(f"[{label}] planning {type(spec).__name__} failed: {exc}") from exc
         _check_config(config, layers, label)
@@ -408,7 +410,9 @@ def plugin_state_machine(
             num_blocks=st.integers(20, 48), chunk=st.sampled_from([bs, 2 * bs, 3 * bs]), caching=st.booleans()
         )
         def setup(self, num_blocks: int, chunk: int, caching: bool) -> None:
-            config = get_kv_cache_config(layers, 0, limits, num_blocks_override=num_blocks, registry=registry)
+            config = get_kv_cache_config(
+                layers, 0, limits, num_blocks_override=num_blocks, registry=registry, profile=profile
+            )
             self.driver = _Driver(
                 config, limits, registry, caching and caching_allowed, "state machine", profile
             )

@@ -193,7 +193,7 @@ def _module_routes() -> dict[str, dict[str, object]]:
             "BlockPool": vllm_kv_cache_manager.Vllm034BlockPool,
             "KVCacheBlock": pool.KVCacheBlock,
             "BlockHashListWithBlockSize": functools.partial(
-                hashing.BlockHashListWithBlockSize, last_fine=VLLM_0_34.coarse_hash_is_last_fine
+                hashing.BlockHashListWithBlockSize, last_fine=VLLM_0_34.pool.coarse_hash_is_last_fine
             ),
         },
         "tests/v1/core/test_single_type_kv_cache_manager.py": {

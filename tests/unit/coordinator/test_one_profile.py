@@ -85,7 +85,7 @@ def test_an_explicit_retention_overrides_the_planned_one() -> None:
 
 def test_a_mixed_behaviour_is_a_derived_profile() -> None:
     """0.34 at run time but dense planning: one derived profile drives both the plan and the coordinator."""
-    dense_034 = dataclasses.replace(VLLM_0_34, name="0.34-dense", prefix_cache_retention_interval=None)
+    dense_034 = VLLM_0_34.derive(name="0.34-dense", prefix_cache_retention_interval=None)
     coord = _readme_coordinator(profile=dense_034)
     assert coord.profile is dense_034 and coord.prefix_cache_retention_interval is None
     assert coord.block_pool.free_unhashed_first  # 0.34's pool rule kept
@@ -94,14 +94,18 @@ def test_a_mixed_behaviour_is_a_derived_profile() -> None:
     )
 
 
-def test_the_profile_sections_carry_the_flat_rows() -> None:
-    for profile in (VLLM_0_23, VLLM_0_32, VLLM_0_34):
-        assert profile.planning.pad_pages == profile.planning_pads_pages
-        assert profile.planning.reserve_null_block == profile.planning_reserves_null_block
-        assert profile.pool.free_unhashed_first == profile.free_unhashed_first
-        assert profile.hit_search.eagle_margin_within_hashes == profile.eagle_margin_within_hashes
-        assert profile.mamba.caching_requires_align == profile.mamba_caching_requires_align
-    assert VLLM_0_34.mamba.caching_requires_align and not VLLM_0_32.mamba.caching_requires_align
+def test_a_derived_rule_lands_in_its_section_and_nowhere_else() -> None:
+    mixed = VLLM_0_34.derive(free_unhashed_first=False, pad_pages=False)
+    assert not mixed.pool.free_unhashed_first and not mixed.planning.pad_pages
+    assert mixed.pool.coarse_hash_is_last_fine and mixed.planning.reserve_null_block
+    assert (mixed.hit_search, mixed.managers, mixed.mamba, mixed.events) == (
+        VLLM_0_34.hit_search,
+        VLLM_0_34.managers,
+        VLLM_0_34.mamba,
+        VLLM_0_34.events,
+    )
+    with pytest.raises(UnsupportedConfigurationError, match=r"no rule 'pads_pages'; its rules: .*pad_pages"):
+        VLLM_0_34.derive(pads_pages=False)
 
 
 def _mamba_config(mode: MambaCacheMode) -> tuple[KVCacheConfig, SchedulerLimits]:
@@ -175,7 +179,7 @@ def test_a_config_planned_for_one_release_is_refused_by_a_coordinator_of_another
         match=r"planned under the 'vllm-0\.34' release profile but the coordinator runs the 'vllm-0\.32' profile's rules",
     ):
         KVCacheCoordinator(config, LIMITS, profile=VLLM_0_32)
-    mixed = dataclasses.replace(VLLM_0_34, free_unhashed_first=False)
+    mixed = VLLM_0_34.derive(free_unhashed_first=False)
     assert KVCacheCoordinator(config, LIMITS, profile=mixed).profile is mixed
     (planned_023,) = get_kv_cache_configs([_gemma_like()], [64 << 20], LIMITS, profile=VLLM_0_23)
     assert planned_023.release == VLLM_0_23.name

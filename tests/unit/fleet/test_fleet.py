@@ -211,7 +211,9 @@ def test_bad_fleet_settings_are_refused() -> None:
         FleetSettings(num_instances=1, speedup=0.0)
     with pytest.raises(FleetConfigError, match="event_lag_ms"):
         FleetSettings(num_instances=1, event_lag_ms=float("nan"))
-    with pytest.raises(UnknownRouterError, match="Unknown router 'nope'; registered: cache_aware, consistent_hash, exact"):
+    with pytest.raises(
+        UnknownRouterError, match="Unknown router 'nope'; registered: cache_aware, consistent_hash, exact"
+    ):
         run_fleet([], make_config([full_spec(16)], 8), LIMITS, FleetSettings(num_instances=1, router="nope"))
 
 

@@ -3,8 +3,6 @@ full-allocation fallback for MLA beside a sliding window whose pages cannot be u
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -42,7 +40,7 @@ BF16, F32, U8 = torch.bfloat16, torch.float32, torch.uint8
 
 
 #: vLLM 0.34 without its full-allocation fallback: a derived profile, as a user mixing rules builds one.
-PADS_ONLY = dataclasses.replace(VLLM_0_34, planning_full_allocation_fallback=False)
+PADS_ONLY = VLLM_0_34.derive(full_allocation_fallback=False)
 
 
 def mla(

@@ -212,7 +212,7 @@ class TestOneWorker:
             ).prefix_cache_retention_interval
             is None
         )
-        every_block = dataclasses.replace(VLLM_0_34, prefix_cache_retention_interval=32)
+        every_block = VLLM_0_34.derive(prefix_cache_retention_interval=32)
         assert (
             get_kv_cache_config(
                 specs, PAGE * 2 * 64, LIMITS, profile=every_block
@@ -297,7 +297,7 @@ class TestPagePadding:
         latent = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
         assert not traits_of(latent).page_paddable and traits_of(full()).page_paddable
         with pytest.raises(PageSizeUnificationError, match="does not divide"):
-            no_fallback = dataclasses.replace(VLLM_0_34, planning_full_allocation_fallback=False)
+            no_fallback = VLLM_0_34.derive(full_allocation_fallback=False)
             get_kv_cache_groups({"mla0": latent, "sw0": sw(head_size=96)}, profile=no_fallback)
 
     def test_a_hidden_state_block_divides_the_other_groups_blocks_under_0_34(self) -> None:

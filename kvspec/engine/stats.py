@@ -1,0 +1,173 @@
+"""The figures of a timed replay, computed in one place: what one instance did (:class:`TimedReplayStats`:
+raw counts, per-request times, tier counters) and every figure derived from them (hit and reuse ratios, latency
+percentiles, throughput, reuse per tier), for the one-instance replay's summary and the fleet's report alike.
+Units: tokens; trace blocks; milliseconds of simulated time; bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.tiers.connector import TierStats
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by the nearest-rank rule (0.0 for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def latency_figures(values: list[float], name: str) -> dict[str, float]:
+    """Mean and nearest-rank p50/p90/p99 of ``values`` (ms, one decimal), keyed ``{name}_mean`` and so on."""
+    return {
+        f"{name}_mean": round(statistics.fmean(values), 1) if values else 0.0,
+        f"{name}_p50": round(percentile(values, 0.5), 1),
+        f"{name}_p90": round(percentile(values, 0.9), 1),
+        f"{name}_p99": round(percentile(values, 0.99), 1),
+    }
+
+
+@dataclass(kw_only=True, slots=True)
+class TimedReplayStats:
+    """What a timed replay (of one instance) did. Tokens; trace blocks; times in milliseconds of simulated
+    time. ``queue_ms``: per request, arrival to its first admission (the step that starts its prompt)."""
+
+    requests: int = 0
+    finished: int = 0
+    refused: int = 0
+    prompt_tokens: int = 0
+    prompt_blocks: int = 0
+    generated_tokens: int = 0
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    first_admission_hit_tokens: int = 0
+    first_admission_hit_blocks: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    simulated_ms: float = 0.0
+    ttft_ms: list[float] = field(default_factory=list)
+    e2e_ms: list[float] = field(default_factory=list)
+    queue_ms: list[float] = field(default_factory=list)
+    #: Per finished request (only when the instance records them): trace line, first admission's hit
+    #: tokens, queueing, TTFT and end-to-end ms, in finishing order.
+    per_request: list[tuple[int, int, float, float, float]] = field(default_factory=list)
+    #: What the offload tiers gave and moved (None without tiers). Their hits are part of ``hit_tokens``
+    #: and ``first_admission_hit_tokens`` (tokens a request did not compute); the GPU's share is the rest.
+    tiers: TierStats | None = None
+
+    @property
+    def token_hit_rate(self) -> float:
+        """Hit tokens over prompt tokens looked up, readmissions included."""
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def prompt_hit_rate(self) -> float:
+        """Hit tokens at each request's first admission over every prompt token (the pure replay's figure)."""
+        return self.first_admission_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def block_hit_rate(self) -> float:
+        """Trace blocks a first admission's hit reaches into over every prompt's trace blocks."""
+        return self.first_admission_hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
+
+    @property
+    def gpu_first_hit_tokens(self) -> int:
+        """First-admission hit tokens the GPU cache gave (the rest came from tiers)."""
+        tiers = 0 if self.tiers is None else sum(self.tiers.first_hit_tokens.values())
+        return self.first_admission_hit_tokens - tiers
+
+    def tier_figures(self) -> dict[str, float | int]:
+        """Reuse per tier at first admissions (GPU, then each tier: tokens and share of prompt tokens), the
+        bytes each tier loaded and stored, the blocks it evicted, and the load time charged; empty without
+        tiers."""
+        tiers = self.tiers
+        if tiers is None:
+            return {}
+        prompt = self.prompt_tokens or 1
+        gpu = self.gpu_first_hit_tokens
+        row: dict[str, float | int] = {"gpu_reused_tokens": gpu, "gpu_reuse_ratio": round(gpu / prompt, 4)}
+        for name in sorted(set(tiers.first_hit_tokens) | set(tiers.stored_blocks) | set(tiers.loaded_blocks)):
+            tokens = tiers.first_hit_tokens.get(name, 0)
+            row[f"{name}_reused_tokens"] = tokens
+            row[f"{name}_reuse_ratio"] = round(tokens / prompt, 4)
+            row[f"{name}_loaded_bytes"] = tiers.loaded_bytes.get(name, 0)
+            row[f"{name}_stored_bytes"] = tiers.stored_bytes.get(name, 0)
+            row[f"{name}_evicted_blocks"] = tiers.evicted_blocks.get(name, 0)
+        row["load_ms_total"] = round(tiers.load_ms, 1)
+        return row
+
+    def figures(self, seconds: float) -> dict[str, Any]:
+        """The fleet's figures of these stats over ``seconds`` of simulated time: counts, reuse ratios,
+        latency percentiles (ms), throughput (tokens/s) and, with tiers, reuse per tier."""
+        stats = self
+        return {
+            "requests": stats.requests,
+            "finished": stats.finished,
+            "refused": stats.refused,
+            "prompt_tokens": stats.prompt_tokens,
+            "reused_tokens": stats.first_admission_hit_tokens,
+            "reuse_ratio": round(stats.prompt_hit_rate, 4),
+            "prompt_blocks": stats.prompt_blocks,
+            "reused_blocks": stats.first_admission_hit_blocks,
+            "block_reuse_ratio": round(stats.block_hit_rate, 4),
+            "generated_tokens": stats.generated_tokens,
+            "preemptions": stats.preemptions,
+            "steps": stats.steps,
+            **latency_figures(stats.ttft_ms, "ttft_ms"),
+            **latency_figures(stats.e2e_ms, "e2e_ms"),
+            **latency_figures(stats.queue_ms, "queue_ms"),
+            "output_tokens_per_s": round(stats.generated_tokens / seconds, 1) if seconds else 0.0,
+            "total_tokens_per_s": round((stats.prompt_tokens + stats.generated_tokens) / seconds, 1)
+            if seconds
+            else 0.0,
+            **stats.tier_figures(),
+        }
+
+    def summary(self) -> dict[str, float | int]:
+        """The one-instance replay's summary (``kvspec replay-trace``): counts, hit rates, median and p99
+        latencies, and with tiers the reuse per tier."""
+        return {
+            "requests": self.requests,
+            "finished": self.finished,
+            "refused": self.refused,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "token_hit_rate": round(self.token_hit_rate, 4),
+            "prompt_hit_rate": round(self.prompt_hit_rate, 4),
+            "preemptions": self.preemptions,
+            "steps": self.steps,
+            "simulated_seconds": round(self.simulated_ms / 1000, 3),
+            "ttft_ms_median": round(statistics.median(self.ttft_ms), 1) if self.ttft_ms else 0.0,
+            "ttft_ms_p99": round(percentile(self.ttft_ms, 0.99), 1),
+            "e2e_ms_median": round(statistics.median(self.e2e_ms), 1) if self.e2e_ms else 0.0,
+            "e2e_ms_p99": round(percentile(self.e2e_ms, 0.99), 1),
+            **self.tier_figures(),
+        }
+
+
+def merge_stats(parts: Sequence[TimedReplayStats]) -> TimedReplayStats:
+    """The stats of several instances as one: counts and lists summed, the simulated time the longest."""
+    total = TimedReplayStats()
+    tiers = [part.tiers for part in parts if part.tiers is not None]
+    if tiers:
+        total.tiers = TierStats.merged(tiers)
+    for part in parts:
+        for f in dataclasses.fields(TimedReplayStats):
+            value = getattr(part, f.name)
+            if f.name == "tiers":
+                continue
+            if isinstance(value, list):
+                getattr(total, f.name).extend(value)
+            elif f.name == "simulated_ms":
+                total.simulated_ms = max(total.simulated_ms, value)
+            else:
+                setattr(total, f.name, getattr(total, f.name) + value)
+    return total
+
+
+__all__ = ["TimedReplayStats", "latency_figures", "merge_stats", "percentile"]

@@ -114,11 +114,12 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict[str, Any]:
+    """``kvspec plan``'s report for one block size under ``profile``: the model's layout checked against the
+    options given, planned per worker, and the figures of what fits (or why nothing does)."""
     from kvspec.contracts.spec import SchedulerLimits
     from kvspec.contracts.traits import traits_of
     from kvspec.models import build_model_layout
-    from kvspec.planning import get_kv_cache_configs, get_max_concurrency, max_memory_usage_bytes_from_groups
-    from kvspec.planning.config import KVCacheConfig
+    from kvspec.planning import get_kv_cache_configs
 
     layout = build_model_layout(
         args.model,
@@ -184,6 +185,17 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
             max_model_len_that_fits=exc.estimated_max_model_len,
         )
         return plan
+    plan.update(fits=True, **_fit_figures(args, layout, configs, limits))
+    return plan
+
+
+def _fit_figures(args: argparse.Namespace, layout: Any, configs: list[Any], limits: Any) -> dict[str, Any]:
+    """What a plan that fits holds: per pipeline stage its blocks, groups and tensors; the concurrency and token
+    slots of the stage that fits the fewest; bytes per token and per request's fixed state, per rank and in
+    all."""
+    from kvspec.planning import get_max_concurrency, max_memory_usage_bytes_from_groups
+    from kvspec.planning.config import KVCacheConfig
+
     stages = []
     for stage in range(args.pp):
         config = configs[stage * args.tp]
@@ -220,8 +232,7 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
     # Token slots: blocks are shared by every group of a stage, and a token takes a slot in each group,
     # so a stage holds num_blocks // groups blocks' worth of tokens (more where windows free blocks).
     token_slots = min(_token_slots(configs[s * args.tp]) for s in range(args.pp))
-    plan.update(
-        fits=True,
+    return dict(
         num_blocks=configs[0].num_blocks,
         block_size=_smallest_block(configs[0]),
         token_slots=token_slots,
@@ -233,7 +244,6 @@ def _build_plan(args: argparse.Namespace, block_size: int, profile: Any) -> dict
         state_bytes_per_request_all_ranks=sum(stage_state_bytes) * args.tp,
         stages=stages,
     )
-    return plan
 
 
 def _block_tokens(spec: KVCacheSpec) -> int:

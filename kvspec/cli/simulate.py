@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -370,8 +371,6 @@ def _trace_plan(
     holds when given, else room for every distinct prompt block of the admissible requests; its scheduler
     limits; and the KV cache bytes one block of its pool takes (every group's page, one rank). No
     coordinator is built here: a sweep builds one per size."""
-    import dataclasses
-
     from kvspec.contracts.spec import SchedulerLimits
     from kvspec.engine.replay import blocks_to_hold_every_prompt
     from kvspec.planning import get_kv_cache_config
@@ -536,71 +535,29 @@ def _replay_run(run: _ReplayRun, advance: Callable[[], None] | None = None) -> d
     return row
 
 
+@dataclass(frozen=True, kw_only=True)
+class _TraceJob:
+    """What ``--trace`` replays, checked before any replay: the policies, the planned config and limits, the
+    retention (tokens; None: dense), the optional step-time model and tiers, and the trace's counts."""
+
+    policies: list[str]
+    config: Any
+    limits: Any
+    bytes_per_block: float
+    retention: int | None
+    step_time: Any
+    tiers: Any
+    max_model_len: int
+    scheduler_block: int
+    num_requests: int
+    longest: int
+
+
 def cmd_replay_trace(args: argparse.Namespace) -> int:
     """``kvspec simulate MODEL --trace FILE``: the pure cache replay (kvspec.engine.replay), once or at
     ``--sweep`` cache sizes."""
-    import dataclasses
-
-    from kvspec.engine.replay import (
-        PLANNED_RETENTION,
-        blocks_retained,
-        blocks_to_hold_every_prompt,
-        replay_coordinator,
-    )
-    from kvspec.engine.step_time import parse_step_time
-    from kvspec.engine.traces import read_trace
-    from kvspec.eviction import resolve_eviction_policy
-
     try:
-        check_plot_path(args.plot)
-        load_installed_plugins(args)
-        if args.model in TINY_MODEL_NAMES:
-            raise ModelConfigError(
-                f"--trace replays through a model's layout, not the tiny model {args.model!r}: name a preset "
-                "or a config.json (e.g. llama-3.1-8b)"
-            )
-        policies = [name.strip() for name in args.policy.split(",") if name.strip()]
-        if not policies:
-            raise UnknownEvictionPolicyError("--policy names no eviction policy; give e.g. lru,lfu")
-        for name in policies:
-            resolve_eviction_policy(name)  # an unknown name fails before the trace is read
-        step_time = parse_step_time(args.step_time) if args.timed else None
-        tiers = tier_settings(args)
-        retention: int | None = (
-            PLANNED_RETENTION
-            if args.retention_interval == "planned"
-            else None
-            if args.retention_interval == "dense"
-            else args.retention_interval
-        )
-        # The model's own context length unless --max-model-len says otherwise (longer prompts are refused
-        # as an engine refuses them); prefix caching on, Mamba "align".
-        layout = _model_layout(args, args.max_model_len, "align")
-
-        def requests() -> Iterator[Any]:
-            """The trace, streamed anew for each pass (memory: one line, and one request's tokens)."""
-            return read_trace(args.trace, limit=args.limit, max_prompt_tokens=layout.max_model_len)
-
-        # A first pass reads every line (a bad one fails here, before any replay) and counts.
-        num_requests = longest = 0
-        for item in requests():
-            num_requests += 1
-            longest = max(longest, item.input_length)
-        if not num_requests:
-            raise TraceFormatError(
-                f"trace {args.trace!r} holds no requests (an empty file or blank lines only)"
-            )
-        config, limits, bytes_per_block = _trace_plan(args, layout, requests)
-        # A retention the layout cannot take (not a block multiple, or no windowed group) fails here.
-        probe = replay_coordinator(
-            dataclasses.replace(config, num_blocks=2), limits, retention_interval=retention
-        )
-        # The layout's scheduler block may differ from --block-size (Mamba "align"): the coordinator's.
-        scheduler_block = probe.scheduler_block_size
-        if tiers is not None:  # tier memory below one block of this model fails here, before any replay
-            from kvspec.engine.offload import build_connector
-
-            build_connector(probe, tiers)
+        job = _trace_job(args)
     except (
         ModelConfigError,
         OptionError,
@@ -619,61 +576,137 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
     except KVSpecError as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 1
-    groups = len(config.kv_cache_groups)
     # Prompts are computed in chunks of the scheduler's token budget (Mamba keeps states where chunks end).
     chunk_tokens = args.max_num_batched_tokens or DEFAULT_TRACE_CHUNK
-    sizes = [config.num_blocks - 1]  # the null block is not the cache's
-    if args.sweep:
-        # The top of the sweep is what an unlimited LRU replay keeps (sparse retention keeps few windowed and
-        # Mamba blocks), plus room for the longest prompt: beyond it more memory changes nothing.
-        block_sizes = [group.kv_cache_spec.block_size for group in config.kv_cache_groups]
-        unlimited = dataclasses.replace(
-            config, num_blocks=blocks_to_hold_every_prompt(requests(), block_sizes)
-        )
-        top = blocks_retained(
-            requests(), unlimited, limits, chunk_tokens=chunk_tokens, retention_interval=retention
-        )
-        sizes = sweep_block_counts(top, args.sweep)
+    sizes = _sweep_sizes(args, job, chunk_tokens) if args.sweep else [job.config.num_blocks - 1]
     runs = [
         _ReplayRun(
             trace=args.trace,
             limit=args.limit,
-            max_prompt_tokens=layout.max_model_len,
-            config=dataclasses.replace(config, num_blocks=num_blocks + 1),
-            limits=limits,
+            max_prompt_tokens=job.max_model_len,
+            config=dataclasses.replace(job.config, num_blocks=num_blocks + 1),
+            limits=job.limits,
             policy=policy,
-            retention=retention,
+            retention=job.retention,
             chunk_tokens=chunk_tokens,
             max_num_seqs=args.max_num_seqs or DEFAULT_TRACE_SEQS,
-            step_time=step_time,
-            bytes_per_block=bytes_per_block,
-            tiers=tiers,
+            step_time=job.step_time,
+            bytes_per_block=job.bytes_per_block,
+            tiers=job.tiers,
         )
-        for policy in policies
+        for policy in job.policies
         for num_blocks in sizes
     ]
-    workers = min(len(runs), args.workers or os.cpu_count() or 1)
-    if workers > 1:
-        # Each run is independent and deterministic: a process pool gives the rows a loop would, in order.
-        from concurrent.futures import ProcessPoolExecutor
+    rows = _replay_runs(runs, args, job.num_requests)
+    if not args.sweep and all(row["refused"] == row["requests"] for row in rows):
+        # Nothing was replayed: a report of hit rate 0 would read as a result.
+        more = "--num-blocks" if args.num_blocks is not None else "--memory"
+        print(
+            f"kvspec: error: every request was refused: none fits max_model_len {job.limits.max_model_len:,} "
+            f"and {sizes[0]:,} blocks (the longest prompt is {job.longest:,} tokens); raise {more} or "
+            "--max-model-len",
+            file=sys.stderr,
+        )
+        return 1
+    _print_trace_report(args, job, chunk_tokens, rows)
+    return 0
 
-        with (
-            ProcessPoolExecutor(max_workers=workers) as pool,
-            _progress(
-                f"replaying {len(runs)} runs on {workers} processes", len(runs), quiet=args.json
-            ) as done,
-        ):
-            # The longest runs first (a policy object costs more than the pool's own LRU list, a small
-            # cache more than a large one), so no process idles at the end waiting for one slow run.
-            order = sorted(
-                range(len(runs)),
-                key=lambda i: (_POLICY_COST.get(runs[i].policy, 1), runs[i].config.num_blocks),
-            )
-            futures = {i: pool.submit(_replay_run, runs[i]) for i in order}
-            for future in futures.values():
-                future.add_done_callback(lambda _f: done())
-            rows = [futures[i].result() for i in range(len(runs))]
-    else:
+
+def _trace_job(args: argparse.Namespace) -> _TraceJob:
+    """Every check ``--trace`` makes before a replay: plugins, the policies, the step time, tiers, the
+    retention, the model's layout, every trace line (read once and counted), the plan, and a probe
+    coordinator (a retention or tier memory the layout cannot take fails here)."""
+    from kvspec.engine.replay import PLANNED_RETENTION, replay_coordinator
+    from kvspec.engine.step_time import parse_step_time
+    from kvspec.engine.traces import read_trace
+    from kvspec.eviction import resolve_eviction_policy
+
+    check_plot_path(args.plot)
+    load_installed_plugins(args)
+    if args.model in TINY_MODEL_NAMES:
+        raise ModelConfigError(
+            f"--trace replays through a model's layout, not the tiny model {args.model!r}: name a preset "
+            "or a config.json (e.g. llama-3.1-8b)"
+        )
+    policies = [name.strip() for name in args.policy.split(",") if name.strip()]
+    if not policies:
+        raise UnknownEvictionPolicyError("--policy names no eviction policy; give e.g. lru,lfu")
+    for name in policies:
+        resolve_eviction_policy(name)  # an unknown name fails before the trace is read
+    step_time = parse_step_time(args.step_time) if args.timed else None
+    tiers = tier_settings(args)
+    retention: int | None = (
+        PLANNED_RETENTION
+        if args.retention_interval == "planned"
+        else None
+        if args.retention_interval == "dense"
+        else args.retention_interval
+    )
+    # The model's own context length unless --max-model-len says otherwise (longer prompts are refused
+    # as an engine refuses them); prefix caching on, Mamba "align".
+    layout = _model_layout(args, args.max_model_len, "align")
+
+    def requests() -> Iterator[Any]:
+        """The trace, streamed anew for each pass (memory: one line, and one request's tokens)."""
+        return read_trace(args.trace, limit=args.limit, max_prompt_tokens=layout.max_model_len)
+
+    # A first pass reads every line (a bad one fails here, before any replay) and counts.
+    num_requests = longest = 0
+    for item in requests():
+        num_requests += 1
+        longest = max(longest, item.input_length)
+    if not num_requests:
+        raise TraceFormatError(f"trace {args.trace!r} holds no requests (an empty file or blank lines only)")
+    config, limits, bytes_per_block = _trace_plan(args, layout, requests)
+    # A retention the layout cannot take (not a block multiple, or no windowed group) fails here.
+    probe = replay_coordinator(
+        dataclasses.replace(config, num_blocks=2), limits, retention_interval=retention
+    )
+    if tiers is not None:  # tier memory below one block of this model fails here, before any replay
+        from kvspec.engine.offload import build_connector
+
+        build_connector(probe, tiers)
+    return _TraceJob(
+        policies=policies,
+        config=config,
+        limits=limits,
+        bytes_per_block=bytes_per_block,
+        retention=retention,
+        step_time=step_time,
+        tiers=tiers,
+        max_model_len=layout.max_model_len,
+        # The layout's scheduler block may differ from --block-size (Mamba "align"): the coordinator's.
+        scheduler_block=probe.scheduler_block_size,
+        num_requests=num_requests,
+        longest=longest,
+    )
+
+
+def _sweep_sizes(args: argparse.Namespace, job: _TraceJob, chunk_tokens: int) -> list[int]:
+    """The cache sizes (blocks) of ``--sweep``: up to what an unlimited LRU replay keeps (sparse retention
+    keeps few windowed and Mamba blocks) plus room for the longest prompt; beyond it more memory changes
+    nothing."""
+    from kvspec.engine.replay import blocks_retained, blocks_to_hold_every_prompt
+    from kvspec.engine.traces import read_trace
+
+    def requests() -> Iterator[Any]:
+        return read_trace(args.trace, limit=args.limit, max_prompt_tokens=job.max_model_len)
+
+    block_sizes = [group.kv_cache_spec.block_size for group in job.config.kv_cache_groups]
+    unlimited = dataclasses.replace(
+        job.config, num_blocks=blocks_to_hold_every_prompt(requests(), block_sizes)
+    )
+    top = blocks_retained(
+        requests(), unlimited, job.limits, chunk_tokens=chunk_tokens, retention_interval=job.retention
+    )
+    return sweep_block_counts(top, args.sweep)
+
+
+def _replay_runs(runs: list[_ReplayRun], args: argparse.Namespace, num_requests: int) -> list[dict[str, Any]]:
+    """Each run's row, in order: on a process pool when there are several runs and workers, else in turn
+    with a progress bar per run."""
+    workers = min(len(runs), args.workers or os.cpu_count() or 1)
+    if workers <= 1:
         rows = []
         for index, run in enumerate(runs):
             label = (
@@ -682,30 +715,46 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
             )
             with _progress(label, num_requests, quiet=args.json) as advance:
                 rows.append(_replay_run(run, advance))
-    if not args.sweep and all(row["refused"] == row["requests"] for row in rows):
-        # Nothing was replayed: a report of hit rate 0 would read as a result.
-        more = "--num-blocks" if args.num_blocks is not None else "--memory"
-        print(
-            f"kvspec: error: every request was refused: none fits max_model_len {limits.max_model_len:,} and "
-            f"{sizes[0]:,} blocks (the longest prompt is {longest:,} tokens); raise {more} or --max-model-len",
-            file=sys.stderr,
+        return rows
+    # Each run is independent and deterministic: a process pool gives the rows a loop would, in order.
+    from concurrent.futures import ProcessPoolExecutor
+
+    with (
+        ProcessPoolExecutor(max_workers=workers) as pool,
+        _progress(f"replaying {len(runs)} runs on {workers} processes", len(runs), quiet=args.json) as done,
+    ):
+        # The longest runs first (a policy object costs more than the pool's own LRU list, a small
+        # cache more than a large one), so no process idles at the end waiting for one slow run.
+        order = sorted(
+            range(len(runs)),
+            key=lambda i: (_POLICY_COST.get(runs[i].policy, 1), runs[i].config.num_blocks),
         )
-        return 1
+        futures = {i: pool.submit(_replay_run, runs[i]) for i in order}
+        for future in futures.values():
+            future.add_done_callback(lambda _f: done())
+        return [futures[i].result() for i in range(len(runs))]
+
+
+def _print_trace_report(
+    args: argparse.Namespace, job: _TraceJob, chunk_tokens: int, rows: list[dict[str, Any]]
+) -> None:
+    """The replay's report (JSON with ``--json``), a table per sweep row, and the plot."""
     report: dict[str, Any] = {
         "model": args.model,
-        "max_model_len": limits.max_model_len,
+        "max_model_len": job.limits.max_model_len,
         "trace": args.trace,
         "mode": (
             f"timed replay (arrival times, FCFS scheduler, step time {args.step_time} ms)"
-            if step_time is not None
+            if job.step_time is not None
             else "pure cache replay (arrival order, one request at a time)"
         ),
         "chunk_tokens": chunk_tokens,
-        "eviction": policies[0] if len(policies) == 1 else policies,
-        "block_size": scheduler_block,
-        "kv_cache_groups": groups,
-        "prefix_cache_retention_interval": "dense" if retention is None else retention,
+        "eviction": job.policies[0] if len(job.policies) == 1 else job.policies,
+        "block_size": job.scheduler_block,
+        "kv_cache_groups": len(job.config.kv_cache_groups),
+        "prefix_cache_retention_interval": "dense" if job.retention is None else job.retention,
     }
+    tiers = job.tiers
     if tiers is not None:
         report["host_memory"] = human_bytes(tiers.host_bytes) if tiers.host_bytes else "none"
         report["shared_pool"] = human_bytes(tiers.pool_bytes) if tiers.pool_bytes else "none"
@@ -719,7 +768,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     elif "sweep" in report:
         print_report(report, skip=("sweep",))
-        second_name = "median TTFT ms" if step_time is not None else "block hit rate"
+        second_name = "median TTFT ms" if job.step_time is not None else "block hit rate"
         print(
             f"{'policy':>10} {'blocks':>12} {'KV GiB':>9} {'token hit rate':>15} {second_name:>15} "
             f"{'refused':>8}"
@@ -736,4 +785,3 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
         plot_sweep(rows, args.plot, f"{args.model}, {args.trace.rsplit('/', 1)[-1]}")
         if not args.json:
             print(f"plot written to {args.plot}")
-    return 0

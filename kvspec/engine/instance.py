@@ -25,7 +25,7 @@ from kvspec.blocks.events import BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.blocks.request import Request
 from kvspec.coordinator import KVCacheCoordinator
 from kvspec.engine.replay import PromptAdmission, TraceClock
-from kvspec.engine.scheduler import Scheduler
+from kvspec.engine.scheduler import ScheduledRequest, Scheduler
 from kvspec.engine.stats import TimedReplayStats, percentile
 from kvspec.engine.step_time import StepBatch, StepTime, StepTimeModel
 from kvspec.engine.traces import TraceRequest
@@ -232,8 +232,16 @@ class EngineInstance:
             stats.refused += 1
             return
         stats.steps += 1
+        now = start + self._step_duration(output.scheduled)
+        self.now_ms = now
+        self._account(output.scheduled, start, now)
+
+    def _step_duration(self, scheduled_requests: list[ScheduledRequest]) -> float:
+        """The step's duration (ms): the step-time model's for its prefill tokens and decodes, plus the tier
+        loads that resumed requests wait for, at least the tiers' own step (stores)."""
+        connector = self.connector
         prefill = decode = 0
-        for scheduled in output.scheduled:
+        for scheduled in scheduled_requests:
             request = scheduled.request
             if (
                 scheduled.num_new_tokens == 1
@@ -243,9 +251,9 @@ class EngineInstance:
                 decode += 1
             else:
                 prefill += scheduled.num_new_tokens
-        duration = self._step_ms(prefill, decode, len(output.scheduled))
+        duration = self._step_ms(prefill, decode, len(scheduled_requests))
         if connector is not None:
-            for scheduled in output.scheduled:
+            for scheduled in scheduled_requests:
                 if scheduled.resumed:
                     rid = scheduled.request.request_id
                     duration += connector.begin_load(rid, first_admission=rid not in self._admitted_once)
@@ -254,15 +262,22 @@ class EngineInstance:
                 connector.end_step(
                     [
                         (s.request.request_id, s.request.block_hashes, s.num_computed + s.num_new_tokens)
-                        for s in output.scheduled
+                        for s in scheduled_requests
                     ]
                 ),
             )
-        now = start + duration
-        self.now_ms = now
+        return duration
+
+    def _account(self, scheduled_requests: list[ScheduledRequest], start: float, now: float) -> None:
+        """The step's effects on each scheduled request and the stats: admissions' hits and queueing, the
+        prompt's end (TTFT), one generated token per request that finished its prompt, and finishes."""
+        stats = self.stats
+        scheduler = self.scheduler
+        coordinator = self.coordinator
+        connector = self.connector
         items = self._items
         generated = self._generated
-        for scheduled in output.scheduled:
+        for scheduled in scheduled_requests:
             request = scheduled.request
             rid = request.request_id
             item = items[rid]

@@ -67,6 +67,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def event_release(text: str) -> str:
+    """argparse type: a vLLM release (``major.minor``) whose KV event wire format to use. Imports the release
+    profiles only when an option is given, so ``--help`` stays light."""
+    from kvspec.contracts.release import EVENT_RELEASES
+
+    if text not in EVENT_RELEASES:
+        raise argparse.ArgumentTypeError(
+            f"expected a vLLM release ({', '.join(EVENT_RELEASES)}), got {text!r}"
+        )
+    return text
+
+
 #: File types --plot can write (matplotlib's raster and vector formats kvspec documents).
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 

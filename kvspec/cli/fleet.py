@@ -7,12 +7,11 @@ import json
 import sys
 from typing import Any
 
-from kvspec.cli.args import parse_bytes
+from kvspec.cli.args import event_release, parse_bytes
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
 from kvspec.cli.tiers import add_tier_options, check_tier_options
-from kvspec.contracts.release import EVENT_RELEASES
 from kvspec.errors import KVSpecError, OptionError
 
 #: Per-instance KV blocks when neither --memory nor --num-blocks is given: DynoSim's default.
@@ -88,7 +87,13 @@ def add_fleet_parser(sub: Any) -> None:
     p.add_argument("--max-num-seqs", type=_positive, default=256)
     p.add_argument("--speedup", type=float, default=1.0, help="arrival times divided by this (default 1)")
     p.add_argument("--event-lag-ms", type=float, default=0.0, help="KV events reach the router this late")
-    p.add_argument("--event-wire", choices=EVENT_RELEASES, default=EVENT_RELEASES[0])
+    p.add_argument(
+        "--event-wire",
+        type=event_release,
+        default=None,
+        metavar="RELEASE",
+        help="the vLLM release whose KV event wire format events travel in (default: the current release)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=_positive, default=None, help="only the trace's first N requests")
     p.add_argument(
@@ -140,11 +145,18 @@ def _points(args: argparse.Namespace) -> list[Any]:
         "max_num_seqs": args.max_num_seqs,
         "speedup": args.speedup,
         "event_lag_ms": args.event_lag_ms,
-        "event_wire": args.event_wire,
         "seed": args.seed,
         "router_options": tuple(args.router_option),
     }
-    for name in ("max_output_tokens", "host_policy", "store_threshold", "offload", "host_link", "pool_link"):
+    for name in (
+        "event_wire",
+        "max_output_tokens",
+        "host_policy",
+        "store_threshold",
+        "offload",
+        "host_link",
+        "pool_link",
+    ):
         value = getattr(args, name)
         if value is not None:
             base[name] = tuple(value) if isinstance(value, tuple) else value

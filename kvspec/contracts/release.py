@@ -382,6 +382,8 @@ def profile_for_event_wire(release: str) -> ReleaseProfile:
     )
 
 
+#: The default profile's release as ``major.minor``: the KV event wire format used when none is named.
+DEFAULT_EVENT_RELEASE: Final = "{}.{}".format(*DEFAULT_PROFILE.release)
 #: The releases as ``major.minor``, newest first: the values a user may give for a KV event wire format.
 EVENT_RELEASES: Final = tuple(
     "{}.{}".format(*p.release) for p in sorted(PROFILES.values(), key=lambda p: p.release, reverse=True)

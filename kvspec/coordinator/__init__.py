@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing_extensions import Unpack
 
 from kvspec.contracts.spec import SchedulerLimits
-from kvspec.coordinator._core import CoordinatorCore, KVCacheBlocks, as_count
+from kvspec.coordinator._core import CoordinatorCore
+from kvspec.coordinator._state import KVCacheBlocks
+from kvspec.coordinator._steps import as_count
 from kvspec.coordinator.hit_search import shared_prefix_junction
 from kvspec.coordinator.layout import resolve_block_sizes
 from kvspec.coordinator.options import PLANNED, CoordinatorOptions, CoordinatorSettings

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.blocks.event_wire import encode_event_batch
-from kvspec.contracts.release import EVENT_RELEASES, profile_for_event_wire
+from kvspec.contracts.release import DEFAULT_EVENT_RELEASE, EVENT_RELEASES, profile_for_event_wire
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheCoordinator
 from kvspec.engine.instance import EngineInstance, InstanceLoad
@@ -63,7 +63,7 @@ class FleetSettings:
     max_num_seqs: int = 256
     step_time: StepTime = field(default_factory=StepTimeModel)
     event_lag_ms: float = 0.0
-    event_wire: str = "0.34"
+    event_wire: str = DEFAULT_EVENT_RELEASE
     speedup: float = 1.0
     seed: int = 0
     retention_interval: int | None = PLANNED_RETENTION

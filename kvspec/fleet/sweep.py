@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvspec.contracts.release import DEFAULT_EVENT_RELEASE
 from kvspec.engine.traces import TraceRequest
 from kvspec.errors import FleetConfigError, KVSpecError
 from kvspec.tiers.connector import FAMILIES
@@ -51,7 +52,7 @@ class SweepPoint:
     max_num_seqs: int = 256
     speedup: float = 1.0
     event_lag_ms: float = 0.0
-    event_wire: str = "0.34"
+    event_wire: str = DEFAULT_EVENT_RELEASE
     seed: int = 0
     router_options: tuple[tuple[str, float], ...] = field(default_factory=tuple)
     #: Offload tiers: host memory per instance and a pool the instances share (bytes; 0: none), the host

@@ -32,34 +32,38 @@ from kvspec.contracts.release import ReleaseProfile
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.planning import _core
 from kvspec.planning._core import (
-    CONSERVING_MEMORY_HINT,
-    GiB,
     auto_fit_from_groups,
-    blocks_per_request,
-    bytes_per_block,
-    check_enough_kv_cache_memory,
     check_layer_values,
     draft_groups_unidentified,
-    estimate_max_model_len,
-    format_gib,
     full_allocation_groups,
     generate_scheduler_kv_cache_config,
-    get_max_concurrency,
-    group_bytes_per_request,
     is_kv_cache_spec_uniform,
-    is_packed_layout,
     make_uniform_type_specs,
     mark_eagle_groups,
-    max_memory_usage_bytes_from_groups,
     merge_worker_specs,
-    packed_kv_cache_groups,
     plan_num_blocks,
     project_groups_to_worker,
     unify_hybrid_kv_cache_specs,
     unify_kv_cache_spec_page_size,
-    usable_bytes,
 )
 from kvspec.planning.config import KVCacheConfig, KVCacheGroupSpec, WorkerBudgets
+from kvspec.planning.packing import (
+    packed_kv_cache_groups,
+)
+from kvspec.planning.sizing import (
+    CONSERVING_MEMORY_HINT,
+    GiB,
+    blocks_per_request,
+    bytes_per_block,
+    check_enough_kv_cache_memory,
+    estimate_max_model_len,
+    format_gib,
+    get_max_concurrency,
+    group_bytes_per_request,
+    is_packed_layout,
+    max_memory_usage_bytes_from_groups,
+    usable_bytes,
+)
 from kvspec.registry.core import AnyRegistry
 
 __all__ = [

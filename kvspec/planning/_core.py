@@ -37,20 +37,22 @@ from kvspec.planning.config import (
     _layer_specs,
     scheduler_spec,
 )
+from kvspec.planning.packing import packed_kv_cache_groups
+from kvspec.planning.sizing import (
+    CONSERVING_MEMORY_HINT,
+    bytes_per_block,
+    check_enough_kv_cache_memory,
+    estimate_max_model_len,
+    is_packed_layout,
+    max_memory_usage_bytes_from_groups,
+    uniform_page_size,
+    usable_bytes,
+)
 from kvspec.registry.builtins import default_registry
 from kvspec.registry.core import AnyRegistry
 from kvspec.specs.uniform import UniformTypeKVCacheSpecs
 
 logger = logging.getLogger("kvspec.planning")  # the public module's name, in both builds
-
-GiB = 1 << 30
-CONSERVING_MEMORY_HINT = (
-    "Give the KV cache more memory (a larger budget or gpu_memory_utilization), or lower max_model_len."
-)
-
-
-def format_gib(num_bytes: int) -> str:
-    return f"{num_bytes / GiB:.2f}"
 
 
 # -- uniformity and unification ------------------------------------------------------------------
@@ -300,118 +302,6 @@ def get_kv_cache_groups(
     return groups
 
 
-def _least_padding_repeats(counts: Sequence[int], lower_bound: int) -> int:
-    """The repeat count d (from ``lower_bound`` up to the largest count) that pads ``counts`` least when
-    each is rounded up to a multiple of d; a tie goes to the larger d (fewer groups)."""
-    top = max(counts)
-    if lower_bound > top:
-        return lower_bound
-    return min(range(lower_bound, top + 1), key=lambda d: (sum(-c % d for c in counts), -d))
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _PackBucket:
-    """Layers of one uniform type, and their names by page size (first-seen order)."""
-
-    spec: UniformTypeKVCacheSpecs
-    by_page: dict[int, list[str]]
-
-    @property
-    def repeats(self) -> int:
-        """Layers of the most common page size: for a balanced bucket, the repeats of its layer pattern."""
-        return max(len(names) for names in self.by_page.values())
-
-    @property
-    def balanced(self) -> bool:
-        """As many layers of each page size (one layer of each per repeat of the pattern)."""
-        return len({len(names) for names in self.by_page.values()}) == 1
-
-    @property
-    def state_page(self) -> int:
-        """The first layer's page: what one more state costs a block (a state bucket's layers share a spec
-        in practice)."""
-        return next(iter(self.spec.kv_cache_specs.values())).page_size_bytes
-
-    def widest_group_bytes(self, num_groups: int) -> int:
-        """The page bytes of the largest of ``num_groups`` groups this bucket splits into."""
-        return sum(cdiv(len(names), num_groups) * page for page, names in self.by_page.items())
-
-
-def packed_kv_cache_groups(
-    layer_specs: Mapping[str, KVCacheSpec], registry: AnyRegistry | None = None
-) -> list[KVCacheGroupSpec] | None:
-    """Groups for a block-outermost layout, where one block id addresses one contiguous block holding a
-    page of every layer of a group side by side, so pages of several sizes share a block (vLLM 0.32+'s
-    packed groups, ``vllm/v1/core/kv_cache_planning.py``: ``_get_packed_kv_cache_groups`` (0.34.0)). None when every layer has one page size (nothing to pack).
-
-    Layers are bucketed greedily by uniform type (``Registry.is_uniform_type``), in model order. A bucket
-    with as many layers of each page size is a repeating layer pattern; the patterns of such buckets are
-    cut into groups of the same number of repeats, chosen to pad least and at least the largest mixed
-    bucket's (which stays whole). Buckets of ``fixed_state_per_request`` layers (and sliding windows when no
-    pattern fixes their split) are cut into as many groups as it takes to fit the block the others need.
-    Every group is a ``UniformTypeKVCacheSpecs``; the block costs the widest group's page bytes.
-    """
-    registry = default_registry if registry is None else registry
-    if len({spec.page_size_bytes for spec in layer_specs.values()}) <= 1:
-        return None
-    members: list[dict[str, KVCacheSpec]] = []
-    for name, spec in layer_specs.items():
-        for layers in members:
-            if registry.is_uniform_type([*layers.values(), spec]):
-                layers[name] = spec
-                break
-        else:
-            members.append({name: spec})
-    buckets: list[_PackBucket] = []
-    for layers in members:
-        by_page: dict[int, list[str]] = {}
-        for name, spec in layers.items():
-            by_page.setdefault(spec.page_size_bytes, []).append(name)
-        first = next(iter(layers.values()))
-        uniform = UniformTypeKVCacheSpecs(block_size=first.block_size, kv_cache_specs=layers)
-        buckets.append(_PackBucket(spec=uniform, by_page=by_page))
-    min_repeats = max((b.repeats for b in buckets if b.balanced and len(b.by_page) > 1), default=0)
-    repeats: int | None = (
-        _least_padding_repeats([b.repeats for b in buckets if b.balanced], min_repeats)
-        if min_repeats
-        else None
-    )
-
-    def num_groups(bucket: _PackBucket) -> int:
-        return cdiv(bucket.repeats, repeats) if bucket.balanced and repeats is not None else 1
-
-    def holds_states(bucket: _PackBucket) -> bool:
-        traits = traits_of(bucket.spec.representative_spec())
-        return traits.fixed_state_per_request or (repeats is None and traits.sliding_window is not None)
-
-    # The block must hold the widest group however the state buckets split (down to one state a group).
-    anchor = max(
-        b.widest_group_bytes(len(b.spec.kv_cache_specs) if holds_states(b) else num_groups(b))
-        for b in buckets
-    )
-    groups: list[KVCacheGroupSpec] = []
-    for bucket in buckets:
-        count = num_groups(bucket)
-        if holds_states(bucket):
-            # As many states a group as the block already fits, rather than widen the block.
-            per_block = max(anchor // bucket.state_page, 1)
-            count = max(count, cdiv(len(bucket.spec.kv_cache_specs), per_block))
-        if count == 1:
-            groups.append(
-                KVCacheGroupSpec(layer_names=tuple(bucket.spec.kv_cache_specs), kv_cache_spec=bucket.spec)
-            )
-            continue
-        pattern = list(zip(*bucket.by_page.values()))
-        for i in range(count):
-            names = [name for repeat in pattern[i::count] for name in repeat]
-            spec = UniformTypeKVCacheSpecs(
-                block_size=bucket.spec.block_size,
-                kv_cache_specs={n: bucket.spec.kv_cache_specs[n] for n in names},
-            )
-            groups.append(KVCacheGroupSpec(layer_names=tuple(names), kv_cache_spec=spec))
-    return groups
-
-
 def full_allocation_groups(
     layer_specs: Mapping[str, KVCacheSpec], registry: AnyRegistry | None = None
 ) -> list[KVCacheGroupSpec] | None:
@@ -482,173 +372,6 @@ def _block_dividing(spec: KVCacheSpec, common_block: int, name: str) -> KVCacheS
 # -- memory bounds ------------------------------------------------------------------------------
 
 
-def _uniform_page_size(groups: Sequence[KVCacheGroupSpec]) -> int:
-    pages = {g.kv_cache_spec.page_size_bytes for g in groups}
-    if len(pages) != 1:
-        raise PlanningError(
-            f"KV cache groups must share one page size to share tensors, got {sorted(pages)}."
-        )
-    return pages.pop()
-
-
-def group_bytes_per_request(group: KVCacheGroupSpec, limits: SchedulerLimits) -> int:
-    """Bytes one request of ``limits.max_model_len`` tokens needs in the group's layers: each layer's own
-    bound (a uniform-type group's spec covers every layer of it already, so it is never multiplied)."""
-    spec = group.kv_cache_spec
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        return sum(s.max_memory_usage_bytes(limits) for s in spec.kv_cache_specs.values())
-    return len(group.layer_names) * spec.max_memory_usage_bytes(limits)
-
-
-def is_packed_layout(groups: Sequence[KVCacheGroupSpec]) -> bool:
-    """Whether ``groups`` came from packing (``packed_kv_cache_groups``): several groups, some of them
-    uniform-type. Their pages then lie side by side in one block strided by the widest group, instead of
-    every group sharing one page size across per-layer tensors."""
-    return len(groups) > 1 and any(isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs) for g in groups)
-
-
-def _group_block_bytes(group: KVCacheGroupSpec) -> int:
-    """The bytes one block id takes in ``group``'s layers: a page of each."""
-    spec = group.kv_cache_spec
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        return spec.page_size_bytes
-    return len(group.layer_names) * spec.page_size_bytes
-
-
-def _group_blocks_per_request(group: KVCacheGroupSpec, limits: SchedulerLimits) -> int:
-    """Blocks one request of ``limits.max_model_len`` tokens takes in ``group`` (a uniform-type group: its
-    hungriest layer's, since all its layers share the block ids)."""
-    spec = group.kv_cache_spec
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        return spec.max_memory_usage_pages(limits)
-    return cdiv(spec.max_memory_usage_bytes(limits), spec.page_size_bytes)
-
-
-def blocks_per_request(groups: Sequence[KVCacheGroupSpec], limits: SchedulerLimits) -> int:
-    """Block ids one request of ``limits.max_model_len`` tokens holds at most, over every group (each group
-    takes its own ids from the shared pool)."""
-    return sum(_group_blocks_per_request(g, limits) for g in groups)
-
-
-def max_memory_usage_bytes_from_groups(groups: Sequence[KVCacheGroupSpec], limits: SchedulerLimits) -> int:
-    """Bytes one request of ``limits.max_model_len`` tokens needs, padding layers of short groups counted
-    (packed groups: the blocks every group takes, each costing the widest group's bytes)."""
-    if not groups:
-        return 0
-    if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
-        return group_bytes_per_request(groups[0], limits)
-    if is_packed_layout(groups):
-        return bytes_per_block(groups) * sum(_group_blocks_per_request(g, limits) for g in groups)
-    group_size = max(len(g.layer_names) for g in groups)
-    page = _uniform_page_size(groups)
-    blocks = sum(cdiv(g.kv_cache_spec.max_memory_usage_bytes(limits), page) for g in groups)
-    return group_size * page * blocks
-
-
-def bytes_per_block(groups: Sequence[KVCacheGroupSpec]) -> int:
-    """Bytes one block id costs across all tensors of the layout (packed groups: the widest group's)."""
-    if not groups:
-        return 0
-    if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
-        return groups[0].kv_cache_spec.page_size_bytes
-    if is_packed_layout(groups):
-        return max(_group_block_bytes(g) for g in groups)
-    return _uniform_page_size(groups) * max(len(g.layer_names) for g in groups)
-
-
-def placed_usage_bytes(
-    groups: Sequence[KVCacheGroupSpec], limits: SchedulerLimits, block_bytes: int | None = None
-) -> int:
-    """Bytes one request of ``limits.max_model_len`` tokens takes: ``max_memory_usage_bytes_from_groups``
-    under kvspec's layout, or with ``block_bytes`` (what one block costs under the engine's placement) the
-    blocks it needs times that cost."""
-    usage = max_memory_usage_bytes_from_groups(groups, limits)
-    if block_bytes is None or not groups:
-        return usage
-    return cdiv(usage, bytes_per_block(groups)) * block_bytes
-
-
-def estimate_max_model_len(
-    groups: Sequence[KVCacheGroupSpec],
-    available_memory: int,
-    limits: SchedulerLimits,
-    block_bytes: int | None = None,
-) -> int:
-    """The largest max_model_len (<= limits.max_model_len) whose one request fits; 0 if none does
-    (``block_bytes``: see ``placed_usage_bytes``)."""
-
-    def fits(length: int) -> bool:
-        return (
-            placed_usage_bytes(groups, dataclasses.replace(limits, max_model_len=length), block_bytes)
-            <= available_memory
-        )
-
-    lo, hi = 0, limits.max_model_len
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def usable_bytes(
-    groups: Sequence[KVCacheGroupSpec],
-    available_memory: int,
-    reserve_null_block: bool,
-    block_bytes: int | None = None,
-) -> int:
-    """The bytes of ``available_memory`` requests can use: with ``reserve_null_block`` one block less (the
-    pool holds block 0 back as the null block for its lifetime; vLLM 0.34 plans its checks and auto-fit
-    against the usable blocks, ``vllm/v1/core/kv_cache_planning.py``: ``get_kv_cache_configs`` (0.34.0)). The blocks allocated still come from all of it. ``block_bytes``:
-    what one block costs under the engine's placement (None: ``bytes_per_block(groups)``)."""
-    if not reserve_null_block or not groups:
-        return available_memory
-    return available_memory - (bytes_per_block(groups) if block_bytes is None else block_bytes)
-
-
-def check_enough_kv_cache_memory(
-    groups: Sequence[KVCacheGroupSpec],
-    available_memory: int,
-    limits: SchedulerLimits,
-    *,
-    worker: str = "",
-    block_bytes: int | None = None,
-) -> None:
-    """Raise InsufficientKVCacheMemoryError (with needed, available and the max_model_len that would fit)
-    unless one request of ``limits.max_model_len`` tokens fits in ``available_memory`` bytes
-    (``block_bytes``: see ``placed_usage_bytes``)."""
-    if not groups:
-        return
-    where = f" on {worker}" if worker else ""
-    needed = placed_usage_bytes(groups, limits, block_bytes)
-    if available_memory <= 0:
-        raise InsufficientKVCacheMemoryError(
-            f"No available memory for the cache blocks{where} ({available_memory} bytes). {CONSERVING_MEMORY_HINT}",
-            needed_bytes=needed,
-            available_bytes=available_memory,
-            max_model_len=limits.max_model_len,
-            estimated_max_model_len=0,
-        )
-    if needed > available_memory:
-        estimate = estimate_max_model_len(groups, available_memory, limits, block_bytes)
-        estimated_msg = (
-            f"Based on the available memory, the estimated maximum model length is {estimate}. "
-            if estimate > 0
-            else "Not even one token fits. "
-        )
-        raise InsufficientKVCacheMemoryError(
-            f"To serve at least one request with the model's max seq len ({limits.max_model_len}), "
-            f"{format_gib(needed)} GiB KV cache is needed{where}, which is larger than the available KV cache "
-            f"memory ({format_gib(available_memory)} GiB). {estimated_msg}{CONSERVING_MEMORY_HINT}",
-            needed_bytes=needed,
-            available_bytes=available_memory,
-            max_model_len=limits.max_model_len,
-            estimated_max_model_len=estimate,
-        )
-
-
 # -- configs ------------------------------------------------------------------------------------
 
 
@@ -671,7 +394,7 @@ def get_kv_cache_config_from_groups(
     if is_packed_layout(groups):
         return _packed_config(groups, available_memory, num_blocks_override)
     group_size = max(len(g.layer_names) for g in groups)
-    page = _uniform_page_size(groups)
+    page = uniform_page_size(groups)
     num_blocks = max(available_memory // page // group_size, 0)
     if num_blocks_override is not None:
         num_blocks = num_blocks_override
@@ -900,19 +623,6 @@ def generate_scheduler_kv_cache_config(configs: Sequence[KVCacheConfig]) -> KVCa
         dataclasses.replace(g, kv_cache_spec=scheduler_spec(g.kv_cache_spec)) for g in first.kv_cache_groups
     )
     return dataclasses.replace(first, kv_cache_groups=groups)
-
-
-def get_max_concurrency(config: KVCacheConfig, limits: SchedulerLimits) -> float:
-    """How many requests of ``limits.max_model_len`` tokens fit in ``config`` at once."""
-    groups = config.kv_cache_groups
-    if not groups:
-        return float("inf")
-    if is_packed_layout(groups):
-        return config.num_blocks / sum(_group_blocks_per_request(g, limits) for g in groups)
-    layers = max(len(g.layer_names) for g in groups)
-    per_request = layers * sum(g.kv_cache_spec.max_memory_usage_bytes(limits) for g in groups)
-    per_block = groups[0].kv_cache_spec.page_size_bytes * layers
-    return config.num_blocks / cdiv(per_request, per_block)
 
 
 def auto_fit_max_model_len(

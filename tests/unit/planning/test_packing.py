@@ -32,7 +32,7 @@ from kvspec.planning import (
     max_memory_usage_bytes_from_groups,
     packed_kv_cache_groups,
 )
-from kvspec.planning._core import _least_padding_repeats
+from kvspec.planning.packing import _least_padding_repeats
 from kvspec.planning.config import KVCacheGroupSpec, KVCacheTensor
 from kvspec.registry.builtins import default_registry
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -26,22 +27,44 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+_UNIT_NAMES = "units: B, KB, MB, GB, TB (powers of 10), KiB, MiB, GiB, TiB (powers of 2)"
 _SIZE = re.compile(r"^\s*(-?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 #: The largest size accepted (1 EiB): anything larger is a typo, and floats past it lose whole bytes.
 MAX_BYTES = 1 << 60
 
 
 def parse_bytes(text: str) -> int:
-    """'80GiB' -> 85899345920; accepts B, KB/MB/GB/TB (powers of 10) and KiB/MiB/GiB/TiB (powers of 2)."""
+    """'80GiB' -> 85899345920; accepts B, KB/MB/GB/TB (powers of 10) and KiB/MiB/GiB/TiB (powers of 2). A
+    number without a unit is refused (the units named)."""
     match = _SIZE.match(text)
     if not match or match[2].lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}; use e.g. 80GiB, 512MiB or 1e9")
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}; use e.g. 80GiB, 512MiB or 1e9B ({_UNIT_NAMES})"
+        )
+    if not match[2]:
+        # A bare number is ambiguous (64 meant as GiB plans 64 bytes): the unit is required.
+        raise argparse.ArgumentTypeError(
+            f"size {text!r} has no unit; write e.g. {match[1]}GiB ({_UNIT_NAMES})"
+        )
     value = float(match[1]) * _UNITS[match[2].lower()]
     if not value < MAX_BYTES:  # also catches inf (1e400) and nan
         raise argparse.ArgumentTypeError(f"size {text!r} is larger than 1 EiB; use e.g. 80GiB")
     if int(value) < 1:
         raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
     return int(value)
+
+
+def comma_list(text: str, example: str = "4,8") -> list[str]:
+    """The comma-separated items of an option's value, stripped: one item or several, none empty (``4,``
+    and ``4,,8`` are refused: a stray comma is a typo, not a list)."""
+    items = [part.strip() for part in text.split(",")]
+    if not any(items):
+        raise argparse.ArgumentTypeError(f"{text!r} names nothing; give one value or several, e.g. {example}")
+    if not all(items):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has an empty item; separate values by single commas, e.g. {example}"
+        )
+    return items
 
 
 def bounded_int(limit: int, what: str) -> Callable[[str], int]:
@@ -85,39 +108,49 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 def check_plot_path(path: str | None) -> None:
     """Refuse a --plot path before any work: a known suffix, an existing, writable folder, and matplotlib
-    installed (raises ModelConfigError-like bad input as PlotPathError)."""
+    installed (PlotPathError)."""
+    if path is None:
+        return
+    from kvspec.errors import PlotPathError
+
+    if Path(path).suffix.lower() not in PLOT_SUFFIXES:
+        raise PlotPathError(f"--plot {path!r}: use a file ending in {', '.join(PLOT_SUFFIXES)}.")
+    check_output_path("--plot", path)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PlotPathError("--plot needs matplotlib: pip install 'kvspec[cli]'") from None
+
+
+def check_output_path(option: str, path: str | None) -> None:
+    """Refuse an output file (``--out``, ``--plot``) before any work: its folder exists and is writable,
+    it is not a folder, and it can be opened for appending (PlotPathError naming ``option``). An existing
+    file is left as it was; a new one is not left behind."""
     if path is None:
         return
     import os
-    from pathlib import Path
 
     from kvspec.errors import PlotPathError
 
     target = Path(path)
-    if target.suffix.lower() not in PLOT_SUFFIXES:
-        raise PlotPathError(f"--plot {path!r}: use a file ending in {', '.join(PLOT_SUFFIXES)}.")
     folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        raise PlotPathError(f"--plot {path!r}: folder {str(folder)!r} does not exist.")
-    if not os.access(folder, os.W_OK):
-        raise PlotPathError(f"--plot {path!r}: folder {str(folder)!r} is not writable.")
     if target.is_dir():
-        raise PlotPathError(f"--plot {path!r} is a folder; name a file.")
+        raise PlotPathError(f"{option} {path!r} is a folder; name a file.")
+    if not folder.is_dir():
+        raise PlotPathError(f"{option} {path!r}: folder {str(folder)!r} does not exist.")
+    if not os.access(folder, os.W_OK):
+        raise PlotPathError(f"{option} {path!r}: folder {str(folder)!r} is not writable.")
     # os.access answers for root and for some file systems "writable" where a write then fails: open the
-    # file the way the plot will (leaving nothing behind if it did not exist), so a sweep of minutes never
+    # file the way the command will (leaving nothing behind if it did not exist), so a run of minutes never
     # ends in a traceback.
     existed = target.exists()
     try:
         with target.open("ab"):
             pass
     except OSError as exc:
-        raise PlotPathError(f"--plot {path!r} cannot be written: {exc.strerror or exc}.") from None
+        raise PlotPathError(f"{option} {path!r} cannot be written: {exc.strerror or exc}.") from None
     if not existed:
         target.unlink(missing_ok=True)
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise PlotPathError("--plot needs matplotlib: pip install 'kvspec[cli]'") from None
 
 
 def human_bytes(num: float) -> str:

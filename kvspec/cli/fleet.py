@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from kvspec.cli.args import event_release, parse_bytes
+from kvspec.cli.args import comma_list, event_release, parse_bytes
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
@@ -20,12 +20,7 @@ DEFAULT_BLOCKS = 16384
 
 def _list(kind: Any) -> Any:
     def parse(text: str) -> list[Any]:
-        items = [part.strip() for part in text.split(",") if part.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} names nothing; give one value or several, comma-separated"
-            )
-        return [kind(item) for item in items]
+        return [kind(item) for item in comma_list(text)]
 
     return parse
 
@@ -269,11 +264,12 @@ def plot_fleet(rows: list[dict[str, Any]], path: str, title: str) -> None:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    from kvspec.cli.args import check_plot_path
+    from kvspec.cli.args import check_output_path, check_plot_path
     from kvspec.fleet.sweep import read_point_trace, run_point, run_sweep
 
     try:
         check_plot_path(args.plot)
+        check_output_path("--out", args.out)
         load_installed_plugins(args)
         points = _points(args)
         _check(args, points)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvspec.cli.args import parse_bytes
+from kvspec.cli.args import comma_list, parse_bytes
 from kvspec.cli.args import positive_int as _positive
 
 #: The tier options: (flag, dest).
@@ -27,16 +27,13 @@ def _size(text: str) -> int:
 
 
 def _sizes(text: str) -> list[int]:
-    items = [part.strip() for part in text.split(",") if part.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError(f"{text!r} names no size; give e.g. 256GiB or 0,64GiB,256GiB")
-    return [_size(item) for item in items]
+    return [_size(item) for item in comma_list(text, "0,64GiB,256GiB")]
 
 
 def _families(text: str) -> tuple[str, ...]:
     from kvspec.tiers.connector import FAMILIES
 
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    names = tuple(comma_list(text, "attention,mamba"))
     unknown = [n for n in names if n not in FAMILIES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(

@@ -76,8 +76,8 @@ CASES: list[tuple[str, Callable[[Path], list[str]], int, str]] = [
     ),
     ("unknown device", lambda t: ["simulate", "--device", "banana"], 2, "Unknown device 'banana'"),
     ("npu without torch_npu", lambda t: ["simulate", "--device", "npu"], 2, "needs torch_npu"),
-    ("memory overflow", lambda t: ["plan", "--memory", "1e400"], 2, "larger than 1 EiB"),
-    ("memory rounds to zero", lambda t: ["plan", "--memory", "0.5"], 2, "at least 1 byte"),
+    ("memory overflow", lambda t: ["plan", "--memory", "1e400B"], 2, "larger than 1 EiB"),
+    ("memory rounds to zero", lambda t: ["plan", "--memory", "0.5B"], 2, "at least 1 byte"),
     ("plot into a missing folder", lambda t: ["plan", "--plot", "/nonexistent/x.png"], 2, "does not exist"),
     (
         "plot with an unknown suffix",

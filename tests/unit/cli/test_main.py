@@ -172,7 +172,7 @@ def test_console_script() -> None:
     ("args", "message"),
     [
         (["plan", "--memory=-5GiB"], "size must be at least 1 byte"),
-        (["plan", "--memory", "0"], "size must be at least 1 byte"),
+        (["plan", "--memory", "0B"], "size must be at least 1 byte"),
         (["plan", "--memory", "lots"], "invalid size 'lots'"),
         (["plan", "--tp", "0"], "expected a positive integer"),
         (["plan", "--kv-cache-dtype", "fp3"], "invalid choice"),
@@ -190,10 +190,23 @@ def test_parse_bytes() -> None:
     assert parse_bytes("80GiB") == 80 * 2**30
     assert parse_bytes("1.5 GB") == 1_500_000_000
     assert parse_bytes("512mib") == 512 * 2**20
-    assert parse_bytes("1e9") == parse_bytes("1E9") == parse_bytes("1e+9") == 10**9
-    for bad, message in (("0.5", "at least 1 byte"), ("1e400", "larger than 1 EiB"), ("nan", "invalid size")):
+    assert parse_bytes("1e9B") == parse_bytes("1E9b") == parse_bytes("1e+9 B") == 10**9
+    for bad, message in (
+        ("0.5B", "at least 1 byte"),
+        ("1e400B", "larger than 1 EiB"),
+        ("nan", "invalid size"),
+    ):
         with pytest.raises(argparse.ArgumentTypeError, match=message):
             parse_bytes(bad)
+
+
+@pytest.mark.parametrize("bare", ["64", "0.5", "1e9", " 80 "])
+def test_a_size_without_a_unit_is_refused_with_the_units_named(bare: str) -> None:
+    """Issue 51: ``--memory 64`` planned 64 bytes and reported negative free bytes."""
+    with pytest.raises(
+        argparse.ArgumentTypeError, match=r"has no unit; write e\.g\. .*GiB \(units: B, KB, .*GiB, TiB"
+    ):
+        parse_bytes(bare)
 
 
 def test_plot_under_pipeline_parallelism_says_which_stage(tmp_path: Path) -> None:

@@ -196,11 +196,35 @@ def test_the_fleet_command_runs_one_fleet_and_a_sweep(
         (["--step-time", "fast"], "give three numbers in milliseconds"),
         (["--executor", "ray", "--workers", "2"], "--workers sizes the process pool"),
         (["--ray-address", "auto"], "--ray-address names a Ray cluster; it needs --executor ray"),
+        # issue 51: --out was opened after the whole replay (an IsADirectoryError traceback)
+        (["--out", "TMP"], "is a folder; name a file"),
+        (["--out", "TMP/missing/points.jsonl"], "does not exist"),
     ],
 )
 def test_the_fleet_command_refuses_bad_input_before_it_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
 ) -> None:
     trace = _trace(tmp_path)
+    extra = [arg.replace("TMP", str(tmp_path)) for arg in extra]
     assert main(["fleet", "llama-3.1-8b", "--trace", str(trace), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [trace]  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--instances", "4,"], "'4,' has an empty item"),
+        (["--instances", "4,,8"], "has an empty item"),
+        (["--memory", "64"], "size '64' has no unit"),
+        (["--event-wire", "0.33"], "expected a vLLM release (0.34, 0.32, 0.23), got '0.33'"),
+    ],
+)
+def test_the_fleet_command_refuses_malformed_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    trace = _trace(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["fleet", "llama-3.1-8b", "--trace", str(trace), *extra])
+    assert info.value.code == 2
     assert message in capsys.readouterr().err

@@ -32,8 +32,8 @@ from kvspec.planning import (
     max_memory_usage_bytes_from_groups,
     packed_kv_cache_groups,
 )
-from kvspec.planning.packing import _least_padding_repeats
 from kvspec.planning.config import KVCacheGroupSpec, KVCacheTensor
+from kvspec.planning.packing import _least_padding_repeats
 from kvspec.registry.builtins import default_registry
 
 BF16, F32, U8 = torch.bfloat16, torch.float32, torch.uint8

@@ -56,7 +56,7 @@ from kvspec.planning import get_kv_cache_config, get_kv_cache_groups, unify_hybr
 from kvspec.testing import check_plugin, plugin_state_machine
 from tests.helpers import make_config, make_request, schedule
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ATTN: dict[str, Any] = dict(block_size=16, num_kv_heads=2, head_size=8, dtype=torch.float16)
 
 

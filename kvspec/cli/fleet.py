@@ -12,7 +12,7 @@ from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
 from kvspec.cli.tiers import add_tier_options, check_tier_options
-from kvspec.errors import KVSpecError, OptionError
+from kvspec.errors import KVSpecError, OptionError, TraceFormatError
 
 #: Per-instance KV blocks when neither --memory nor --num-blocks is given: DynoSim's default.
 DEFAULT_BLOCKS = 16384
@@ -273,11 +273,12 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         load_installed_plugins(args)
         points = _points(args)
         _check(args, points)
+        # Every line read before any replay (a bad one, or none, fails here); one fleet here reuses them.
+        trace = read_point_trace(points[0])
         one_here = len(points) == 1 and args.out is None and args.executor is None and args.workers is None
         if one_here:
             from kvspec.cli.simulate import _progress
 
-            trace = read_point_trace(points[0])  # read once: its length sizes the progress bar
             label = f"{points[0].num_instances} instances, {points[0].router}: {len(trace)} requests"
             with _progress(label, len(trace), quiet=args.json) as advance:
                 rows = [run_point(points[0], trace, on_request=lambda _item: advance())]
@@ -301,6 +302,9 @@ def cmd_fleet(args: argparse.Namespace) -> int:
                 out=args.out,
                 on_row=note,
             )
+    except TraceFormatError as exc:  # a bad trace exits 1, as in kvspec simulate (docs/TRACES.md)
+        print(f"kvspec: error: {exc}", file=sys.stderr)
+        return 1
     except KVSpecError as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return 2

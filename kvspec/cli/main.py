@@ -445,7 +445,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from kvspec.build_info import build_info
     from kvspec.errors import VllmPluginSettingsError
-    from kvspec.integrations.vllm_plugin import active_settings
+    from kvspec.integrations.vllm_plugin import active_settings, ignored_settings
     from kvspec.registry.builtins import default_registry
 
     try:
@@ -456,7 +456,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         vllm_plugin = active_settings()
     except VllmPluginSettingsError as exc:
         _fail(f"the vLLM plugin's settings: {exc}", 2)
-    plugin_row: dict[str, Any] = {"enabled": vllm_plugin is not None}
+    ignored = ignored_settings()
+    plugin_row: dict[str, Any] = {"enabled": vllm_plugin is not None, "ignored_settings": list(ignored)}
     if vllm_plugin is not None:
         plugin_row.update(
             eviction_policy=vllm_plugin.eviction_policy,
@@ -513,6 +514,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"build: {build.build}{compiled}")
     if vllm_plugin is None:
         print("vLLM plugin: off (KVSPEC_VLLM unset or 0: a vLLM started here runs its own KV cache manager)")
+        if ignored:
+            print(f"  ignored while off: {', '.join(ignored)} (set KVSPEC_VLLM=1 for them to apply)")
     else:
         retention = vllm_plugin.default_retention_seconds
         print(

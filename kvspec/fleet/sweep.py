@@ -27,7 +27,7 @@ from typing import Any
 
 from kvspec.contracts.release import DEFAULT_EVENT_RELEASE
 from kvspec.engine.traces import TraceRequest
-from kvspec.errors import FleetConfigError, KVSpecError
+from kvspec.errors import FleetConfigError, KVSpecError, TraceFormatError
 from kvspec.tiers.connector import FAMILIES
 
 EXECUTORS = ("inprocess", "process", "ray")
@@ -116,11 +116,13 @@ def tier_settings(point: SweepPoint) -> Any:
 
 def read_point_trace(point: SweepPoint) -> list[TraceRequest]:
     """The point's requests: its trace's first ``limit`` lines, prompts over the model's context kept as
-    lengths only (refused at the fleet's door)."""
+    lengths only (refused at the fleet's door). A bad line or a trace with no request is a TraceFormatError."""
     from kvspec.engine.traces import read_trace
 
     max_prompt_tokens = _layout(point).max_model_len
     requests = list(read_trace(point.trace, limit=point.limit, max_prompt_tokens=max_prompt_tokens))
+    if not requests:  # as kvspec simulate: a report of zeros would read as a result
+        raise TraceFormatError(f"trace {point.trace!r} holds no requests (an empty file or blank lines only)")
     cap = point.max_output_tokens
     if cap is not None:
         requests = [

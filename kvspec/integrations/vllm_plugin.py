@@ -34,6 +34,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -203,6 +204,16 @@ def register(environ: Mapping[str, str] | None = None) -> VllmPluginSettings:
     error), before any request runs. Safe to call more than once in a process."""
     settings = VllmPluginSettings.from_environ(environ)
     if not settings.enabled:
+        ignored = ignored_settings(environ)
+        if ignored:
+            # A setting that does nothing would otherwise read as applied (once per process: Python's
+            # default warning filter shows a warning once per place).
+            warnings.warn(
+                f"{', '.join(ignored)} set but KVSPEC_VLLM is off: vLLM runs its own KV cache manager and "
+                f"kvspec reads none of them; set KVSPEC_VLLM=1, or unset {'them' if len(ignored) > 1 else 'it'}.",
+                KVSpecSettingsWarning,
+                stacklevel=2,
+            )
         return settings
     vllm_version = str(importlib.import_module("vllm").__version__)
     settings.check(vllm_version)
@@ -215,6 +226,19 @@ def register(environ: Mapping[str, str] | None = None) -> VllmPluginSettings:
     )
     _check_request_args_in_vllm(settings)
     return settings
+
+
+class KVSpecSettingsWarning(UserWarning):
+    """A ``KVSPEC_VLLM_*`` setting that does nothing because ``KVSPEC_VLLM`` is off."""
+
+
+def ignored_settings(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The plugin's variables set (non-empty) in ``environ`` that do nothing because ``KVSPEC_VLLM`` is
+    off; empty when it is on."""
+    env = os.environ if environ is None else environ
+    if _switch(env, "KVSPEC_VLLM"):
+        return ()
+    return tuple(s.variable for s in SETTINGS[1:] if env.get(s.variable, "").strip())
 
 
 def _announce(manager: Any) -> None:
@@ -254,6 +278,8 @@ def active_settings(environ: Mapping[str, str] | None = None) -> VllmPluginSetti
 
 __all__ = [
     "CHECKED_VLLM_RELEASES",
+    "KVSpecSettingsWarning",
+    "ignored_settings",
     "SETTINGS",
     "PluginSetting",
     "VllmPluginSettings",

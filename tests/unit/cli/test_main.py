@@ -241,6 +241,9 @@ def test_inspect_says_whether_a_vllm_started_here_runs_on_kvspec(
     monkeypatch.delenv("KVSPEC_VLLM", raising=False)
     assert main(["inspect", "--no-plugins"]) == 0
     assert "vLLM plugin: off" in capsys.readouterr().out
+    monkeypatch.setenv("KVSPEC_VLLM_EVICTION", "lfu")
+    assert main(["inspect", "--no-plugins"]) == 0
+    assert "ignored while off: KVSPEC_VLLM_EVICTION (set KVSPEC_VLLM=1" in capsys.readouterr().out
     monkeypatch.setenv("KVSPEC_VLLM", "1")
     monkeypatch.setenv("KVSPEC_VLLM_EVICTION", "retention")
     monkeypatch.setenv("KVSPEC_VLLM_RETENTION_SECONDS", "600")
@@ -252,6 +255,7 @@ def test_inspect_says_whether_a_vllm_started_here_runs_on_kvspec(
         "default_retention_seconds": 600.0,
         "strict_release": False,
         "imports": [],
+        "ignored_settings": [],
     }
     assert main(["inspect", "--no-plugins"]) == 0
     assert (

@@ -228,3 +228,25 @@ def test_the_fleet_command_refuses_malformed_options(
         main(["fleet", "llama-3.1-8b", "--trace", str(trace), *extra])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ("\n\n", "holds no requests"),
+        (
+            '{"timestamp": 1, "input_length": 5, "output_length": 1}\n',
+            "line 1: missing 'token_ids' or 'hash_ids'",
+        ),
+    ],
+)
+def test_a_bad_trace_fails_fleet_and_simulate_alike(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], lines: str, message: str
+) -> None:
+    """Issue 51: an empty trace was a table of zeros in ``fleet`` and an error in ``simulate``; a bad line
+    exited 2 in one and 1 in the other. Now both exit 1 with the same message, before any replay."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text(lines)
+    for command in (["fleet", "--num-blocks", "400", "--instances", "2,3"], ["fleet"], ["simulate"]):
+        assert main([command[0], "llama-3.1-8b", "--trace", str(path), *command[1:]]) == 1, command
+        assert message in capsys.readouterr().err

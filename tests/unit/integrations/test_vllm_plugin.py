@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import sys
 import types
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -249,6 +250,23 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, types.Modul
     modules["vllm.exceptions"].VLLMValidationError = _ValidationError  # type: ignore[attr-defined]
     yield modules
     adapters.uninstall()
+
+
+def test_a_setting_without_kvspec_vllm_is_warned_about(fake_vllm: dict[str, types.ModuleType]) -> None:
+    """Issue 51: KVSPEC_VLLM_EVICTION set without KVSPEC_VLLM said nothing; it does nothing."""
+    from kvspec.integrations.vllm_plugin import KVSpecSettingsWarning, ignored_settings
+
+    env = {"KVSPEC_VLLM_EVICTION": "lfu", "KVSPEC_VLLM_STRICT": "1", "KVSPEC_VLLM_IMPORTS": " "}
+    assert ignored_settings(env) == ("KVSPEC_VLLM_EVICTION", "KVSPEC_VLLM_STRICT")
+    with pytest.warns(
+        KVSpecSettingsWarning, match=r"KVSPEC_VLLM_EVICTION, KVSPEC_VLLM_STRICT set but KVSPEC_VLLM is off"
+    ):
+        assert not register(env).enabled
+    assert not adapters.installed()
+    assert ignored_settings({**env, "KVSPEC_VLLM": "1"}) == ()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        register({})  # nothing set: no warning
 
 
 def test_register_switched_off_touches_nothing(fake_vllm: dict[str, types.ModuleType]) -> None:

@@ -275,12 +275,20 @@ def encode_event_batch(
 
 
 def receive_batches(
-    endpoint: str, *, topic: str = "", idle_timeout_s: float = 5.0, max_batches: int | None = None
+    endpoint: str,
+    *,
+    topic: str = "",
+    idle_timeout_s: float = 5.0,
+    max_batches: int | None = None,
+    bind: bool = False,
 ) -> Iterator[WireEventBatch]:
-    """Subscribe to a vLLM KV event publisher at ``endpoint`` (e.g. ``tcp://127.0.0.1:5557``) and yield its
-    batches as they come, until ``idle_timeout_s`` seconds pass with none or ``max_batches`` came. Needs
-    pyzmq and msgspec (``pip install 'kvspec[vllm]'``). A subscriber sees only what is published after it
-    connected (ZMQ's publish-subscribe drops the rest)."""
+    """Subscribe to a vLLM KV event publisher and yield its batches as they come, until ``idle_timeout_s``
+    seconds pass with none or ``max_batches`` came. ``bind`` False: connect to ``endpoint``, where the
+    publisher is bound (vLLM binds ``tcp://*:PORT`` and ``ipc://`` endpoints); True: bind ``endpoint`` and
+    let the publisher connect (vLLM connects to any other ``tcp://HOST:PORT``). Needs pyzmq and msgspec
+    (``pip install 'kvspec[vllm]'``). A subscriber sees only what is published after it joined (ZMQ's
+    publish-subscribe drops the rest). A socket ZMQ refuses (a malformed address, a port in use) is an
+    EventWireError naming the endpoint."""
     try:
         import zmq
     except ImportError as exc:  # pragma: no cover - kvspec[vllm] brings it
@@ -290,7 +298,15 @@ def receive_batches(
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     socket = context.socket(zmq.SUB)
     try:
-        socket.connect(endpoint)
+        try:
+            if bind:
+                socket.bind(endpoint)
+            else:
+                socket.connect(endpoint)
+        except zmq.ZMQError as exc:
+            raise EventWireError(
+                f"cannot {'bind' if bind else 'connect to'} {endpoint!r}: {exc.strerror or exc}"
+            ) from None
         socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
         received = 0
         while max_batches is None or received < max_batches:

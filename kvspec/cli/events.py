@@ -2,14 +2,22 @@
 
 It subscribes to vLLM's ZMQ publisher and prints each event as it comes, one line each (``--json``: one
 JSON object per line, with the batch's ``seq`` and ``ts``); it stops after ``--count`` events or when
-``--idle-timeout`` seconds pass with none. The decoding is ``kvspec.blocks.event_wire`` (vLLM 0.23's
-positional arrays and 0.32/0.34's tagged maps alike). Needs ``pip install 'kvspec[vllm]'`` (pyzmq, msgspec).
+``--idle-timeout`` seconds pass with none (saying so when none came at all). The decoding is
+``kvspec.blocks.event_wire`` (vLLM 0.23's positional arrays and 0.32/0.34's tagged maps alike). Needs
+``pip install 'kvspec[vllm]'`` (pyzmq, msgspec).
+
+Which side binds: vLLM's publisher binds an endpoint with ``*`` or ``::`` and ``ipc://`` ones, and connects
+to any other ``tcp://HOST:PORT``. ``--endpoint`` takes the endpoint exactly as vLLM's config writes it and
+does the other half (connects to ``tcp://*:5557`` on this machine, binds ``tcp://127.0.0.1:5557`` for a
+publisher that connects, loopback only); ``--connect`` and ``--bind`` say it explicitly. Every endpoint is
+checked before a socket opens (one line, exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -26,14 +34,81 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+#: vLLM's default KV event endpoint (its publisher binds every interface on port 5557).
+VLLM_DEFAULT_ENDPOINT = "tcp://*:5557"
+_TCP = re.compile(r"^tcp://(\*|\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
+
+
+def check_endpoint(endpoint: str, option: str) -> str:
+    """``endpoint`` if it is a ZMQ endpoint a subscriber can use: ``tcp://HOST:PORT`` (a port 1-65535) or
+    ``ipc://PATH``; else ``argparse.ArgumentTypeError`` saying what to write."""
+    if endpoint.startswith("ipc://"):
+        if len(endpoint) == len("ipc://"):
+            raise argparse.ArgumentTypeError(
+                f"{option} {endpoint!r}: name a socket path, e.g. ipc:///tmp/kv-events"
+            )
+        return endpoint
+    if endpoint.startswith("inproc://"):
+        raise argparse.ArgumentTypeError(
+            f"{option} {endpoint!r}: inproc:// lives inside one process; use ipc:///PATH or tcp://HOST:PORT"
+        )
+    match = _TCP.match(endpoint)
+    if match is None or not 1 <= int(match[2]) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{option} {endpoint!r}: expected tcp://HOST:PORT (port 1-65535) or ipc:///PATH, "
+            "e.g. tcp://127.0.0.1:5557"
+        )
+    return endpoint
+
+
+def subscription(args: argparse.Namespace) -> tuple[str, bool]:
+    """(address, bind) of the subscriber: ``--connect`` and ``--bind`` as given; ``--endpoint`` (vLLM's
+    own endpoint) complemented by vLLM's rule: a publisher that binds (``*``, ``::``, ``ipc://``) is
+    connected to (``*`` on this machine's loopback), one that connects is bound for."""
+    if args.connect is not None:
+        if "*" in args.connect:
+            raise argparse.ArgumentTypeError(
+                f"--connect {args.connect!r}: '*' is a bind address; name the publisher's host, e.g. "
+                f"{args.connect.replace('*', '127.0.0.1')}"
+            )
+        return args.connect, False
+    if args.bind is not None:
+        return args.bind, True
+    endpoint = args.endpoint or VLLM_DEFAULT_ENDPOINT
+    if endpoint.startswith("ipc://"):
+        return endpoint, False
+    if "*" in endpoint:
+        return endpoint.replace("*", "127.0.0.1"), False
+    if "::" in endpoint:
+        return re.sub(r"\[[0-9A-Fa-f:.]*\]", "[::1]", endpoint), False
+    return endpoint, True
+
+
 def add_events_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "events", help="print the KV events a vLLM engine publishes (its --kv-events-config endpoint)"
     )
-    p.add_argument(
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
         "--endpoint",
-        default="tcp://127.0.0.1:5557",
-        help="the publisher's address (default tcp://127.0.0.1:5557, vLLM's default port)",
+        type=lambda text: check_endpoint(text, "--endpoint"),
+        default=None,
+        help="the endpoint exactly as vLLM's --kv-events-config writes it (default tcp://*:5557, vLLM's): "
+        "kvspec connects where vLLM binds and binds where vLLM connects",
+    )
+    where.add_argument(
+        "--connect",
+        type=lambda text: check_endpoint(text, "--connect"),
+        default=None,
+        metavar="ENDPOINT",
+        help="connect to a publisher bound at ENDPOINT",
+    )
+    where.add_argument(
+        "--bind",
+        type=lambda text: check_endpoint(text, "--bind"),
+        default=None,
+        metavar="ENDPOINT",
+        help="bind ENDPOINT for a publisher that connects (e.g. tcp://127.0.0.1:5557, loopback only)",
     )
     p.add_argument("--topic", default="", help="the publisher's topic (default: every topic)")
     p.add_argument("--count", type=positive_int, default=None, help="stop after this many events")
@@ -67,11 +142,16 @@ def cmd_events(args: argparse.Namespace) -> int:
     from kvspec.blocks.event_wire import event_as_json, receive_batches
     from kvspec.errors import EventWireError
 
+    try:
+        address, bind = subscription(args)
+    except argparse.ArgumentTypeError as exc:
+        print(f"kvspec events: {exc}", file=sys.stderr)
+        return 2
     # "Never" is a very long poll: ZMQ takes milliseconds in a C int.
     timeout = args.idle_timeout if args.idle_timeout is not None else 2_000_000.0
     printed = 0
     try:
-        for batch in receive_batches(args.endpoint, topic=args.topic, idle_timeout_s=timeout):
+        for batch in receive_batches(address, topic=args.topic, idle_timeout_s=timeout, bind=bind):
             for event in batch.events:
                 record = event_as_json(event)
                 if args.json:
@@ -86,4 +166,13 @@ def cmd_events(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         return 0
+    if printed == 0:
+        how = f"bound to {address} (the publisher connects)" if bind else f"connected to {address}"
+        print(
+            f"kvspec events: no KV event in {args.idle_timeout:g} s, {how}. Is vLLM serving with "
+            '--kv-events-config \'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": ...}\' '
+            "and prefix caching on, and is a request running? (--endpoint takes vLLM's endpoint as written.)",
+            file=sys.stderr,
+        )
+        return 1
     return 0

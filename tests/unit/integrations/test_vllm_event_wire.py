@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -184,7 +185,7 @@ def test_kvspec_events_prints_what_a_publisher_sends(capsys: pytest.CaptureFixtu
             main(
                 [
                     "events",
-                    "--endpoint",
+                    "--connect",
                     f"tcp://127.0.0.1:{port}",
                     "--topic",
                     "kv",
@@ -216,8 +217,84 @@ def test_kvspec_events_prints_what_a_publisher_sends(capsys: pytest.CaptureFixtu
     assert second["type"] == "BlockRemoved" and second["seq"] == first["seq"]
 
 
-def test_kvspec_events_stops_when_idle(capsys: pytest.CaptureFixture[str]) -> None:
+def test_kvspec_events_stops_when_idle_and_says_nothing_came(capsys: pytest.CaptureFixture[str]) -> None:
     start = time.monotonic()
-    assert main(["events", "--endpoint", "tcp://127.0.0.1:9", "--idle-timeout", "0.3"]) == 0
+    assert main(["events", "--connect", "tcp://127.0.0.1:9", "--idle-timeout", "0.3"]) == 1
     assert time.monotonic() - start < 5
-    assert capsys.readouterr().out == ""
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert (
+        "no KV event in 0.3 s, connected to tcp://127.0.0.1:9. Is vLLM serving with --kv-events-config" in err
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--endpoint", "tcp://127.0.0.1"], "expected tcp://HOST:PORT (port 1-65535) or ipc:///PATH"),
+        (["--endpoint", "tcp://127.0.0.1:70000"], "expected tcp://HOST:PORT"),
+        (["--bind", "udp://127.0.0.1:5557"], "expected tcp://HOST:PORT"),
+        (["--connect", "inproc://kv"], "inproc:// lives inside one process"),
+        (["--endpoint", "ipc://"], "name a socket path"),
+    ],
+)
+def test_kvspec_events_refuses_a_malformed_endpoint_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["events", *argv, "--idle-timeout", "0.1"])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_kvspec_events_will_not_connect_to_a_bind_address(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51: vLLM's ``tcp://*:5557`` copied into the subscriber ended in a ZMQError traceback."""
+    assert main(["events", "--connect", "tcp://*:5557", "--idle-timeout", "0.1"]) == 2
+    assert (
+        "'*' is a bind address; name the publisher's host, e.g. tcp://127.0.0.1:5557"
+        in capsys.readouterr().err
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("vllm_endpoint", ["tcp://*:{port}", "tcp://127.0.0.1:{port}", "ipc://{tmp}/kv"])
+def test_kvspec_events_pairs_with_the_endpoint_vllm_was_given(
+    vllm_endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--endpoint`` takes vLLM's endpoint as written and does the other half of vLLM's rule: a publisher
+    bound on every interface or on ipc:// is connected to; one that connects (loopback) is bound for."""
+    endpoint = vllm_endpoint.format(port=_free_port(), tmp=tmp_path)
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    pub = context.socket(zmq.PUB)
+    vllm_binds = "*" in endpoint or endpoint.startswith("ipc://")
+    codes: list[int] = []
+    subscriber = threading.Thread(
+        target=lambda: codes.append(
+            main(["events", "--endpoint", endpoint, "--count", "1", "--json", "--idle-timeout", "20"])
+        )
+    )
+    if vllm_binds:
+        pub.bind(endpoint)
+        subscriber.start()
+    else:
+        subscriber.start()
+        time.sleep(0.3)  # the subscriber binds first, as it would be started before the server
+        pub.connect(endpoint)
+    payload = _encode([Removed023([H1], "GPU")])
+    seq = 0
+    deadline = time.monotonic() + 20
+    while subscriber.is_alive() and time.monotonic() < deadline:
+        pub.send_multipart((b"", seq.to_bytes(8, "big"), payload))
+        seq += 1
+        time.sleep(0.05)
+    subscriber.join(5)
+    pub.close(linger=0)
+    assert codes == [0]
+    assert '"type": "BlockRemoved"' in capsys.readouterr().out

@@ -289,6 +289,29 @@ def run_sweep(
     return [rows[p.key()] for p in todo]
 
 
+#: Seconds to wait for a named Ray cluster's port to answer before giving up.
+RAY_CONNECT_TIMEOUT_S = 10.0
+
+
+def check_ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """FleetConfigError unless ``address`` (``HOST:PORT`` or ``ray://HOST:PORT``) accepts a TCP connection
+    within ``timeout_s`` seconds: a bounded check in one line, where ``ray.init`` would retry for ever."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise FleetConfigError(f"--ray-address {address!r}: give auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise FleetConfigError(
+            f"no Ray cluster answers at {address} within {timeout_s:g} s ({exc.strerror or exc}); start one "
+            "(ray start --head --node-ip-address 127.0.0.1 --port PORT) or leave out --ray-address for a "
+            "local Ray"
+        ) from None
+
+
 def _run_on_ray(
     todo: Sequence[SweepPoint], ray_address: str | None, finish: Callable[[dict[str, Any]], None]
 ) -> None:
@@ -298,6 +321,8 @@ def _run_on_ray(
         raise FleetConfigError("executor 'ray' needs Ray: pip install 'kvspec[ray]'") from exc
     started = not ray.is_initialized()
     if started:
+        if ray_address not in (None, "auto", "local"):
+            check_ray_reachable(ray_address)  # Ray itself retries an unreachable cluster without a word
         ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
     try:
         remote = ray.remote(_ray_run)

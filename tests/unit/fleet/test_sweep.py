@@ -105,6 +105,23 @@ def test_the_ray_executor_ships_the_trace_once_and_gives_the_same_rows(
     assert _results(shipped) == _results(run_sweep(points, executor="inprocess"))
 
 
+def test_an_unreachable_ray_cluster_is_one_line_within_its_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 51: an unreachable --ray-address retried for ever with no message."""
+    import sys
+    import time
+
+    ray = _StandInRay()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    start = time.monotonic()
+    with pytest.raises(FleetConfigError, match=r"no Ray cluster answers at 127\.0\.0\.1:9 within 10 s"):
+        run_sweep(_points(_trace(tmp_path))[:1], executor="ray", ray_address="127.0.0.1:9")
+    assert time.monotonic() - start < 15 and not ray.initialized
+    with pytest.raises(FleetConfigError, match="give auto, HOST:PORT or ray://HOST:PORT"):
+        run_sweep(_points(_trace(tmp_path))[:1], executor="ray", ray_address="headnode")
+
+
 @pytest.mark.skipif(
     not os.environ.get("KVSPEC_REAL_RAY"),
     reason="a real local Ray listens on every interface (its servers bind 0.0.0.0): opt in with KVSPEC_REAL_RAY=1",

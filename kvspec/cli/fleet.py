@@ -243,24 +243,97 @@ def print_sweep(rows: list[dict[str, Any]]) -> None:
         print("  ".join(str(t[k]).rjust(w) for k, w in widths.items()))
 
 
+#: The point settings a bar's label names when they vary across a sweep, in this order, and how.
+_LABELLED: tuple[tuple[str, str], ...] = (
+    ("router", "{}"),
+    ("num_instances", "{} instances"),
+    ("memory", "{} KV"),
+    ("num_blocks", "{} blocks"),
+    ("eviction_policy", "evict {}"),
+    ("host_memory", "host {}"),
+    ("shared_pool", "pool {}"),
+    ("host_policy", "host policy {}"),
+    ("store_threshold", "store after {}"),
+    ("offload", "offload {}"),
+    ("host_link", "host link {}"),
+    ("pool_link", "pool link {}"),
+    ("step_time", "step {}"),
+    ("event_lag_ms", "lag {} ms"),
+    ("speedup", "x{}"),
+    ("router_options", "{}"),
+)
+
+
+def size_as_typed(num_bytes: int) -> str:
+    """Bytes as a user types them: the largest unit in which they are a number of at most two decimals
+    (64GiB, 1.5TiB, 80GB), else GiB with two decimals; 0 is "none"."""
+    if num_bytes == 0:
+        return "none"
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("TB", 10**12), ("GB", 10**9)):
+        if num_bytes >= scale and (num_bytes * 100) % scale == 0:
+            return f"{num_bytes / scale:g}{unit}"
+    return f"{num_bytes / 2**30:.2f}GiB"
+
+
+def bar_labels(rows: list[dict[str, Any]]) -> list[str]:
+    """One label per row, one line per point setting that varies across the rows (router, instances, memory
+    as typed, tiers, policies, ...), so no two bars of different settings read alike."""
+    points = [row["point"] for row in rows]
+    varying = [
+        (key, form)
+        for key, form in _LABELLED
+        if len({json.dumps(p.get(key), sort_keys=True) for p in points}) > 1 or (key == "router" and points)
+    ]
+
+    def shown(key: str, value: Any) -> str:
+        if key in ("memory", "host_memory", "shared_pool"):
+            return "-" if value is None else size_as_typed(int(value))
+        if key == "offload":
+            return ",".join(value)
+        if key == "router_options":
+            return ",".join(f"{k}={v:g}" for k, v in value) or "defaults"
+        return str(value)
+
+    return ["\n".join(form.format(shown(key, p.get(key))) for key, form in varying) for p in points]
+
+
 def plot_fleet(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    """Draw :func:`fleet_figure` to ``path``."""
+    from kvspec.cli.simulate import _pyplot
+
+    plt = _pyplot()
+    fig = fleet_figure(rows, title)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def fleet_figure(rows: list[dict[str, Any]], title: str) -> Any:
+    """Reuse and mean TTFT per point as horizontal bars, labelled with every setting that varies (one line
+    each): the labels stack down the page, so none overlaps however many points, and each axis starts at 0
+    and ends just past its largest bar. The caller saves and closes it."""
     from kvspec.cli.simulate import _pyplot
 
     plt = _pyplot()
     table = [_row(r) for r in rows]
-    labels = [f"{t['router']}\n{t['instances']}x{t['kv_gib']}GiB" for t in table]
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.2 * len(table) + 4), 4))
-    axes[0].bar(range(len(table)), [t["reuse"] for t in table], color="C0")
-    axes[0].set_ylabel("prompt tokens reused")
-    axes[1].bar(range(len(table)), [t["ttft_mean"] for t in table], color="C1")
-    axes[1].set_ylabel("mean TTFT (ms)")
-    for ax in axes:
-        ax.set_xticks(range(len(table)))
-        ax.set_xticklabels(labels, fontsize=7)
+    labels = bar_labels(rows)
+    lines = max(label.count("\n") + 1 for label in labels)
+    height = max(3.0, len(table) * (0.22 * lines + 0.25) + 1.2)
+    fig, axes = plt.subplots(1, 2, figsize=(11, height), sharey=True)
+    positions = list(range(len(table)))
+    for ax, key, name, colour in (
+        (axes[0], "reuse", "prompt tokens reused", "C0"),
+        (axes[1], "ttft_mean", "mean TTFT (ms)", "C1"),
+    ):
+        values = [t[key] for t in table]
+        ax.barh(positions, values, color=colour)
+        ax.set_xlabel(name)
+        ax.set_xlim(0, max(values) * 1.1 if max(values) > 0 else 1)
+    axes[0].invert_yaxis()  # the first point on top, as the table prints it (the axes share y)
+    axes[0].set_yticks(positions)
+    axes[0].set_yticklabels(labels, fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:

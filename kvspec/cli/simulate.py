@@ -401,9 +401,18 @@ def sweep_block_counts(every_prompt: int, points: int) -> list[int]:
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
-    """Hit rate against KV memory: per policy, tokens (solid) and trace blocks (dashed) in one colour. With
-    LRU and other policies, a second panel shows each policy's token hit rate relative to LRU's at the same
-    size (a 14% gain is a visible bar there, where the 0-1 curves lie on top of each other)."""
+    """Draw :func:`sweep_figure` to ``path``."""
+    plt = _pyplot()
+    fig = sweep_figure(rows, title)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def sweep_figure(rows: list[dict[str, Any]], title: str) -> Any:
+    """Hit rate against KV memory: per policy, tokens (solid) and trace blocks (dashed) in one colour, on an
+    axis that ends just past the highest rate. With LRU and other policies, a second panel shows each
+    policy's token hit rate relative to LRU's at the same size (a 14% gain is a visible bar there, where the
+    curves lie on top of each other). The caller saves and closes it."""
     plt = _pyplot()
     policies = list(dict.fromkeys(row["policy"] for row in rows))
     baseline = {row["num_blocks"]: row["token_hit_rate"] for row in rows if row["policy"] == "lru"}
@@ -434,7 +443,9 @@ def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("KV cache memory (GiB, one rank)")
     ax.set_ylabel("prefix-cache hit rate")
-    ax.set_ylim(0, 1)
+    # The axis ends just past the highest rate (hit rates of a few percent would lie flat on a 0-1 axis).
+    highest = max(max(row["token_hit_rate"], row.get("block_hit_rate", 0.0)) for row in rows)
+    ax.set_ylim(0, min(1.0, highest * 1.15) if highest > 0 else 1.0)
     ax.set_title(title)
     ax.legend(
         loc="upper center",
@@ -463,8 +474,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
         gain_ax.set_title("gain over LRU at the same memory")
         gain_ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 #: How slow a replay under each built-in policy is, slowest 0 (docs/FLEET.md "Speed"): a pool starts those first.

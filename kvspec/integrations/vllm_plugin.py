@@ -14,7 +14,7 @@ its own manager. Switched on, it
 - logs one line, where the adapter is built, saying that kvspec manages the KV cache, under which release
   profile and which policy.
 
-Settings (environment variables; :data:`SETTINGS` is this table as data, README "Serve with kvspec" shows it):
+Settings (environment variables; :data:`SETTINGS` is this table as data, docs/SERVE.md shows it):
 
 =================================  ========  ===========================================================
 ``KVSPEC_VLLM``                    off       ``1``/``true``/``yes``/``on``: kvspec manages the KV cache
@@ -43,7 +43,7 @@ from kvspec.contracts.release import PROFILES
 from kvspec.errors import KVSpecError, VllmPluginSettingsError
 from kvspec.integrations.vllm_retention import RETENTION_XARG, parse_retention_seconds
 
-#: The vLLM releases kvspec's adapters were checked against, block for block (README "With vLLM").
+#: The vLLM releases kvspec's adapters were checked against, block for block (docs/SERVE.md).
 CHECKED_VLLM_RELEASES: Final = tuple(
     p.vllm_version for p in sorted(PROFILES.values(), key=lambda p: p.release)
 )

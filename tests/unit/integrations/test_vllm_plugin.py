@@ -141,10 +141,10 @@ def test_settings_table_lists_every_variable_read() -> None:
     }
     assert {s.variable for s in SETTINGS} == {"KVSPEC_VLLM", *read}
     assert len(read) == 4
-    with open("README.md", encoding="utf-8") as readme:
-        text = readme.read()
+    with open("docs/SERVE.md", encoding="utf-8") as serve:
+        text = serve.read()
     for setting in SETTINGS:
-        assert f"`{setting.variable}`" in text, f"README's settings table lacks {setting.variable}"
+        assert f"`{setting.variable}`" in text, f"docs/SERVE.md's settings table lacks {setting.variable}"
 
 
 # -- a request's retention ------------------------------------------------------------------------

@@ -40,7 +40,14 @@ ATTENTION_KEYS = (
 
 def check_tensor_parallel(heads: int, kv_heads: int, tp: int, model_type: str) -> int:
     """KV heads per rank under the rule engines use: attention heads divide by TP, and KV heads divide by
-    TP (split) or TP by KV heads (each rank holds one replicated KV head)."""
+    TP (split) or TP by KV heads (each rank holds one replicated KV head). Grouped-query attention needs
+    the KV heads to divide the attention heads: a config where they do not is refused, not planned."""
+    if kv_heads > heads or heads % kv_heads:
+        raise ModelConfigError(
+            f"the {model_type} config's num_key_value_heads={kv_heads} does not divide its "
+            f"num_attention_heads={heads} (grouped-query attention shares each KV head among a whole number "
+            "of attention heads); check the config."
+        )
     if heads % tp:
         raise ModelConfigError(
             f"tensor_parallel_size={tp} does not divide the {model_type} model's {heads} attention heads; "

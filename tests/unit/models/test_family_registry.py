@@ -209,3 +209,26 @@ def test_families_whose_attention_ignores_head_dim(name: str) -> None:
     }
     dense_specs = layout_from_config(dense).layer_specs.values()
     assert {s.head_size for s in dense_specs if isinstance(s, FullAttentionSpec)} == {256}
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(32, 5), (8, 16)])
+def test_kv_heads_that_do_not_divide_the_attention_heads_are_refused(
+    tmp_path: Path, heads: int, kv_heads: int
+) -> None:
+    """Issue 51: such configs were planned without a word."""
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 4096,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16",
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(
+        ModelConfigError,
+        match=f"num_key_value_heads={kv_heads} does not divide its num_attention_heads={heads}",
+    ):
+        build_model_layout(str(path))

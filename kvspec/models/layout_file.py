@@ -68,6 +68,11 @@ def _load_callable(ref: str, base_dir: Path) -> Any:
             module = importlib.import_module(module_ref)
     except KVSpecError:
         raise
+    except SystemExit as exc:  # a command that ended "successfully" here would hide the plugin's failure
+        raise PluginError(
+            f"Layout plugin {ref!r} exited the process while importing ({exc.code!r}); "
+            "a plugin must raise an exception, not exit."
+        ) from None
     except Exception as exc:
         raise PluginError(f"Layout plugin {ref!r} failed to import ({type(exc).__name__}: {exc}).") from exc
     hook = getattr(module, attr, None)
@@ -88,6 +93,11 @@ def load_layout_plugins(cfg: Mapping[str, Any], base_dir: Path, registry: AnyReg
                 hook(registry)
         except KVSpecError:
             raise
+        except SystemExit as exc:
+            raise PluginError(
+                f"Layout plugin {ref!r} exited the process while registering ({exc.code!r}); a plugin must "
+                "raise an exception, not exit."
+            ) from None
         except Exception as exc:
             raise PluginError(
                 f"Layout plugin {ref!r} failed to register ({type(exc).__name__}: {exc})."

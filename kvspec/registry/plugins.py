@@ -115,6 +115,11 @@ def load_plugins(
         done = f" Plugins registered before it: {', '.join(loaded) or 'none'}."
         try:
             hook = ep.load()
+        except SystemExit as exc:
+            raise PluginError(
+                f"kvspec plugin {ep.name!r} ({ep.value}) exited the process while importing ({exc.code!r}); a "
+                f"plugin must raise an exception, not exit.{done}"
+            ) from None
         except Exception as exc:
             raise PluginError(
                 f"kvspec plugin {ep.name!r} ({ep.value}) failed to import ({type(exc).__name__}: {exc}).{done}"
@@ -127,6 +132,11 @@ def load_plugins(
         try:
             with target.transaction():
                 hook(target)
+        except SystemExit as exc:
+            raise PluginError(
+                f"kvspec plugin {ep.name!r} exited the process while registering ({exc.code!r}); a plugin "
+                f"must raise an exception, not exit.{done}"
+            ) from None
         except Exception as exc:
             raise PluginError(
                 f"kvspec plugin {ep.name!r} failed to register ({type(exc).__name__}: {exc}).{done}"

@@ -84,3 +84,31 @@ def test_a_failing_plugin_leaves_the_registry_as_it_was(tmp_path: Path) -> None:
                 _layout(plugins=["bad.py:register"]), base_dir=tmp_path, registry=registry
             )
         assert len(registry) == before
+
+
+@pytest.mark.parametrize(
+    ("body", "when"),
+    [
+        ("import sys\nsys.exit(0)\n", "importing"),
+        ("import sys\ndef register(r):\n    sys.exit(0)\n", "registering"),
+    ],
+)
+def test_a_layout_plugin_that_exits_the_process_is_an_error_not_a_success(
+    tmp_path: Path, body: str, when: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 51: a plugin calling sys.exit(0) ended `kvspec plan` with status 0 and no plan."""
+    from kvspec.cli.main import main
+
+    (tmp_path / f"exiting_{when}.py").write_text(
+        body + ("def register(r):\n    pass\n" if when == "importing" else "")
+    )
+    layout = _layout(plugins=[f"exiting_{when}.py:register"])
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps(layout))
+    with default_registry.isolated(), pytest.raises(SystemExit) as info:
+        main(["plan", str(path), "--memory", "1GiB", "--no-plugins"])
+    assert info.value.code == 2
+    assert (
+        f"exited the process while {when} (0); a plugin must raise an exception, not exit"
+        in capsys.readouterr().err
+    )

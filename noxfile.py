@@ -280,3 +280,78 @@ def compiled(session: nox.Session) -> None:
             "pytest", *session.posargs, env={"KVSPEC_TYPECHECK": "full", "KVSPEC_EXPECT_BUILD": "compiled"}
         )
     session.log(f"compiled copy kept at {workdir} (run benchmarks there: its kvspec is the compiled one)")
+
+
+@nox.session(python="3.11", default=False)
+def wheel(session: nox.Session) -> None:
+    """README's install as a user does it: build kvspec's wheel from this checkout (pure; with
+    ``KVSPEC_COMPILE=1`` the mypyc-compiled one, a few minutes), install it with its extras into this fresh
+    virtualenv, and from a directory outside the checkout run ``kvspec plan``, ``kvspec inspect`` (the build
+    it reports must be the one built) and a short engine check. Run by ``.ci/run`` for the pure wheel."""
+    import os
+    import tempfile
+
+    compiled = os.environ.get("KVSPEC_COMPILE", "").lower() in ("1", "true", "yes")
+    session.install("-c", "constraints.txt", "torch==2.13.0")
+    outside = tempfile.mkdtemp(prefix="kvspec-wheel-")
+    build = ["--no-build-isolation"] if compiled else []
+    if compiled:
+        session.install("mypy>=1.13", "setuptools>=68", "wheel")
+    session.run(
+        "python",
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        *build,
+        "-w",
+        outside,
+        ".",
+        env={"KVSPEC_COMPILE": "1" if compiled else "0"},
+    )
+    (built,) = [name for name in os.listdir(outside) if name.endswith(".whl")]
+    session.log(f"built {built}")
+    session.install("-c", "constraints.txt", f"{os.path.join(outside, built)}[cli,vllm]")
+    with session.chdir(outside):
+        session.run("kvspec", "plan")
+        session.run(
+            "kvspec",
+            "plan",
+            "Qwen/Qwen3-8B",
+            "--memory",
+            "40GiB",
+            "--max-model-len",
+            "32768",
+            "--json",
+            silent=True,
+        )
+        expected = "compiled" if compiled else "pure"
+        session.run("python", "-c", _WHEEL_CHECK, expected, outside)
+
+
+_WHEEL_CHECK = """
+import json, os, subprocess, sys
+import kvspec
+expected, outside = sys.argv[1], sys.argv[2]
+here = os.path.dirname(kvspec.__file__)
+assert "site-packages" in here, f"kvspec imported from {here}, not from the installed wheel"
+assert kvspec.__build__ == expected, (kvspec.__build__, expected)
+report = json.loads(subprocess.run(["kvspec", "inspect", "--json"], capture_output=True, text=True, check=True).stdout)
+assert report["build"] == expected and len(report["registrations"]) == 12, report["build"]
+from kvspec import KVCacheCoordinator, Request, SchedulerLimits
+from kvspec.models import build_model_layout
+from kvspec.planning import generate_scheduler_kv_cache_config, get_kv_cache_configs
+layout = build_model_layout("google/gemma-3-27b-it", max_model_len=4096)
+limits = SchedulerLimits(max_model_len=4096, max_num_batched_tokens=4096)
+(config,) = get_kv_cache_configs([layout.layer_specs], [8 << 30], limits)
+kv = KVCacheCoordinator(generate_scheduler_kv_cache_config([config]), limits)
+first = Request("a", list(range(1000)), block_hasher=kv.make_block_hasher())
+assert kv.allocate_slots(first, 1000, 0, kv.get_computed_blocks(first)[0]) is not None
+kv.cache_blocks(first, 1000)
+kv.free(first)
+second = Request("b", list(range(1000)), block_hasher=kv.make_block_hasher())
+hit, tokens = kv.get_computed_blocks(second)
+assert tokens > 0, tokens
+kv.check_invariants()
+print(f"kvspec {expected} wheel from {here}: plan, inspect and a prefix hit of {tokens} tokens")
+"""

@@ -321,7 +321,7 @@ def _run_on_ray(
         raise FleetConfigError("executor 'ray' needs Ray: pip install 'kvspec[ray]'") from exc
     started = not ray.is_initialized()
     if started:
-        if ray_address not in (None, "auto", "local"):
+        if ray_address is not None and ray_address not in ("auto", "local"):
             check_ray_reachable(ray_address)  # Ray itself retries an unreachable cluster without a word
         ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
     try:

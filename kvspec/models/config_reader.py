@@ -53,7 +53,13 @@ LAYER_TYPE_NAMES: Mapping[str, LayerKind] = {
 #: The attention layer types a plain decoder's ``layer_types`` may name.
 ATTENTION_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
 
-_SINGLE: Mapping[str, LayerCaches] = {k: (k,) for k in ("full", "sliding", "chunked", "state")}
+#: The caches of a layer holding one cache of a kind, and of a hybrid layer (attention beside a state).
+FULL: LayerCaches = ("full",)
+SLIDING: LayerCaches = ("sliding",)
+CHUNKED: LayerCaches = ("chunked",)
+STATE: LayerCaches = ("state",)
+FULL_AND_STATE: LayerCaches = ("full", "state")
+_SINGLE: Mapping[str, LayerCaches] = {"full": FULL, "sliding": SLIDING, "chunked": CHUNKED, "state": STATE}
 
 
 def single_cache(kind: str) -> LayerCaches:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvspec.models.config_reader import ConfigReader, LayerCaches
+from kvspec.models.config_reader import FULL, SLIDING, ConfigReader, LayerCaches
 from kvspec.models.family import ATTENTION_KEYS, FAMILIES, ModelFamily
 
 _SLIDING_EVERYWHERE = ("mistral", "phi3")
@@ -17,11 +17,11 @@ _QWEN_WINDOW = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 class DenseDecoder(ModelFamily):
     def pattern(self, config: ConfigReader, num_layers: int) -> list[LayerCaches]:
         if config.model_type in _SLIDING_EVERYWHERE and config.has("sliding_window"):
-            return [("sliding",)] * num_layers
+            return [SLIDING] * num_layers
         if config.model_type in _QWEN_WINDOW and config.get("use_sliding_window"):
             start = config.positive_int("max_window_layers", num_layers, minimum=0)
-            return [("sliding",) if i >= start else ("full",) for i in range(num_layers)]
-        return [("full",)] * num_layers
+            return [SLIDING if i >= start else FULL for i in range(num_layers)]
+        return [FULL] * num_layers
 
 
 DENSE = DenseDecoder(

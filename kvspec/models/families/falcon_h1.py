@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvspec.models.config_reader import ConfigReader, LayerCaches
+from kvspec.models.config_reader import FULL_AND_STATE, ConfigReader, LayerCaches
 from kvspec.models.families._mamba2 import MAMBA_D_KEYS, Mamba2Hybrid
 from kvspec.models.family import ATTENTION_KEYS, FAMILIES
 
@@ -13,7 +13,7 @@ from kvspec.models.family import ATTENTION_KEYS, FAMILIES
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FalconH1(Mamba2Hybrid):
     def layer_caches(self, config: ConfigReader, num_layers: int) -> list[LayerCaches]:
-        return [("full", "state")] * num_layers
+        return [FULL_AND_STATE] * num_layers
 
     def inner_size(self, config: ConfigReader, heads_size: int) -> int:
         if config.has("mamba_d_ssm"):

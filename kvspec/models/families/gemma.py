@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvspec.models.config_reader import ConfigReader, LayerCaches
+from kvspec.models.config_reader import FULL, SLIDING, ConfigReader, LayerCaches
 from kvspec.models.family import ATTENTION_KEYS, FAMILIES, ModelFamily
 
 
@@ -14,9 +14,9 @@ from kvspec.models.family import ATTENTION_KEYS, FAMILIES, ModelFamily
 class Gemma(ModelFamily):
     def pattern(self, config: ConfigReader, num_layers: int) -> list[LayerCaches]:
         if config.model_type == "gemma2":
-            return [("sliding",) if i % 2 == 0 else ("full",) for i in range(num_layers)]
+            return [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)]
         every = config.positive_int("sliding_window_pattern", 6)
-        return [("full",) if (i + 1) % every == 0 else ("sliding",) for i in range(num_layers)]
+        return [FULL if (i + 1) % every == 0 else SLIDING for i in range(num_layers)]
 
 
 GEMMA = Gemma(

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvspec.models.config_reader import ConfigReader, LayerCaches
+from kvspec.models.config_reader import FULL, SLIDING, ConfigReader, LayerCaches
 from kvspec.models.family import ATTENTION_KEYS, FAMILIES, ModelFamily
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GptOss(ModelFamily):
     def pattern(self, config: ConfigReader, num_layers: int) -> list[LayerCaches]:
-        return [("sliding",) if i % 2 == 0 else ("full",) for i in range(num_layers)]
+        return [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)]
 
 
 GPT_OSS = GptOss(

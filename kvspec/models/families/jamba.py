@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from kvspec.models import state_shapes
-from kvspec.models.config_reader import ConfigReader, LayerCaches
+from kvspec.models.config_reader import FULL, STATE, ConfigReader, LayerCaches
 from kvspec.models.family import ATTENTION_KEYS, FAMILIES, ModelFamily
 from kvspec.models.state_shapes import StateLayout
 
@@ -19,7 +19,7 @@ class Jamba(ModelFamily):
         period = config.positive_int("attn_layer_period")
         config.require("attn_layer_offset")
         offset = config.positive_int("attn_layer_offset", minimum=0)
-        return [("full",) if i % period == offset else ("state",) for i in range(num_layers)]
+        return [FULL if i % period == offset else STATE for i in range(num_layers)]
 
     def state_layout(self, config: ConfigReader, tp: int, model_dtype: torch.dtype) -> StateLayout:
         return state_shapes.mamba1_state(

@@ -12,7 +12,7 @@ import torch
 
 from kvspec.errors import ModelConfigError
 from kvspec.models import state_shapes
-from kvspec.models.config_reader import ConfigReader, LayerCaches, single_cache
+from kvspec.models.config_reader import FULL, STATE, ConfigReader, LayerCaches, single_cache
 from kvspec.models.family import FAMILIES, ModelFamily
 from kvspec.models.state_shapes import StateLayout
 
@@ -32,7 +32,7 @@ class ShortConvHybrid(ModelFamily):
                 f"{config.model_type} config key 'full_attn_idxs' must list layer indices below {num_layers}, "
                 f"got {attention!r}."
             )
-        return [("full",) if i in attention else ("state",) for i in range(num_layers)]
+        return [FULL if i in attention else STATE for i in range(num_layers)]
 
     def state_layout(self, config: ConfigReader, tp: int, model_dtype: torch.dtype) -> StateLayout:
         return state_shapes.short_conv_state(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvspec.errors import ModelConfigError
-from kvspec.models.config_reader import ConfigReader, LayerCaches
+from kvspec.models.config_reader import CHUNKED, FULL, ConfigReader, LayerCaches
 from kvspec.models.family import ATTENTION_KEYS, FAMILIES, ModelFamily
 
 
@@ -24,7 +24,7 @@ class Llama4(ModelFamily):
         if len(nope) != num_layers:
             raise ModelConfigError(f"llama4 config has {len(nope)} no_rope_layers for {num_layers} layers.")
         chunked = config.has("attention_chunk_size")
-        return [("chunked",) if (use_rope and chunked) else ("full",) for use_rope in nope]
+        return [CHUNKED if (use_rope and chunked) else FULL for use_rope in nope]
 
 
 LLAMA4 = Llama4(

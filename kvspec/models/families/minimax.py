@@ -9,7 +9,7 @@ import torch
 
 from kvspec.errors import ModelConfigError
 from kvspec.models import state_shapes
-from kvspec.models.config_reader import ConfigReader, LayerCaches, single_cache
+from kvspec.models.config_reader import FULL, STATE, ConfigReader, LayerCaches, single_cache
 from kvspec.models.family import ATTENTION_KEYS, FAMILIES, ModelFamily
 from kvspec.models.state_shapes import StateLayout
 
@@ -31,7 +31,7 @@ class LightningHybrid(ModelFamily):
                 f"{config.model_type} config key 'attn_type_list' must list 0 (lightning) or 1 (softmax "
                 f"attention) for each of the {num_layers} layers, got {attn_types!r}."
             )
-        return [("full",) if t == 1 else ("state",) for t in attn_types]
+        return [FULL if t == 1 else STATE for t in attn_types]
 
     def state_layout(self, config: ConfigReader, tp: int, model_dtype: torch.dtype) -> StateLayout:
         heads = config.positive_int("num_attention_heads")

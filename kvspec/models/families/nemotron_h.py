@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from kvspec.errors import ModelConfigError
-from kvspec.models.config_reader import ConfigReader, LayerCaches, LayerKind
+from kvspec.models.config_reader import STATE, ConfigReader, LayerCaches, LayerKind
 from kvspec.models.families._mamba2 import Mamba2Hybrid, Mamba2Keys
 from kvspec.models.family import ATTENTION_KEYS, FAMILIES
 
@@ -21,7 +21,7 @@ class NemotronH(Mamba2Hybrid):
     def layer_caches(self, config: ConfigReader, num_layers: int) -> list[LayerCaches]:
         attention: LayerKind = "sliding" if config.has("sliding_window") else "full"
         if not config.has("hybrid_override_pattern") and config.has("layer_types"):
-            caches: dict[str, LayerCaches] = {"state": ("state",), "full": (attention,), "mlp": (), "moe": ()}
+            caches: dict[str, LayerCaches] = {"state": STATE, "full": (attention,), "mlp": (), "moe": ()}
             return [caches[k] for k in config.layer_types("layer_types", num_layers, _LAYER_TYPES)]
         pattern = config.require("hybrid_override_pattern")
         if not isinstance(pattern, str) or len(pattern) != num_layers or set(pattern) - set("M*-E"):
@@ -29,7 +29,7 @@ class NemotronH(Mamba2Hybrid):
                 f"{config.model_type} config key 'hybrid_override_pattern' must be a string of {num_layers} "
                 f"characters from M (Mamba2), * (attention), - (MLP), E (MoE), got {pattern!r}."
             )
-        by_char: dict[str, LayerCaches] = {"M": ("state",), "*": (attention,)}
+        by_char: dict[str, LayerCaches] = {"M": STATE, "*": (attention,)}
         return [by_char.get(c, ()) for c in pattern]
 
     def inner_size(self, config: ConfigReader, heads_size: int) -> int:

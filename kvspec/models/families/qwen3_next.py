@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from kvspec.models import state_shapes
-from kvspec.models.config_reader import ConfigReader, LayerCaches, single_cache
+from kvspec.models.config_reader import FULL, STATE, ConfigReader, LayerCaches, single_cache
 from kvspec.models.family import ATTENTION_KEYS, FAMILIES, ModelFamily
 from kvspec.models.state_shapes import StateLayout
 
@@ -21,7 +21,7 @@ class GatedDeltaNetHybrid(ModelFamily):
         if config.has("layer_types"):
             return [single_cache(k) for k in config.layer_types("layer_types", num_layers, _LAYER_TYPES)]
         interval = config.positive_int("full_attention_interval", 4)
-        return [("full",) if (i + 1) % interval == 0 else ("state",) for i in range(num_layers)]
+        return [FULL if (i + 1) % interval == 0 else STATE for i in range(num_layers)]
 
     def state_layout(self, config: ConfigReader, tp: int, model_dtype: torch.dtype) -> StateLayout:
         return state_shapes.gated_delta_net_state(

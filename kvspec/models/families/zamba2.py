@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvspec.models.config_reader import ConfigReader, LayerCaches
+from kvspec.models.config_reader import FULL_AND_STATE, STATE, ConfigReader, LayerCaches
 from kvspec.models.families._mamba2 import Mamba2Hybrid, Mamba2Keys
 from kvspec.models.family import FAMILIES, check_tensor_parallel
 
@@ -18,7 +18,7 @@ class Zamba2(Mamba2Hybrid):
     def layer_caches(self, config: ConfigReader, num_layers: int) -> list[LayerCaches]:
         key = "layers_block_type" if config.has("layers_block_type") else "layer_types"
         kinds = config.layer_types(key, num_layers, _LAYER_TYPES)
-        return [("full", "state") if k == "hybrid" else ("state",) for k in kinds]
+        return [FULL_AND_STATE if k == "hybrid" else STATE for k in kinds]
 
     def attention_dims(self, config: ConfigReader, tp: int) -> tuple[int, int]:
         heads = config.positive_int("num_attention_heads")

@@ -17,7 +17,7 @@ import kvspec.models
 from kvspec import FullAttentionSpec, MambaSpec
 from kvspec.errors import ModelConfigError, ModelFamilyError, UnknownModelFamilyError
 from kvspec.models import FAMILIES, ConfigReader, ModelFamily, build_model_layout, layout_from_config
-from kvspec.models.config_reader import LayerCaches
+from kvspec.models.config_reader import FULL, SLIDING, LayerCaches
 from kvspec.models.families.dense import DENSE
 from kvspec.models.family import model_families, recognise_family
 
@@ -110,7 +110,7 @@ class _EveryThirdFull(ModelFamily):
     """A plugin's family: full attention every third layer, a sliding window elsewhere."""
 
     def pattern(self, config: ConfigReader, num_layers: int) -> list[LayerCaches]:
-        return [("full",) if i % 3 == 2 else ("sliding",) for i in range(num_layers)]
+        return [FULL if i % 3 == 2 else SLIDING for i in range(num_layers)]
 
 
 def test_a_plugin_family_is_planned_through_the_same_path(saved_families: None) -> None:

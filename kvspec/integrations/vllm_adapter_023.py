@@ -52,6 +52,10 @@ from kvspec.registry.core import AnyRegistry
 __all__ = ["Vllm023KVCacheManager", "scheduler_options"]
 
 
+#: The modules that define a release's adapter (a subclass named elsewhere is a binding, not a release).
+_ADAPTER_MODULES = ("kvspec.integrations.vllm_adapter_",)
+
+
 class Vllm023KVCacheManager:
     """vLLM 0.23.0's ``KVCacheManager`` interface over ``kvspec.KVCacheCoordinator`` (see the module).
 
@@ -145,7 +149,8 @@ class Vllm023KVCacheManager:
     def _release_adapter_name(self) -> str:
         """The release adapter this object is (not ``install``'s binding subclass)."""
         for cls in type(self).__mro__:
-            if cls.__module__ == __name__ and not cls.__name__.startswith("Bound"):
+            # Each release's adapter lives in its own module (vllm_adapter_023, vllm_adapter_034).
+            if cls.__module__.startswith(_ADAPTER_MODULES) and not cls.__name__.startswith("Bound"):
                 return cls.__name__
         return type(self).__name__
 

@@ -319,3 +319,11 @@ def test_the_entry_point_is_declared() -> None:
     module, _, function = target.partition(":")
     assert (module, function) == ("kvspec.integrations.vllm_plugin", "register")
     assert set(project["optional-dependencies"]["vllm"]) >= {"pyzmq>=25", "msgspec>=0.18"}
+
+
+def test_the_start_line_names_the_release_adapter_not_its_binding() -> None:
+    """The engine's log names the adapter of its release (vllm-serve caught 0.32's named as 0.23's after the
+    adapters moved to one module each)."""
+    for cls in adapters.ADAPTERS.values():
+        bound: Any = type(f"Bound{cls.__name__}", (cls,), {})  # what install() makes
+        assert bound._release_adapter_name(object.__new__(bound)) == cls.__name__

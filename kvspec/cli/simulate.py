@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -628,7 +629,6 @@ def _trace_job(args: argparse.Namespace) -> _TraceJob:
     coordinator (a retention or tier memory the layout cannot take fails here)."""
     from kvspec.engine.replay import PLANNED_RETENTION, replay_coordinator
     from kvspec.engine.step_time import parse_step_time
-    from kvspec.engine.traces import read_trace
     from kvspec.eviction import resolve_eviction_policy
 
     check_plot_path(args.plot)
@@ -656,9 +656,7 @@ def _trace_job(args: argparse.Namespace) -> _TraceJob:
     # as an engine refuses them); prefix caching on, Mamba "align".
     layout = _model_layout(args, args.max_model_len, "align")
 
-    def requests() -> Iterator[Any]:
-        """The trace, streamed anew for each pass (memory: one line, and one request's tokens)."""
-        return read_trace(args.trace, limit=args.limit, max_prompt_tokens=layout.max_model_len)
+    requests = functools.partial(_stream_trace, args, layout.max_model_len)
 
     # A first pass reads every line (a bad one fails here, before any replay) and counts.
     num_requests = longest = 0
@@ -692,16 +690,20 @@ def _trace_job(args: argparse.Namespace) -> _TraceJob:
     )
 
 
+def _stream_trace(args: argparse.Namespace, max_prompt_tokens: int) -> Iterator[Any]:
+    """The trace, streamed anew for each pass (memory: one line, and one request's tokens)."""
+    from kvspec.engine.traces import read_trace
+
+    return read_trace(args.trace, limit=args.limit, max_prompt_tokens=max_prompt_tokens)
+
+
 def _sweep_sizes(args: argparse.Namespace, job: _TraceJob, chunk_tokens: int) -> list[int]:
     """The cache sizes (blocks) of ``--sweep``: up to what an unlimited LRU replay keeps (sparse retention
     keeps few windowed and Mamba blocks) plus room for the longest prompt; beyond it more memory changes
     nothing."""
     from kvspec.engine.replay import blocks_retained, blocks_to_hold_every_prompt
-    from kvspec.engine.traces import read_trace
 
-    def requests() -> Iterator[Any]:
-        return read_trace(args.trace, limit=args.limit, max_prompt_tokens=job.max_model_len)
-
+    requests = functools.partial(_stream_trace, args, job.max_model_len)
     block_sizes = [group.kv_cache_spec.block_size for group in job.config.kv_cache_groups]
     unlimited = dataclasses.replace(
         job.config, num_blocks=blocks_to_hold_every_prompt(requests(), block_sizes)

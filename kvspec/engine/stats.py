@@ -104,28 +104,27 @@ class TimedReplayStats:
     def figures(self, seconds: float) -> dict[str, Any]:
         """The fleet's figures of these stats over ``seconds`` of simulated time: counts, reuse ratios,
         latency percentiles (ms), throughput (tokens/s) and, with tiers, reuse per tier."""
-        stats = self
         return {
-            "requests": stats.requests,
-            "finished": stats.finished,
-            "refused": stats.refused,
-            "prompt_tokens": stats.prompt_tokens,
-            "reused_tokens": stats.first_admission_hit_tokens,
-            "reuse_ratio": round(stats.prompt_hit_rate, 4),
-            "prompt_blocks": stats.prompt_blocks,
-            "reused_blocks": stats.first_admission_hit_blocks,
-            "block_reuse_ratio": round(stats.block_hit_rate, 4),
-            "generated_tokens": stats.generated_tokens,
-            "preemptions": stats.preemptions,
-            "steps": stats.steps,
-            **latency_figures(stats.ttft_ms, "ttft_ms"),
-            **latency_figures(stats.e2e_ms, "e2e_ms"),
-            **latency_figures(stats.queue_ms, "queue_ms"),
-            "output_tokens_per_s": round(stats.generated_tokens / seconds, 1) if seconds else 0.0,
-            "total_tokens_per_s": round((stats.prompt_tokens + stats.generated_tokens) / seconds, 1)
+            "requests": self.requests,
+            "finished": self.finished,
+            "refused": self.refused,
+            "prompt_tokens": self.prompt_tokens,
+            "reused_tokens": self.first_admission_hit_tokens,
+            "reuse_ratio": round(self.prompt_hit_rate, 4),
+            "prompt_blocks": self.prompt_blocks,
+            "reused_blocks": self.first_admission_hit_blocks,
+            "block_reuse_ratio": round(self.block_hit_rate, 4),
+            "generated_tokens": self.generated_tokens,
+            "preemptions": self.preemptions,
+            "steps": self.steps,
+            **latency_figures(self.ttft_ms, "ttft_ms"),
+            **latency_figures(self.e2e_ms, "e2e_ms"),
+            **latency_figures(self.queue_ms, "queue_ms"),
+            "output_tokens_per_s": round(self.generated_tokens / seconds, 1) if seconds else 0.0,
+            "total_tokens_per_s": round((self.prompt_tokens + self.generated_tokens) / seconds, 1)
             if seconds
             else 0.0,
-            **stats.tier_figures(),
+            **self.tier_figures(),
         }
 
     def summary(self) -> dict[str, float | int]:

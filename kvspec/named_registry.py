@@ -238,6 +238,10 @@ class NamedRegistry(Generic[T]):
             )
         return entry
 
+    def item(self, name: str) -> T:
+        """What ``name`` registered (:meth:`entry`'s ``item``; the same unknown-name error)."""
+        return self.entry(name).item
+
     def get(self, name: str) -> Entry[T] | None:
         with self._lock:
             return self._entries.get(name)

@@ -49,20 +49,8 @@ class FreeKVCacheBlockQueue:
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Take ``n`` blocks from the head, in order (vLLM's queue API; the pool uses :meth:`take_n`)."""
-        if n == 0:
-            return []
-        self._check_can_take(n)
-        out: list[KVCacheBlock] = []
-        append = out.append
-        cur = self._head.next_free_block
-        for _ in range(n):
-            assert cur is not None
-            append(cur)
-            nxt = cur.next_free_block
-            cur.prev_free_block = cur.next_free_block = None
-            cur = nxt
-        self._relink_head(cur, n)
-        return out
+        self._check_can_take(n)  # all or none: a short queue is refused before any block leaves it
+        return [self.popleft() for _ in range(n)]
 
     def take_n(self, n: int, hashed: list[KVCacheBlock]) -> list[KVCacheBlock]:
         """Take ``n`` blocks from the head into use, in one pass (every allocation runs it): each leaves the

@@ -8,34 +8,19 @@ from __future__ import annotations
 
 from kvspec.fleet import consistent_hash as _consistent_hash  # noqa: F401  (registers its router)
 from kvspec.fleet import routers as _routers  # noqa: F401  (registers the built-in routers)
+from kvspec.fleet import routing as _routing
 from kvspec.fleet.fleet import FleetReport, FleetSettings, run_fleet
 from kvspec.fleet.registry import ROUTERS, register_router, resolve_router, router, router_names
-from kvspec.fleet.routing import (
-    ROUTER_READS,
-    FleetView,
-    ReadsKVEvents,
-    Router,
-    RouterContext,
-    RouteRequest,
-    RouterFactory,
-    RouterSpec,
-)
+from kvspec.fleet.routing import *  # noqa: F403  (the router contract, listed once in its __all__)
 
 __all__ = [
     "ROUTERS",
-    "ROUTER_READS",
     "FleetReport",
     "FleetSettings",
-    "FleetView",
-    "ReadsKVEvents",
-    "RouteRequest",
-    "Router",
-    "RouterContext",
-    "RouterFactory",
-    "RouterSpec",
     "register_router",
     "resolve_router",
     "router",
     "router_names",
     "run_fleet",
 ]
+__all__ += _routing.__all__

@@ -76,7 +76,7 @@ from kvspec.contracts.manager import (
 )
 from kvspec.contracts.spec import KVCacheSpec
 from kvspec.contracts.traits import SpecTraits
-from kvspec.errors import SchedulingError
+from kvspec.errors import SchedulingError, UnsupportedConfigurationError
 from kvspec.intmath import cdiv
 
 #: What ``SingleTypeKVCacheManager`` declares: every optional hook but sub-block hits.
@@ -210,6 +210,11 @@ class SingleTypeKVCacheManager:
     #: (vLLM 0.34's Mamba prefill checkpoints) sets it in ``setup``; the others are not called.
     wants_prefill_end: bool = False
 
+    #: None: the manager takes prefix hits and blocks for external tokens when a request is admitted. A
+    #: message: it takes neither (cross attention's encoder blocks come with the encoder's tokens), and a
+    #: request offering it hit blocks is refused with that message.
+    computed_blocks_refusal: ClassVar[str | None] = None
+
     def note_prefill_end(self, request_id: str, prefill_end: int) -> None:
         """Called before ``get_num_blocks_to_allocate`` / ``allocate_new_blocks`` when ``wants_prefill_end``:
         the request's prefill ends at token ``prefill_end`` (its prompt, or its tokens but the last when it
@@ -256,6 +261,10 @@ class SingleTypeKVCacheManager:
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
     ) -> None:
+        if self.computed_blocks_refusal is not None:
+            if new_computed_blocks:
+                raise SchedulingError(self.computed_blocks_refusal)
+            return
         if request_id in self.num_cached_block:
             if new_computed_blocks:
                 raise SchedulingError(
@@ -571,6 +580,17 @@ class SingleTypeKVCacheManager:
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
         raise NotImplementedError(f"{cls.__name__} does not define a prefix-cache hit search")
+
+
+def declared_span(spec: KVCacheSpec, traits: SpecTraits, trait: str, manager: str) -> int:
+    """The span (tokens) ``spec`` declares in ``SpecTraits.<trait>`` (a window, a chunk), whatever its class;
+    a manager that runs only such specs refuses one that declares none (UnsupportedConfigurationError)."""
+    span = getattr(traits, trait)
+    if not isinstance(span, int) or span <= 0:
+        raise UnsupportedConfigurationError(
+            f"{manager} runs specs that declare SpecTraits.{trait}; {type(spec).__name__} declares {span!r}."
+        )
+    return span
 
 
 def shared_prefix_boundary(request: RequestView) -> int:

@@ -4,20 +4,8 @@ from __future__ import annotations
 
 from kvspec.blocks.pool import KVCacheBlock
 from kvspec.contracts.manager import HitQuery, HitResult
-from kvspec.contracts.spec import KVCacheSpec
-from kvspec.contracts.traits import SpecTraits
 from kvspec.errors import UnsupportedConfigurationError
-from kvspec.managers.base import SingleTypeKVCacheManager
-
-
-def _chunk(spec: KVCacheSpec, traits: SpecTraits) -> int:
-    """The chunk size the spec declares (``SpecTraits.attention_chunk_size``), whatever its class."""
-    if traits.attention_chunk_size is None or traits.attention_chunk_size <= 0:
-        raise UnsupportedConfigurationError(
-            f"ChunkedLocalAttentionManager runs specs that declare SpecTraits.attention_chunk_size; "
-            f"{type(spec).__name__} declares {traits.attention_chunk_size!r}."
-        )
-    return traits.attention_chunk_size
+from kvspec.managers.base import SingleTypeKVCacheManager, declared_span
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
@@ -45,7 +33,9 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
                 f"Chunked local attention needs hits aligned to its own block size {block_size}, "
                 f"got an alignment of {alignment_tokens} tokens."
             )
-        chunk = _chunk(query.kv_cache_spec, query.traits)
+        chunk = declared_span(
+            query.kv_cache_spec, query.traits, "attention_chunk_size", "ChunkedLocalAttentionManager"
+        )
         max_num_blocks = min(max_length // block_size, len(block_hashes))
         start_token = (max_length // chunk) * chunk if max_length > 0 else 0
         start_block = start_token // block_size
@@ -60,7 +50,9 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         return HitResult(computed)
 
     def setup(self) -> None:
-        self.attention_chunk_size = _chunk(self.kv_cache_spec, self.traits)
+        self.attention_chunk_size = declared_span(
+            self.kv_cache_spec, self.traits, "attention_chunk_size", "ChunkedLocalAttentionManager"
+        )
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         chunk = self.attention_chunk_size

@@ -8,21 +8,14 @@ from mypy_extensions import mypyc_attr
 from kvspec.blocks.pool import KVCacheBlock
 from kvspec.blocks.request_view import RequestView
 from kvspec.contracts.manager import HitQuery, HitResult
-from kvspec.contracts.spec import KVCacheSpec
-from kvspec.contracts.traits import SpecTraits
 from kvspec.errors import UnsupportedConfigurationError
 from kvspec.intmath import cdiv
-from kvspec.managers.base import SingleTypeKVCacheManager, shared_prefix_boundary, truncate_to_alignment
-
-
-def _window(spec: KVCacheSpec, traits: SpecTraits) -> int:
-    """The window the spec declares (``SpecTraits.sliding_window``), whatever its class."""
-    if traits.sliding_window is None or traits.sliding_window <= 0:
-        raise UnsupportedConfigurationError(
-            f"SlidingWindowManager runs specs that declare SpecTraits.sliding_window; "
-            f"{type(spec).__name__} declares {traits.sliding_window!r}."
-        )
-    return traits.sliding_window
+from kvspec.managers.base import (
+    SingleTypeKVCacheManager,
+    declared_span,
+    shared_prefix_boundary,
+    truncate_to_alignment,
+)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # plugins subclass it in plain Python (compiled build)
@@ -30,7 +23,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     """Frees blocks that fell out of the window; searches hits right to left."""
 
     def setup(self) -> None:
-        self.sliding_window = _window(self.kv_cache_spec, self.traits)
+        self.sliding_window = declared_span(
+            self.kv_cache_spec, self.traits, "sliding_window", "SlidingWindowManager"
+        )
         # Kept below the window, unread, for an engine that re-prefills them (vLLM 0.34's multi-module MTP).
         self.extra_retained_tokens = self.traits.extra_retained_tokens
 
@@ -40,7 +35,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             raise UnsupportedConfigurationError(
                 "Sliding-window prefix caching does not support context parallelism."
             )
-        window = _window(query.kv_cache_spec, query.traits)
+        window = declared_span(query.kv_cache_spec, query.traits, "sliding_window", "SlidingWindowManager")
         block_hashes, kv_cache_group_ids, block_pool = (
             query.block_hashes,
             query.kv_cache_group_ids,

@@ -9,7 +9,7 @@ CPython < 3.14).
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from typing_extensions import Self
@@ -101,6 +101,26 @@ def merge_window_sizes(spec_name: str, field: str, values: set[int | None]) -> i
     return next(iter(real), None)
 
 
+class _PagedSpec(Protocol):
+    @property
+    def unpadded_page_size_bytes(self) -> int: ...
+
+    @property
+    def page_size_padded(self) -> int | None: ...
+
+
+def cached_page_size(spec: _PagedSpec) -> int:
+    """A spec's page (bytes, padding included), computed once into its ``_page_size`` slot."""
+    # A subclass declared without slots=True leaves the slot unset (dataclasses set init=False
+    # defaults of a slotted base only in the base's __init__): unset reads as not computed yet.
+    page: int = getattr(spec, "_page_size", 0)
+    if not page:
+        padded = spec.page_size_padded
+        page = spec.unpadded_page_size_bytes if padded is None else padded
+        object.__setattr__(spec, "_page_size", page)
+    return page
+
+
 def _default_value_head_size(spec: "FullAttentionSpec | SlidingWindowSpec") -> None:
     """``head_size_v`` defaults to ``head_size``; both must be positive."""
     require_positive(spec, "head_size", spec.head_size)
@@ -182,13 +202,7 @@ class AttentionSpec:
     @property
     def page_size_bytes(self) -> int:
         """Bytes of one block of this layer, padding included."""
-        # A subclass declared without slots=True leaves the slot unset (dataclasses set init=False
-        # defaults of a slotted base only in the base's __init__): unset reads as not computed yet.
-        page = getattr(self, "_page_size", 0)
-        if not page:
-            page = self.unpadded_page_size_bytes if self.page_size_padded is None else self.page_size_padded
-            object.__setattr__(self, "_page_size", page)
-        return page
+        return cached_page_size(self)
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int:
         raise NotImplementedError(f"{type(self).__name__} has no memory bound of its own")

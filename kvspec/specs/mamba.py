@@ -19,7 +19,7 @@ from kvspec.contracts.traits import PageView, SpecTraits, cached_traits, is_coun
 from kvspec.errors import SpecValidationError
 from kvspec.intmath import cdiv, prod
 from kvspec.specs._validate import require_dtype, require_optional_positive, require_positive
-from kvspec.specs.attention import merge_equal_specs
+from kvspec.specs.attention import cached_page_size, merge_equal_specs
 from kvspec.specs.dtypes import dtype_size
 
 
@@ -94,13 +94,7 @@ class MambaSpec:
 
     @property
     def page_size_bytes(self) -> int:
-        # A subclass declared without slots=True leaves the slot unset (dataclasses set init=False
-        # defaults of a slotted base only in the base's __init__): unset reads as not computed yet.
-        page = getattr(self, "_page_size", 0)
-        if not page:
-            page = self.unpadded_page_size_bytes if self.page_size_padded is None else self.page_size_padded
-            object.__setattr__(self, "_page_size", page)
-        return page
+        return cached_page_size(self)
 
     def max_memory_usage_bytes(self, limits: SchedulerLimits, /) -> int:
         if limits.mamba_cache_mode == "all":

@@ -98,8 +98,9 @@ class HostTier:
             raise UnknownTierError(
                 f"Unknown host-tier cache policy {policy!r}; known: {', '.join(sorted(CACHE_POLICIES))}."
             )
-        self._medium = medium
-        self._capacity = capacity_blocks
+        #: The KV-event medium of its blocks and how many keys it can hold (fixed for its lifetime).
+        self.medium: Final = medium
+        self.capacity_blocks: Final = capacity_blocks
         self.policy_name = policy
         self._policy: CachePolicy = make(capacity_blocks)
         self._get = self._policy.get  # bound once: every lookup calls it
@@ -116,14 +117,6 @@ class HostTier:
         self.stores_skipped = 0
 
     # -- what a connector reads -----------------------------------------------------------------
-
-    @property
-    def medium(self) -> str:
-        return self._medium
-
-    @property
-    def capacity_blocks(self) -> int:
-        return self._capacity
 
     @property
     def num_blocks(self) -> int:
@@ -192,7 +185,7 @@ class HostTier:
             chunk = self._policy.get(key)
             if chunk is None or not chunk.is_ready:
                 raise TierStateError(
-                    f"prepare_load of key {key.hex()} that the {self._medium} tier does not hold ready; "
+                    f"prepare_load of key {key.hex()} that the {self.medium} tier does not hold ready; "
                     "look it up first (lookup must say HIT)."
                 )
             chunks.append(chunk)
@@ -244,7 +237,7 @@ class HostTier:
         self._record((k for k in keys if k in recorded), request, reused=ready)
         if not to_store:
             return StorePlan(keys_to_store=(), evicted_keys=())
-        free = len(self._free) + self._capacity - self._allocated
+        free = len(self._free) + self.capacity_blocks - self._allocated
         short = len(to_store) - free
         evicted: list[OffloadKey] = []
         if short > 0:
@@ -258,8 +251,8 @@ class HostTier:
                 self._free.append(chunk.chunk_id)
                 evicted.append(key)
             if self._events is not None:
-                self._events.append(TierEvent(keys=tuple(evicted), medium=self._medium, removed=True))
-        fresh = min(len(to_store), self._capacity - self._allocated)
+                self._events.append(TierEvent(keys=tuple(evicted), medium=self.medium, removed=True))
+        fresh = min(len(to_store), self.capacity_blocks - self._allocated)
         for i, key in enumerate(to_store):
             if i < fresh:
                 chunk = Chunk(self._allocated)
@@ -290,10 +283,10 @@ class HostTier:
             done.append(key)
         if done and self._events is not None:
             if success:
-                self._events.append(TierEvent(keys=tuple(done), medium=self._medium, removed=False))
+                self._events.append(TierEvent(keys=tuple(done), medium=self.medium, removed=False))
             else:
                 self._events.append(
-                    TierEvent(keys=tuple(done), medium=self._medium, removed=True, metadata_only=True)
+                    TierEvent(keys=tuple(done), medium=self.medium, removed=True, metadata_only=True)
                 )
 
     def on_request_finished(self, request: TierRequest, /) -> None:

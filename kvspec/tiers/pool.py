@@ -51,24 +51,17 @@ class SharedPool:
             raise TierConfigError(f"high_watermark must be in (0, 1], got {high_watermark!r}.")
         if not 0.0 < eviction_ratio <= 1.0:
             raise TierConfigError(f"eviction_ratio must be in (0, 1], got {eviction_ratio!r}.")
-        self._capacity = capacity_blocks
+        self.capacity_blocks: Final = capacity_blocks
         self._high = max(1, int(capacity_blocks * high_watermark))
         self._batch = max(1, int(capacity_blocks * eviction_ratio))
-        self._medium = medium
+        #: The KV-event medium of its blocks and how many keys it can hold (fixed for its lifetime).
+        self.medium: Final = medium
         #: key -> pins (-1: being written); least recently used first.
         self._objects: OrderedDict[OffloadKey, int] = OrderedDict()
         self._events: list[TierEvent] | None = [] if events else None
         #: Batch evictions run and objects they removed.
         self.evictions = 0
         self.evicted_blocks = 0
-
-    @property
-    def medium(self) -> str:
-        return self._medium
-
-    @property
-    def capacity_blocks(self) -> int:
-        return self._capacity
 
     @property
     def num_blocks(self) -> int:
@@ -131,15 +124,15 @@ class SharedPool:
             return StorePlan(keys_to_store=(), evicted_keys=())
         after = len(objects) + len(new)
         evicted: list[OffloadKey] = []
-        if after > self._high or after > self._capacity:
-            need = max(after - self._capacity, 0)
+        if after > self._high or after > self.capacity_blocks:
+            need = max(after - self.capacity_blocks, 0)
             want = max(need, self._batch) if after > self._high else need
             victims = self._evict(want, need, set(keys))
             if victims is None:
                 return None
             evicted = victims
             if evicted and self._events is not None:
-                self._events.append(TierEvent(keys=tuple(evicted), medium=self._medium, removed=True))
+                self._events.append(TierEvent(keys=tuple(evicted), medium=self.medium, removed=True))
         for key in new:
             objects[key] = -1
         return StorePlan(keys_to_store=tuple(new), evicted_keys=tuple(evicted))
@@ -160,7 +153,7 @@ class SharedPool:
         if done and self._events is not None:
             self._events.append(
                 TierEvent(
-                    keys=tuple(done), medium=self._medium, removed=not success, metadata_only=not success
+                    keys=tuple(done), medium=self.medium, removed=not success, metadata_only=not success
                 )
             )
 

@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 from kvspec.errors import TierConfigError, TierError, UnknownTierError
 from kvspec.named_registry import (
-    Entry,
     NamedRegistry,
     Option,
     declared_options,
@@ -146,21 +145,12 @@ def register_tier(
     return TIERS.register(name, spec, options=declared, description=description, replace=replace).item
 
 
-def tier_names() -> tuple[str, ...]:
-    return TIERS.names()
-
-
-def resolve_tier(name: str) -> TierSpec:
-    """The registration of ``name``; ``UnknownTierError`` listing the registered names otherwise."""
-    return TIERS.entry(name).item
-
-
-def snapshot() -> Mapping[str, Entry[TierSpec]]:
-    return TIERS.snapshot()
-
-
-def restore(saved: Mapping[str, Entry[TierSpec]]) -> None:
-    TIERS.restore(saved)
+# The module-level doors are the registry's own methods (one behaviour, one docstring).
+tier_names = TIERS.names
+#: The registration of a name; ``UnknownTierError`` listing the registered names otherwise.
+resolve_tier = TIERS.item
+snapshot = TIERS.snapshot
+restore = TIERS.restore
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from kvspec.models.config_reader import ConfigReader, LayerCaches, single_cache
 from kvspec.models.families._mamba2 import MAMBA_D_KEYS, Mamba2Hybrid
-from kvspec.models.family import FAMILIES
+from kvspec.models.family import ATTENTION_KEYS, FAMILIES
 
 _LAYER_TYPES = {"mamba", "attention", "full_attention", "linear_attention"}
 
@@ -26,11 +26,7 @@ GRANITE_HYBRID = GraniteHybrid(
     model_types=("granitemoehybrid",),
     caches="layer_types: mamba a Mamba2 state, attention full attention (head size hidden_size / heads)",
     keys=(
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "hidden_size",
-        "max_position_embeddings",
+        *ATTENTION_KEYS,
         "layer_types",
         "mamba_expand",
         *MAMBA_D_KEYS.names,

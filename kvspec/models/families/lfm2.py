@@ -13,7 +13,7 @@ import torch
 from kvspec.errors import ModelConfigError
 from kvspec.models import state_shapes
 from kvspec.models.config_reader import FULL, STATE, ConfigReader, LayerCaches, single_cache
-from kvspec.models.family import FAMILIES, ModelFamily
+from kvspec.models.family import ATTENTION_KEYS, FAMILIES, ModelFamily
 from kvspec.models.state_shapes import StateLayout
 
 _LAYER_TYPES = {"conv", "full_attention"}
@@ -50,11 +50,7 @@ LFM2 = ShortConvHybrid(
     model_types=("lfm2",),
     caches="layer_types (or full_attn_idxs): conv a short-convolution state, full_attention full attention",
     keys=(
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "hidden_size",
-        "max_position_embeddings",
+        *ATTENTION_KEYS,
         "layer_types",
         "full_attn_idxs",
         "conv_dim",

@@ -12,6 +12,9 @@ from kvspec import (
     BlockPool,
     ChunkedLocalAttentionManager,
     ChunkedLocalAttentionSpec,
+    CrossAttentionManager,
+    CrossAttentionSpec,
+    FullAttentionSpec,
     HitQuery,
     KVCacheBlock,
     ManagerContext,
@@ -23,7 +26,7 @@ from kvspec import (
 )
 from kvspec.blocks.hashing import BlockHash
 from kvspec.contracts.traits import traits_of
-from kvspec.errors import SpecValidationError
+from kvspec.errors import SchedulingError, SpecValidationError
 from tests.helpers import ids
 
 BS = 2
@@ -244,3 +247,35 @@ def test_predictor_matches_allocator_with_admission_cap() -> None:
         computed = total
     live = [b for b in manager.get_blocks("r") if not b.is_null]
     assert len(live) <= manager.kv_cache_spec.max_admission_blocks_per_request(16, 64)  # type: ignore[attr-defined]
+
+
+def test_cross_attention_takes_no_computed_blocks() -> None:
+    """Cross attention's encoder blocks come with the encoder tokens: admission attaches nothing, and a hit
+    block offered to it is refused before anything changes."""
+    spec = CrossAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    pool = BlockPool(10, hash_block_size=BS)
+    manager = CrossAttentionManager(ManagerContext.for_spec(spec, pool))
+    manager.allocate_new_computed_blocks("r", (), 0, 4)  # external tokens bring no block either
+    assert "r" not in manager.req_to_blocks and "r" not in manager.num_cached_block
+    assert pool.get_num_free_blocks() == 9
+    hit = pool.get_new_blocks(1)
+    with pytest.raises(SchedulingError, match=r"^Cross attention never has prefix-hit blocks\.$"):
+        manager.allocate_new_computed_blocks("r", hit, BS, 0)
+    assert "r" not in manager.req_to_blocks and hit[0].ref_cnt == 1
+    assert ids(manager.allocate_new_blocks("r", 3, 3)) == [2, 3]
+
+
+@pytest.mark.parametrize(
+    ("manager_cls", "trait"),
+    [(SlidingWindowManager, "sliding_window"), (ChunkedLocalAttentionManager, "attention_chunk_size")],
+)
+def test_window_managers_refuse_a_spec_without_their_span(
+    manager_cls: type[SingleTypeKVCacheManager], trait: str
+) -> None:
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    context = ManagerContext.for_spec(spec, BlockPool(10, hash_block_size=BS))
+    with pytest.raises(UnsupportedConfigurationError) as err:
+        manager_cls(context)
+    assert str(err.value) == (
+        f"{manager_cls.__name__} runs specs that declare SpecTraits.{trait}; FullAttentionSpec declares None."
+    )

@@ -7,6 +7,8 @@ in existing engine code keeps working.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class KVSpecError(Exception):
     """Base class of every error kvspec raises on purpose."""
@@ -132,6 +134,21 @@ class InsufficientKVCacheMemoryError(PlanningError, CapacityError):
         self.available_bytes = available_bytes
         self.max_model_len = max_model_len
         self.estimated_max_model_len = estimated_max_model_len
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by a fleet sweep's worker processes (and Ray): the figures are keyword-only, which
+        # BaseException's default reduction (the message alone) cannot pass back; notes ride in the state.
+        figures = {
+            "needed_bytes": self.needed_bytes,
+            "available_bytes": self.available_bytes,
+            "max_model_len": self.max_model_len,
+            "estimated_max_model_len": self.estimated_max_model_len,
+        }
+        return (_rebuild_insufficient, (str(self), figures), self.__dict__)
+
+
+def _rebuild_insufficient(message: str, figures: dict[str, int]) -> InsufficientKVCacheMemoryError:
+    return InsufficientKVCacheMemoryError(message, **figures)
 
 
 class PageSizeUnificationError(PlanningError):

@@ -4,12 +4,43 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvspec import errors as _errors
+
 if TYPE_CHECKING:
     from kvspec.errors import InsufficientKVCacheMemoryError
+
+#: What a command refuses before any work because of what was typed (options and their values, model,
+#: plugins, paths, device, policies, tiers, routers, the fleet's cluster): exit 2 in every command, as
+#: argparse's own refusals. Any other KVSpecError (a trace it cannot read, a cache too small) exits 1.
+USAGE_ERRORS: tuple[type[Exception], ...] = (
+    _errors.DeviceError,
+    _errors.FleetConfigError,
+    _errors.ModelConfigError,
+    _errors.OptionError,
+    _errors.OptionValueError,
+    _errors.PlotPathError,
+    _errors.PluginError,
+    _errors.SchedulingError,
+    _errors.UnknownEvictionPolicyError,
+    _errors.UnknownModelFamilyError,
+    _errors.UnknownRouterError,
+    _errors.UnknownTierError,
+)
+
+
+def refuse(exc: Exception, message: str | None = None) -> int:
+    """Say why a command stops (one line on stderr: ``message``, else the error's own, then the error's notes
+    such as the sweep point it came from) and return its exit code: 2 for :data:`USAGE_ERRORS`, 1 for
+    anything else."""
+    notes = "".join(f" ({note})" for note in getattr(exc, "__notes__", ()))
+    print(f"kvspec: error: {message or exc}{notes}", file=sys.stderr)
+    return 2 if isinstance(exc, USAGE_ERRORS) else 1
+
 
 _UNITS = {
     "": 1,
@@ -87,6 +118,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def block_size(text: str) -> int:
+    """argparse type for ``--block-size`` in every command: tokens per block, a positive multiple of 16 (what
+    vLLM's attention kernels take), at most 1 << 20."""
+    value = bounded_int(1 << 20, "--block-size")(text)
+    if value % 16:
+        raise argparse.ArgumentTypeError(
+            f"{value} is not a multiple of 16 tokens (vLLM's attention kernels take blocks of a multiple of 16)"
+        )
     return value
 
 

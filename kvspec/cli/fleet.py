@@ -7,12 +7,13 @@ import json
 import sys
 from typing import Any
 
-from kvspec.cli.args import comma_list, event_release, parse_bytes
+from kvspec.cli.args import block_size, capacity_message, comma_list, event_release, parse_bytes, refuse
 from kvspec.cli.args import positive_int as _positive
+from kvspec.cli.plots import pyplot, save_figure
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
 from kvspec.cli.tiers import add_tier_options, check_tier_options
-from kvspec.errors import KVSpecError, OptionError, TraceFormatError
+from kvspec.errors import InsufficientKVCacheMemoryError, KVSpecError, OptionError
 
 #: Per-instance KV blocks when neither --memory nor --num-blocks is given: DynoSim's default.
 DEFAULT_BLOCKS = 16384
@@ -71,7 +72,7 @@ def add_fleet_parser(sub: Any) -> None:
         help=f"KV cache blocks per instance (default {DEFAULT_BLOCKS}, DynoSim's)",
     )
     p.add_argument("--eviction", type=_list(str), default=["lru"], metavar="POLICY[,...]", help="default lru")
-    p.add_argument("--block-size", type=_positive, default=16, help="tokens per block (default 16)")
+    p.add_argument("--block-size", type=block_size, default=16, help="tokens per block (default 16)")
     p.add_argument(
         "--step-time",
         default="default",
@@ -299,21 +300,14 @@ def bar_labels(rows: list[dict[str, Any]]) -> list[str]:
 
 def plot_fleet(rows: list[dict[str, Any]], path: str, title: str) -> None:
     """Draw :func:`fleet_figure` to ``path``."""
-    from kvspec.cli.simulate import _pyplot
-
-    plt = _pyplot()
-    fig = fleet_figure(rows, title)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fleet_figure(rows, title), path)
 
 
 def fleet_figure(rows: list[dict[str, Any]], title: str) -> Any:
     """Reuse and mean TTFT per point as horizontal bars, labelled with every setting that varies (one line
     each): the labels stack down the page, so none overlaps however many points, and each axis starts at 0
     and ends just past its largest bar. The caller saves and closes it."""
-    from kvspec.cli.simulate import _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     table = [_row(r) for r in rows]
     labels = bar_labels(rows)
     lines = max(label.count("\n") + 1 for label in labels)
@@ -375,12 +369,10 @@ def cmd_fleet(args: argparse.Namespace) -> int:
                 out=args.out,
                 on_row=note,
             )
-    except TraceFormatError as exc:  # a bad trace exits 1, as in kvspec simulate (docs/TRACES.md)
-        print(f"kvspec: error: {exc}", file=sys.stderr)
-        return 1
-    except KVSpecError as exc:
-        print(f"kvspec: error: {exc}", file=sys.stderr)
-        return 2
+    except InsufficientKVCacheMemoryError as exc:  # in the command's words, as kvspec simulate says it
+        return refuse(exc, capacity_message(exc, "--memory"))
+    except KVSpecError as exc:  # a bad trace exits 1, as in kvspec simulate (docs/TRACES.md)
+        return refuse(exc)
     if args.json:
         print(json.dumps(rows if len(rows) != 1 else rows[0], indent=2))
     elif one_here:

@@ -13,18 +13,26 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from kvspec.cli.args import (
+    block_size,
+    capacity_message,
+    check_layout_options,
+    check_plot_path,
+    human_bytes,
+    parse_bytes,
+    refuse,
+)
+from kvspec.cli.args import positive_int as _positive
+
 # Only light modules at import time: `kvspec --help` must not load torch. The commands import the
 # library when they run.
-from kvspec.cli.args import capacity_message, check_layout_options, check_plot_path, human_bytes, parse_bytes
-from kvspec.cli.args import positive_int as _positive
+from kvspec.cli.plots import pyplot, save_figure
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_line, print_table
 from kvspec.errors import (
     InsufficientKVCacheMemoryError,
     KVSpecError,
-    ModelConfigError,
     OptionError,
-    PlotPathError,
     PluginError,
 )
 from kvspec.presets import DEFAULT_MODEL, KV_CACHE_DTYPES, preset_names
@@ -367,13 +375,7 @@ def print_plan(plan: dict[str, Any]) -> None:
 def plot_plan(plan: dict[str, Any], path: str) -> None:
     """Draw the memory layout: each tensor with the layers (by group) that alias it, and what each
     group needs for one max-length request."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        _fail("--plot needs matplotlib: pip install 'kvspec[cli]'", 2)
+    plt = pyplot()
     stage = plan["stages"][0]
     groups = stage["groups"]
     fig, (ax_t, ax_g) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
@@ -407,23 +409,16 @@ def plot_plan(plan: dict[str, Any], path: str) -> None:
     if len(plan["stages"]) > 1:
         fig.suptitle(f"pipeline stage 0 of {len(plan['stages'])} (the other stages have the same shape)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     try:
-        if args.block_size is not None and args.block_size % 16:
-            raise OptionError(
-                f"--block-size {args.block_size}: vLLM's attention kernels take blocks of a multiple of 16 tokens"
-            )
         check_plot_path(args.plot)
         load_installed_plugins(args)
         plan = build_plan(args)
-    except (ModelConfigError, OptionError, PlotPathError, PluginError) as exc:
-        _fail(str(exc), 2)
     except KVSpecError as exc:
-        _fail(str(exc), 1)
+        raise SystemExit(refuse(exc)) from None
     if args.json:
         print(json.dumps(plan, indent=2))
     else:
@@ -542,7 +537,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--block-size",
-        type=_positive,
+        type=block_size,
         default=None,
         help="tokens per block (default: the release's, 64 for vLLM 0.34, 16 for 0.23)",
     )

@@ -20,7 +20,9 @@ from kvspec.cli.args import (
     check_plot_path,
     human_bytes,
     parse_bytes,
+    refuse,
 )
+from kvspec.cli.plots import pyplot, save_figure
 from kvspec.cli.plugins import load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
 from kvspec.cli.tiers import check_tier_options, given_tier_options, tier_settings
@@ -29,18 +31,12 @@ from kvspec.cli.tiers import check_tier_options, given_tier_options, tier_settin
 # the engine, torch and the library when it runs.
 from kvspec.engine.workloads import make_workload
 from kvspec.errors import (
-    DeviceError,
     InsufficientKVCacheMemoryError,
     KVSpecError,
     ModelConfigError,
     OptionError,
-    PlotPathError,
-    PluginError,
-    SchedulingError,
-    TierConfigError,
     TraceFormatError,
     UnknownEvictionPolicyError,
-    UnknownTierError,
 )
 
 if TYPE_CHECKING:
@@ -206,21 +202,8 @@ def _build_engine(args: argparse.Namespace) -> tuple[Engine, int, list[str]]:
     return engine, 32_000, notes
 
 
-def _pyplot() -> Any:
-    """matplotlib's pyplot on the Agg backend; without matplotlib, say which extra to install (exit 2)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("kvspec: error: --plot needs matplotlib: pip install 'kvspec[cli]'", file=sys.stderr)
-        raise SystemExit(2) from None
-    return plt
-
-
 def plot_run(stats: EngineStats, path: str, title: str) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
     steps = range(1, len(stats.usage_timeline) + 1)
     ax.plot(steps, stats.usage_timeline, label="block usage")
@@ -232,8 +215,7 @@ def plot_run(stats: EngineStats, path: str, title: str) -> None:
     # Below the axes, so the legend never covers the curves.
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -252,12 +234,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             get_backend(args.device)  # an unknown or absent device is bad input: say so before any work
         load_installed_plugins(args)
         engine, vocab, notes = _build_engine(args)
-    except (ModelConfigError, OptionError, DeviceError, PlotPathError, PluginError) as exc:
-        print(f"kvspec: error: {exc}", file=sys.stderr)
-        return 2
     except KVSpecError as exc:
-        print(f"kvspec: error: {exc}", file=sys.stderr)
-        return 1
+        return refuse(exc)
     prompt_len = args.prompt_len or (96 if args.model in TINY_MODEL_NAMES else 2048)
     max_len = engine.limits.max_model_len
     if prompt_len + args.max_tokens > max_len:
@@ -289,8 +267,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 task = progress.add_task(f"simulating {args.requests} requests", total=args.requests)
                 engine.run(lambda _rid: progress.advance(task))
     except KVSpecError as exc:
-        print(f"kvspec: error: {exc}", file=sys.stderr)
-        return 1
+        return refuse(exc)
     stats = engine.stats
     # Full: at the peak, fewer blocks were free than one more request needs (a hybrid's pool never reaches
     # exactly 100%: its groups take blocks in steps of several).
@@ -403,10 +380,7 @@ def sweep_block_counts(every_prompt: int, points: int) -> list[int]:
 
 def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
     """Draw :func:`sweep_figure` to ``path``."""
-    plt = _pyplot()
-    fig = sweep_figure(rows, title)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(sweep_figure(rows, title), path)
 
 
 def sweep_figure(rows: list[dict[str, Any]], title: str) -> Any:
@@ -414,7 +388,7 @@ def sweep_figure(rows: list[dict[str, Any]], title: str) -> Any:
     axis that ends just past the highest rate. With LRU and other policies, a second panel shows each
     policy's token hit rate relative to LRU's at the same size (a 14% gain is a visible bar there, where the
     curves lie on top of each other). The caller saves and closes it."""
-    plt = _pyplot()
+    plt = pyplot()
     policies = list(dict.fromkeys(row["policy"] for row in rows))
     baseline = {row["num_blocks"]: row["token_hit_rate"] for row in rows if row["policy"] == "lru"}
     gains = baseline and len(policies) > 1
@@ -569,24 +543,10 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
     ``--sweep`` cache sizes."""
     try:
         job = _trace_job(args)
-    except (
-        ModelConfigError,
-        OptionError,
-        PluginError,
-        PlotPathError,
-        UnknownEvictionPolicyError,
-        SchedulingError,
-        TierConfigError,
-        UnknownTierError,
-    ) as exc:
-        print(f"kvspec: error: {exc}", file=sys.stderr)
-        return 2
     except InsufficientKVCacheMemoryError as exc:
-        print(f"kvspec: error: {capacity_message(exc, '--memory', args.memory)}", file=sys.stderr)
-        return 1
+        return refuse(exc, capacity_message(exc, "--memory", args.memory))
     except KVSpecError as exc:
-        print(f"kvspec: error: {exc}", file=sys.stderr)
-        return 1
+        return refuse(exc)
     # Prompts are computed in chunks of the scheduler's token budget (Mamba keeps states where chunks end).
     chunk_tokens = args.max_num_batched_tokens or DEFAULT_TRACE_CHUNK
     sizes = _sweep_sizes(args, job, chunk_tokens) if args.sweep else [job.config.num_blocks - 1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvspec.cli.args import bounded_int, parse_bytes
+from kvspec.cli.args import block_size, bounded_int, parse_bytes
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options
 from kvspec.cli.simulate import DEFAULT_BLOCK_SIZE, MAX_REQUESTS, cmd_simulate
@@ -102,7 +102,7 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=_positive, default=None, help="tokens per step")
     p.add_argument("--max-num-seqs", type=_positive, default=None, help="running requests at most")
     p.add_argument(
-        "--block-size", type=_positive, default=None, help=f"tokens per block (default {DEFAULT_BLOCK_SIZE})"
+        "--block-size", type=block_size, default=None, help=f"tokens per block (default {DEFAULT_BLOCK_SIZE})"
     )
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument(

@@ -210,12 +210,14 @@ def _describe(point: SweepPoint) -> str:
 
 
 def run_point_checked(point: SweepPoint, trace: Sequence[TraceRequest] | None = None) -> dict[str, Any]:
-    """:func:`run_point`, a kvspec error becoming a ``FleetConfigError`` naming the point (one that pickles
-    across processes and Ray, whatever the original error's fields)."""
+    """:func:`run_point`, a kvspec error naming the point in a note (``sweep point ...``); the error keeps its
+    class and fields across processes and Ray (every KVSpecError pickles whole), so the command reports and
+    exits on it as it would for one point."""
     try:
         return run_point(point, trace)
     except KVSpecError as exc:
-        raise FleetConfigError(f"sweep point {_describe(point)}: {type(exc).__name__}: {exc}") from None
+        exc.add_note(f"sweep point {_describe(point)}")
+        raise
 
 
 def finished_keys(out: str | Path) -> set[str]:

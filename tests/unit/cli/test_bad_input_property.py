@@ -55,6 +55,7 @@ SIMULATE_BAD: list[tuple[str, str | None]] = [
     ("--prompt-len", "0"),
     ("--memory", "0"),
     ("--max-model-len", "999999999"),
+    ("--block-size", "12"),
 ]
 #: Options that are fine on their own (a pair with a bad one must still be refused).
 HARMLESS = [("--json", None), ("--no-plugins", None)]

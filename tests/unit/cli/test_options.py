@@ -50,7 +50,14 @@ ROWS = [{"timestamp": i, "input_length": 600, "output_length": 2, "hash_ids": [1
         (["simulate", "TRACE", "--plot", "PLOT"], "--plot with --trace draws the hit rate against KV memory"),
         (
             ["plan", "--block-size", "7"],
-            "--block-size 7: vLLM's attention kernels take blocks of a multiple of 16",
+            "--block-size: 7 is not a multiple of 16 tokens (vLLM's attention kernels",
+        ),
+        # One validator for the option in every command (simulate and fleet once took any positive size).
+        (["simulate", "--block-size", "12"], "--block-size: 12 is not a multiple of 16 tokens"),
+        (["simulate", "TRACE", "--block-size", "8"], "--block-size: 8 is not a multiple of 16 tokens"),
+        (
+            ["fleet", "--trace", "TRACEFILE", "--block-size", "24"],
+            "--block-size: 24 is not a multiple of 16 tokens",
         ),
         (["plan", "--mamba-cache-mode", "align"], "--mamba-cache-mode applies to models with Mamba layers"),
         (

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvspec.cli.main import main
-from kvspec.errors import FleetConfigError
+from kvspec.errors import FleetConfigError, InsufficientKVCacheMemoryError
 from kvspec.fleet.sweep import SweepPoint, expand_points, finished_keys, run_sweep
 
 
@@ -156,17 +156,16 @@ def test_a_point_that_cannot_run_names_itself_and_keeps_the_finished_ones(
     tmp_path: Path, executor: str
 ) -> None:
     """Llama 3.1 8B's 131,072-token context does not fit 8 GiB: vLLM refuses that plan, so does the sweep,
-    with an error that crosses the process pool (its own fields would not pickle)."""
+    with the planner's own error (class and figures, across the process pool) and a note naming the point."""
     trace = _trace(tmp_path)
     good = _points(trace, ("round_robin",))[0]
     bad = SweepPoint(model="llama-3.1-8b", trace=str(trace), num_instances=2, memory=8 << 30, block_size=64)
     out = tmp_path / "sweep.jsonl"
     run_sweep([good], executor="inprocess", out=out)
-    with pytest.raises(
-        FleetConfigError,
-        match=r"sweep point llama-3.1-8b x 2, round_robin, lru, 8,589,934,592 bytes: InsufficientKVCacheMemoryError",
-    ):
+    with pytest.raises(InsufficientKVCacheMemoryError) as err:
         run_sweep([good, bad], executor=executor, workers=2, out=out)
+    assert err.value.__notes__ == ["sweep point llama-3.1-8b x 2, round_robin, lru, 8,589,934,592 bytes"]
+    assert err.value.max_model_len == 131_072 and err.value.needed_bytes == 16 << 30
     assert finished_keys(out) == {good.key()}
 
 

@@ -99,6 +99,12 @@ if TYPE_CHECKING:
     from kvspec.coordinator import (
         KVCacheCoordinator as KVCacheCoordinator,
     )
+    from kvspec.coordinator.prefix_diagnosis import (
+        PrefixCachingFinding as PrefixCachingFinding,
+    )
+    from kvspec.coordinator.prefix_diagnosis import (
+        diagnose_prefix_caching as diagnose_prefix_caching,
+    )
     from kvspec.coordinator.stats import (
         PrefixCacheStats as PrefixCacheStats,
     )
@@ -307,6 +313,10 @@ _API: dict[str, tuple[str, ...]] = {
     "kvspec.coordinator": (
         "KVCacheBlocks",
         "KVCacheCoordinator",
+    ),
+    "kvspec.coordinator.prefix_diagnosis": (
+        "PrefixCachingFinding",
+        "diagnose_prefix_caching",
     ),
     "kvspec.coordinator.stats": ("PrefixCacheStats",),
     "kvspec.errors": (

@@ -251,7 +251,21 @@ def _fit_figures(args: argparse.Namespace, layout: Any, configs: list[Any], limi
         state_bytes_per_request_per_rank=max(stage_state_bytes),
         state_bytes_per_request_all_ranks=sum(stage_state_bytes) * args.tp,
         stages=stages,
+        prefix_caching=_prefix_caching([configs[s * args.tp] for s in range(args.pp)], limits),
     )
+
+
+def _prefix_caching(configs: list[Any], limits: Any) -> list[dict[str, Any]]:
+    """Why prefix hits would be impossible or limited under the plan (each stage's findings, once)."""
+    import dataclasses
+
+    from kvspec.coordinator.prefix_diagnosis import diagnose_prefix_caching
+
+    seen: dict[str, dict[str, Any]] = {}
+    for config in configs:
+        for finding in diagnose_prefix_caching(config, limits):
+            seen.setdefault(finding.line(), dataclasses.asdict(finding))
+    return list(seen.values())
 
 
 def _block_tokens(spec: KVCacheSpec) -> int:
@@ -352,6 +366,11 @@ def print_plan(plan: dict[str, Any]) -> None:
         )
     elif other is not None:
         print_line(f"  under vLLM {other['vllm_release']}: does not fit")
+    for finding in plan["prefix_caching"]:
+        colour = "red" if finding["severity"] == "impossible" else "yellow"
+        print_line(
+            f"prefix caching [{colour}]{finding['severity']}[/{colour}]: {finding['message']}; {finding['remedy']}"
+        )
     print_line(
         f"token slots: [bold]{plan['token_slots']:,}[/bold] (tokens whose KV the blocks hold when every group "
         "keeps every token; windows and Mamba states keep fewer, so more fit)"

@@ -35,6 +35,7 @@ from kvspec.blocks.pool import BlockId, KVCacheBlock
 from kvspec.contracts.release import ReleaseProfile, profile_for_vllm_version
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import CoordinatorOptions, KVCacheBlocks, KVCacheCoordinator
+from kvspec.coordinator.prefix_diagnosis import diagnose_prefix_caching
 from kvspec.coordinator.stats import PrefixCacheStats
 from kvspec.integrations.vllm import SpecConverter
 from kvspec.integrations.vllm_adoption import adopt_vllm_registrations, check_adopted_specs
@@ -169,12 +170,24 @@ class Vllm023KVCacheManager:
         counts = Counter(type(g.kv_cache_spec).__name__ for g in coordinator.kv_cache_config.kv_cache_groups)
         kinds = ", ".join(f"{n} x {name}" for name, n in counts.items())
         adopted = "".join(f"; adopted from the platform: {a.describe()}" for a in self.adoptions)
+        # With caching on, say what keeps this model's prefix hits from happening (a hybrid's 0% otherwise
+        # shows in no log); caching off was said already.
+        findings = (
+            diagnose_prefix_caching(
+                coordinator.kv_cache_config,
+                coordinator.limits,
+                retention_interval=coordinator.prefix_cache_retention_interval,
+            )
+            if self.enable_caching
+            else ()
+        )
+        diagnosis = "".join(f"; prefix caching {f.line()}" for f in findings)
         return (
             f"kvspec {_kvspec_version()} manages the KV cache: {self._release_adapter_name()} under release "
             f"profile {coordinator.profile.name}, eviction policy {policy_name!r}, default retention "
             f"{'none' if retention is None else f'{retention:g} s'}, prefix caching "
             f"{'on' if self.enable_caching else 'off'}, {coordinator.kv_cache_config.num_blocks} blocks, "
-            f"{sum(counts.values())} groups: {kinds}{adopted}"
+            f"{sum(counts.values())} groups: {kinds}{adopted}{diagnosis}"
         )
 
     # -- translation helpers ------------------------------------------------------------------

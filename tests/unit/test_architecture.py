@@ -229,6 +229,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "eviction",
         "registry",
         "planning",
+        "coordinator",
         "device",
         "models",
         "engine",

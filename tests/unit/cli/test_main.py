@@ -587,3 +587,33 @@ def test_simulate_trace_timed_reports_latency_and_refuses_a_bad_step_time(
     assert report["ttft_ms_median"] == round(10 + 0.001 * 488, 1) and report["steps"] == 9
     assert main([*argv[:-1], "10,0.001"]) == 2
     assert "give three numbers in milliseconds" in capsys.readouterr().err
+
+
+def test_plan_says_why_a_hybrids_prefix_hits_are_impossible_or_limited() -> None:
+    """Issue 52's diagnosis in kvspec plan: Jamba planned in Mamba cache mode "none" (the plan's default, vLLM's
+    with prefix caching off) can never hit; in "align" its states are kept only at replay boundaries and
+    junctions (vLLM 0.34's sparse retention); Llama 3.1 8B has nothing to say."""
+    none = kvspec("plan", "ai21labs/AI21-Jamba-1.5-Mini", "--max-model-len", "8192")
+    assert none.returncode == 0, none.stderr
+    lines = [line for line in none.stdout.splitlines() if line.startswith("prefix caching")]
+    assert len(lines) == 1 and lines[0].startswith(
+        "prefix caching impossible: Mamba cache mode 'none': groups 0, 1, 2, 3, 4, 5, 6 keep one running state"
+    )
+    align = json.loads(
+        kvspec(
+            "plan",
+            "ai21labs/AI21-Jamba-1.5-Mini",
+            "--max-model-len",
+            "8192",
+            "--mamba-cache-mode",
+            "align",
+            "--json",
+        ).stdout
+    )
+    assert [(f["code"], f["severity"], f["group_ids"]) for f in align["prefix_caching"]] == [
+        ("sparse_retention", "limited", [0, 1, 2, 3, 4, 5, 6])
+    ]
+    assert "(vLLM 0.34's sparse retention, interval 0)" in align["prefix_caching"][0]["message"]
+    llama = kvspec("plan")
+    assert "prefix caching" not in llama.stdout
+    assert json.loads(kvspec("plan", "--json").stdout)["prefix_caching"] == []

@@ -67,6 +67,7 @@ TRACE_ONLY_OPTIONS = (
     ("--policy", "policy"),
     ("--limit", "limit"),
     ("--retention-interval", "retention_interval"),
+    ("--per-group", "per_group"),
 )
 #: Options of the synthetic workload, which a --trace replay takes from the trace instead.
 SYNTHETIC_ONLY_OPTIONS = (
@@ -111,6 +112,8 @@ def check_options(args: argparse.Namespace) -> None:
                 )
         if args.no_prefix_caching:
             refuse("--no-prefix-caching", "cannot apply to a --trace replay, which measures the prefix cache")
+        if args.per_group and args.timed:
+            refuse("--per-group", "counts each group's hits in the pure replay: drop --timed")
         if args.max_num_seqs is not None and not args.timed:
             refuse("--max-num-seqs", "applies to --timed replays; the pure replay runs one request at a time")
         if args.device is not None:
@@ -472,6 +475,7 @@ class _ReplayRun:
     step_time: Any
     bytes_per_block: float
     tiers: Any = None
+    per_group: bool = False
 
 
 def _replay_run(run: _ReplayRun, advance: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -505,6 +509,7 @@ def _replay_run(run: _ReplayRun, advance: Callable[[], None] | None = None) -> d
             chunk_tokens=run.chunk_tokens,
             on_request=lambda _r, _h: tick(),
             clock=clock,
+            per_group=run.per_group,
         ).summary()
     seconds = time.perf_counter() - start
     num_blocks = run.config.num_blocks - 1
@@ -538,6 +543,25 @@ class _TraceJob:
     longest: int
 
 
+def _group_lines(config: Any, row: dict[str, Any]) -> dict[str, Any]:
+    """--per-group's figures as a person reads them: each group's kind and own hit rate, and the groups that
+    limited the most hits (with how many requests they limited)."""
+    from kvspec.contracts.traits import traits_of
+    from kvspec.coordinator.prefix_diagnosis import group_kind
+
+    kinds = [group_kind(traits_of(g.kv_cache_spec)) for g in config.kv_cache_groups]
+    rates = row.get("group_hit_rates", [])
+    limiting: list[int] = row.get("limiting_groups", [])
+    named = ", ".join(map(str, limiting))
+    return {
+        "group_hit_rates": [f"{g} {kind}: {rate:.4f}" for g, (kind, rate) in enumerate(zip(kinds, rates))],
+        "limiting_groups": f"{named} ({', '.join(dict.fromkeys(kinds[g] for g in limiting))}), on "
+        f"{row['group_limited_requests'][limiting[0]]:,} of {row['requests']:,} requests"
+        if limiting
+        else "none",
+    }
+
+
 def cmd_replay_trace(args: argparse.Namespace) -> int:
     """``kvspec simulate MODEL --trace FILE``: the pure cache replay (kvspec.engine.replay), once or at
     ``--sweep`` cache sizes."""
@@ -564,6 +588,7 @@ def cmd_replay_trace(args: argparse.Namespace) -> int:
             step_time=job.step_time,
             bytes_per_block=job.bytes_per_block,
             tiers=job.tiers,
+            per_group=args.per_group,
         )
         for policy in job.policies
         for num_blocks in sizes
@@ -736,6 +761,8 @@ def _print_trace_report(
         report["sweep"] = rows
     else:
         report.update(rows[0])
+        if args.per_group and not args.json:
+            report.update(_group_lines(job.config, rows[0]))
     if args.json:
         print(json.dumps(report, indent=2))
     elif "sweep" in report:

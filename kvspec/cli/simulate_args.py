@@ -150,6 +150,12 @@ def _add_trace_options(p: argparse.ArgumentParser) -> None:
         "dense (cache every block, vLLM 0.23); default: what vLLM 0.34 plans, 0",
     )
     p.add_argument(
+        "--per-group",
+        action="store_true",
+        help="with --trace (a hybrid, pure replay): each KV-cache group's own hit rate and the group that "
+        "limits the hit (one more search per request)",
+    )
+    p.add_argument(
         "--timed",
         action="store_true",
         help="with --trace: a timed replay instead of the pure one: arrivals at the trace's timestamps, "

@@ -45,10 +45,11 @@ def _groups(ids: tuple[int, ...]) -> str:
 
 
 def _kinds(traits: list[SpecTraits], ids: tuple[int, ...]) -> str:
-    return ", ".join(dict.fromkeys(_kind(traits[i]) for i in ids))
+    return ", ".join(dict.fromkeys(group_kind(traits[i]) for i in ids))
 
 
-def _kind(traits: SpecTraits) -> str:
+def group_kind(traits: SpecTraits) -> str:
+    """A group's cache in a few words: "Mamba state", "sliding window 1024", or the declared kind."""
     if traits.kind == "mamba":
         return "Mamba state"
     if traits.sliding_window is not None:
@@ -167,4 +168,4 @@ def diagnose_prefix_caching(
     return tuple(findings)
 
 
-__all__ = ["PrefixCachingFinding", "Severity", "diagnose_prefix_caching"]
+__all__ = ["PrefixCachingFinding", "Severity", "diagnose_prefix_caching", "group_kind"]

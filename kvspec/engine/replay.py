@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from kvspec.blocks.eviction import EvictionPolicyFactory
 from kvspec.blocks.hashing import BlockHasher
@@ -46,16 +46,29 @@ class ReplayStats:
     prompt_blocks: int
     hit_blocks: int
     refused: int
+    #: With ``per_group`` (a hybrid): per KV-cache group, the tokens its own search found cached (what it
+    #: alone would have given, ``find_longest_cache_hit_per_group``), and on how many requests it found the
+    #: fewest while another group found more: the group that limited the hit. Empty otherwise.
+    group_hit_tokens: tuple[int, ...] = ()
+    group_limited_requests: tuple[int, ...] = ()
 
     @property
     def token_hit_rate(self) -> float:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
+    def limiting_groups(self) -> tuple[int, ...]:
+        """The groups that limited the most hits (several when they limit the same requests, as the layers of
+        one kind split into groups do); empty when no group did."""
+        limited = self.group_limited_requests
+        most = max(limited, default=0)
+        return tuple(g for g, n in enumerate(limited) if n == most) if most else ()
+
+    @property
     def block_hit_rate(self) -> float:
         return self.hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
 
-    def summary(self) -> dict[str, float | int]:
+    def summary(self) -> dict[str, Any]:
         return {
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
@@ -65,6 +78,18 @@ class ReplayStats:
             "hit_blocks": self.hit_blocks,
             "block_hit_rate": round(self.block_hit_rate, 4),
             "refused": self.refused,
+            **(
+                {
+                    "group_hit_rates": [
+                        round(t / self.prompt_tokens, 4) if self.prompt_tokens else 0.0
+                        for t in self.group_hit_tokens
+                    ],
+                    "group_limited_requests": list(self.group_limited_requests),
+                    "limiting_groups": list(self.limiting_groups),
+                }
+                if self.group_hit_tokens
+                else {}
+            ),
         }
 
 
@@ -112,6 +137,7 @@ def replay_cache(
     chunk_tokens: int | None = None,
     on_request: Callable[[TraceRequest, int], None] | None = None,
     clock: TraceClock | None = None,
+    per_group: bool = False,
 ) -> ReplayStats:
     """Replay ``requests`` (arrival order) through ``coordinator``; ``on_request(request, hit_tokens)`` is
     called after each (a progress bar, per-request figures). The coordinator must have prefix caching on
@@ -122,7 +148,10 @@ def replay_cache(
     the lookup reports (``Request.shared_prefix_boundary``, pinned as vLLM 0.34's Scheduler pins it). Mamba
     "align" keeps states only where chunks end, so chunking and junctions decide what a hybrid can hit.
     Each request carries its trace priority and retention to the eviction policy; ``clock`` (the
-    coordinator's ``eviction_clock``, if it has a policy that reads time) is set to each arrival."""
+    coordinator's ``eviction_clock``, if it has a policy that reads time) is set to each arrival.
+
+    ``per_group`` (a hybrid): before each lookup, every group is also searched alone, and the stats count
+    each group's own hit tokens and the requests on which it limited the hit (one more search per request)."""
     hasher = coordinator.make_block_hasher(seed="kvspec-replay")
     block_size = coordinator.hash_block_size
     scheduler_block = coordinator.scheduler_block_size
@@ -133,6 +162,9 @@ def replay_cache(
         )
     admission = PromptAdmission(coordinator, chunk_tokens=chunk_tokens)
     num_requests = total_tokens = total_hits = total_blocks = hit_blocks = refused = 0
+    num_groups = len(coordinator.kv_cache_config.kv_cache_groups) if per_group else 0
+    group_hits = [0] * num_groups
+    group_limited = [0] * num_groups
     for item in requests:
         num_tokens = item.input_length
         if clock is not None:
@@ -144,6 +176,8 @@ def replay_cache(
             hit = 0
         else:
             request = trace_request(item, hasher)
+            if num_groups:
+                _note_group_hits(coordinator, request, num_tokens - 1, group_hits, group_limited)
             computed, hit, uncached = coordinator.lookup_prefix(request, num_tokens - 1)
             junction = shared_prefix_junction(hit, uncached)
             request.shared_prefix_boundary = junction
@@ -167,7 +201,26 @@ def replay_cache(
         prompt_blocks=total_blocks,
         hit_blocks=hit_blocks,
         refused=refused,
+        group_hit_tokens=tuple(group_hits),
+        group_limited_requests=tuple(group_limited),
     )
+
+
+def _note_group_hits(
+    coordinator: KVCacheCoordinator, request: Request, max_length: int, hits: list[int], limited: list[int]
+) -> None:
+    """Add each cached group's own hit (tokens) to ``hits``; count a request in ``limited`` for the groups
+    whose own hit was the shortest while another's was longer. Groups never cached are left out."""
+    _, lengths = coordinator.find_longest_cache_hit_per_group(request.block_hashes, max_length)
+    searched = [g for g, t in enumerate(coordinator.traits) if t.prefix_cacheable]
+    for g in searched:
+        hits[g] += lengths[g]
+    if searched:
+        own = [lengths[g] for g in searched]
+        if min(own) < max(own):
+            for g in searched:
+                if lengths[g] == min(own):
+                    limited[g] += 1
 
 
 class PromptAdmission:

@@ -46,6 +46,8 @@ ROWS = [{"timestamp": i, "input_length": 600, "output_length": 2, "hash_ids": [1
         (["simulate", "TRACE", "--num-blocks", "10", "--memory", "1GiB"], "--num-blocks and --memory both"),
         (["simulate", "TRACE", "--sweep", "3", "--num-blocks", "10"], "--sweep picks the cache sizes itself"),
         (["simulate", "TRACE", "--max-num-seqs", "4"], "--max-num-seqs applies to --timed replays"),
+        (["simulate", "--per-group"], "--per-group applies to a trace replay"),
+        (["simulate", "TRACE", "--timed", "--per-group"], "--per-group counts each group's hits in the pure"),
         (["simulate", "TRACE", "--no-prefix-caching"], "--no-prefix-caching cannot apply"),
         (["simulate", "TRACE", "--plot", "PLOT"], "--plot with --trace draws the hit rate against KV memory"),
         (
@@ -279,3 +281,20 @@ def test_a_timed_replay_with_host_memory_reports_reuse_per_tier(
         report["prompt_hit_rate"] * 1800
     )
     assert report["host_reused_tokens"] > 0 and report["host_loaded_bytes"] > 0
+
+
+def test_per_group_reports_each_groups_hits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Gemma 3 27B (five sliding-window groups and one of full attention, after the padding layers) on three
+    prompts sharing their first block: each group's own hit rate, and which groups limited a hit."""
+    argv = ["simulate", "google/gemma-3-27b-it", "--trace", _trace(tmp_path, ROWS), "--max-model-len", "4096"]
+    assert main([*argv, "--per-group", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    groups = row["kv_cache_groups"]
+    assert len(row["group_hit_rates"]) == len(row["group_limited_requests"]) == groups > 1
+    assert all(rate >= row["token_hit_rate"] for rate in row["group_hit_rates"])
+    assert isinstance(row["limiting_groups"], list)
+    assert main([*argv, "--per-group"]) == 0
+    text = capsys.readouterr().out
+    assert "group hit rates" in text and f"{groups - 1} full_attention: " in text
+    assert main([*argv, "--json"]) == 0
+    assert "group_hit_rates" not in json.loads(capsys.readouterr().out)

@@ -3,6 +3,7 @@ naming the line, and the pure cache replay through the real coordinator against 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from kvspec.blocks.hashing import BlockHasher
 from kvspec.blocks.request import Request
 from kvspec.contracts.spec import SchedulerLimits
-from kvspec.engine.replay import TraceClock, replay_cache, replay_coordinator, trace_request
+from kvspec.engine.replay import ReplayStats, TraceClock, replay_cache, replay_coordinator, trace_request
 from kvspec.engine.timed_replay import StepTimeModel, replay_timed
 from kvspec.engine.traces import HASH_ID_LIMIT, TraceRequest, parse_line, prompt_tokens, read_trace
 from kvspec.errors import KVSpecError, SchedulingError, TraceFormatError
@@ -422,3 +423,34 @@ def test_hash_ids_stay_below_generated_tokens() -> None:
     from kvspec.engine.instance import _GENERATED_BASE
 
     assert HASH_ID_LIMIT <= _GENERATED_BASE  # a prompt token never equals a generated one
+
+
+@pytest.mark.parametrize(
+    ("retention", "group_hits", "limited"),
+    [(0, (128, 64), (0, 1)), (None, (128, 128), (0, 0))],
+)
+def test_per_group_counts_name_the_group_that_limits_the_hit(
+    retention: int | None, group_hits: tuple[int, int], limited: tuple[int, int]
+) -> None:
+    """The three siblings again (issue 52's per-group report). Under sparse retention the second prompt's full
+    attention finds all 64 shared tokens but the window none: the window limited that hit. Dense: no group
+    limits. Counting changes nothing of the replay itself."""
+
+    def replay(per_group: bool) -> ReplayStats:
+        coord = replay_coordinator(
+            make_config([full_spec(16), sw_spec(32)], 200),
+            SchedulerLimits(max_model_len=1024),
+            retention_interval=retention,
+        )
+        stats = replay_cache(_three_siblings(64), coord, per_group=per_group)
+        coord.check_invariants()
+        return stats
+
+    counted, plain = replay(True), replay(False)
+    assert (counted.group_hit_tokens, counted.group_limited_requests) == (group_hits, limited)
+    assert counted.limiting_groups == ((1,) if any(limited) else ())
+    assert dataclasses.replace(counted, group_hit_tokens=(), group_limited_requests=()) == plain
+    assert plain.group_hit_tokens == () and "limiting_groups" not in plain.summary()
+    summary = counted.summary()
+    assert summary["group_hit_rates"] == [round(t / 384, 4) for t in group_hits]
+    assert summary["group_limited_requests"] == list(limited)

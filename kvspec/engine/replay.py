@@ -194,15 +194,18 @@ def replay_cache(
         hit_blocks += cdiv(hit, trace_block)
         if on_request is not None:
             on_request(item, hit)
-    return ReplayStats(
+    stats = ReplayStats(
         requests=num_requests,
         prompt_tokens=total_tokens,
         hit_tokens=total_hits,
         prompt_blocks=total_blocks,
         hit_blocks=hit_blocks,
         refused=refused,
-        group_hit_tokens=tuple(group_hits),
-        group_limited_requests=tuple(group_limited),
+    )
+    if not num_groups:
+        return stats
+    return dataclasses.replace(
+        stats, group_hit_tokens=tuple(group_hits), group_limited_requests=tuple(group_limited)
     )
 
 

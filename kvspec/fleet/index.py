@@ -10,6 +10,11 @@ does; a sliding-window or Mamba group's stores would claim prefixes those groups
 knows full attention's residency, and a hybrid's real hit (bounded by its other groups) can be shorter:
 that is the gap kvspec's ``exact`` router closes.
 
+Groups kept apart: every group of one instance publishes the same hash for the same tokens (block hashes
+do not name their group), so a removal is applied only if its group is tracked: a window or Mamba group's
+removal of a hash (its own copy evicted, under sparse retention long before the attention group's) never
+clears what full attention holds. The index learns each group's kind from its stores.
+
 Offloaded media: stores and removals naming a medium other than "GPU" (vLLM's offloading connector's
 "CPU" and "STORAGE" events) are kept apart, per medium, and read only by :meth:`KVEventIndex.weighted_overlap`,
 which scores each block by the best medium an instance holds it on (llm-d: GPU 1.0, CPU 0.8; Dynamo's
@@ -27,6 +32,7 @@ import msgspec
 from kvspec.errors import EventWireError
 from kvspec.fleet.index_events import (
     REMOVED_MEDIUM_AT,
+    STORED_GROUP_AT,
     STORED_KIND_AT,
     STORED_MEDIUM_AT,
     ClearedRead,
@@ -45,7 +51,16 @@ class KVEventIndex:
     has no entry); ``_repeats[(h, i)]`` counts the stores of ``h`` by instance ``i`` beyond its first (one
     hash stored by several full-attention groups), so a removal clears the bit only with the last of them."""
 
-    __slots__ = ("_decode", "_decode_maps", "_repeats", "holders", "num_events", "num_instances", "offloaded")
+    __slots__ = (
+        "_decode",
+        "_decode_maps",
+        "_repeats",
+        "holders",
+        "num_events",
+        "num_instances",
+        "offloaded",
+        "untracked_groups",
+    )
 
     def __init__(self, num_instances: int) -> None:
         self._decode = msgspec.msgpack.Decoder().decode
@@ -61,6 +76,9 @@ class KVEventIndex:
         #: Per offloaded medium ("CPU", "STORAGE"): hash -> bitmask of instances, as ``holders`` (a tier
         #: keeps one copy per key, so a store of a held hash by another group of the instance is ignored).
         self.offloaded: dict[str, dict[Any, int]] = {}
+        #: Groups (``group_idx``) whose stores named a kind that keeps no whole prefix (window, Mamba): their
+        #: removals are not applied, so one of their hashes never clears a tracked group's copy.
+        self.untracked_groups: set[int] = set()
 
     def held(self, instance: int) -> set[Any]:
         """The hashes ``instance`` holds (a scan of the index: for tests and reports, not the hot path)."""
@@ -96,6 +114,7 @@ class KVEventIndex:
                             event.get("block_hashes", []),
                             event.get("kv_cache_spec_kind"),
                             event.get("medium", "GPU"),
+                            event.get("group_idx"),
                         )
                     )
                 elif kind == "BlockRemoved":
@@ -113,7 +132,8 @@ class KVEventIndex:
                 if kind == "BlockStored":
                     spec_kind = event[STORED_KIND_AT] if len(event) > STORED_KIND_AT else None
                     medium = event[STORED_MEDIUM_AT] if len(event) > STORED_MEDIUM_AT else "GPU"
-                    events.append(StoredRead(event[1], spec_kind, medium))
+                    group = event[STORED_GROUP_AT] if len(event) > STORED_GROUP_AT else None
+                    events.append(StoredRead(event[1], spec_kind, medium, group))
                 elif kind == "BlockRemoved":
                     medium = event[REMOVED_MEDIUM_AT] if len(event) > REMOVED_MEDIUM_AT else "GPU"
                     events.append(RemovedRead(event[1], event[3] if len(event) > 3 else None, medium))
@@ -131,10 +151,13 @@ class KVEventIndex:
         of a hash the instance does not hold (an untracked group's) is ignored."""
         holders = self.holders
         repeats = self._repeats
+        untracked = self.untracked_groups
         bit = 1 << instance
         self.num_events += len(events)
         for item in events:
             if type(item) is RemovedRead:
+                if untracked and item.group_idx in untracked:
+                    continue  # a window or Mamba group's own copy of a hash full attention may hold too
                 if item.medium != "GPU" and item.medium is not None:
                     self._apply_offloaded(instance, item)
                     continue
@@ -159,6 +182,8 @@ class KVEventIndex:
             elif type(item) is StoredRead:
                 kind = item.kv_cache_spec_kind
                 if kind is not None and kind not in PREFIX_KINDS:
+                    if item.group_idx is not None:
+                        untracked.add(item.group_idx)
                     continue
                 if item.medium != "GPU" and item.medium is not None:
                     self._apply_offloaded(instance, item)

@@ -12,6 +12,7 @@ import msgspec
 #: Where vLLM 0.23's BlockStored array holds the group's kind and the medium: [tag, hashes, parent, tokens,
 #: block_size, lora_id, medium, lora_name, extra_keys, group_idx, kind, window]; BlockRemoved: [tag, hashes,
 #: medium, group_idx].
+STORED_GROUP_AT = 9
 STORED_KIND_AT = 10
 STORED_MEDIUM_AT = 6
 REMOVED_MEDIUM_AT = 2
@@ -23,6 +24,7 @@ class StoredRead(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
     block_hashes: list[Any]
     kv_cache_spec_kind: str | None = None
     medium: str | None = "GPU"
+    group_idx: int | None = None
 
 
 class RemovedRead(msgspec.Struct, tag="BlockRemoved", tag_field="type", gc=False):
@@ -41,6 +43,7 @@ MapBatch = tuple[float, list[StoredRead | RemovedRead | ClearedRead], int | None
 
 __all__ = [
     "REMOVED_MEDIUM_AT",
+    "STORED_GROUP_AT",
     "STORED_KIND_AT",
     "STORED_MEDIUM_AT",
     "ClearedRead",

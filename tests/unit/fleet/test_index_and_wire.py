@@ -137,6 +137,28 @@ def test_stores_of_groups_that_keep_no_whole_prefix_are_ignored(kind: str) -> No
     assert index.overlap(H[:3]) == [3]
 
 
+@pytest.mark.parametrize("wire", ["0.34", "0.23"])
+def test_a_window_or_mamba_removal_never_clears_full_attentions_copy_of_a_hash(wire: str) -> None:
+    """Issue 52 (Infera#98): every group of an instance publishes one hash for the same tokens; under sparse
+    retention the window and Mamba groups drop their copies long before full attention does. Their removals
+    must not clear the attention group's blocks (they did: the index saw a removal of a hash it held)."""
+    index = KVEventIndex(1)
+    stores = [_stored(H[:3], group=0), _stored(H[:3], kind="sliding_window", group=1)]
+    index.apply(0, encode_event_batch([*stores, _stored([H[2]], kind="mamba", group=2)], ts=0, wire=wire))
+    assert index.untracked_groups == {1, 2}
+    removals = [
+        BlockRemoved(block_hashes=H[:2], medium="GPU", group_idx=1),
+        BlockRemoved(block_hashes=[H[2]], medium="GPU", group_idx=2),
+    ]
+    index.apply(0, encode_event_batch(removals, ts=0, wire=wire))
+    assert index.overlap(H[:3]) == [3] and index.held(0) == set(H[:3])
+    # The attention group's own removal still applies.
+    index.apply(
+        0, encode_event_batch([BlockRemoved(block_hashes=[H[1]], medium="GPU", group_idx=0)], ts=0, wire=wire)
+    )
+    assert index.overlap(H[:3]) == [1]
+
+
 def test_a_bad_payload_names_the_instance() -> None:
     index = KVEventIndex(2)
     with pytest.raises(EventWireError, match="instance 1: a KV event payload that is not msgpack"):

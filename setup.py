@@ -2,8 +2,12 @@
 without it the build is pure Python.
 
 Compiled build from a checkout: ``KVSPEC_COMPILE=1 pip install --no-build-isolation .`` (mypy, which ships
-mypyc, must be installed: ``pip install mypy``), or in place for development:
-``KVSPEC_COMPILE=1 python setup.py build_ext --inplace`` (delete the ``.so`` files to go back to pure).
+mypyc, must be installed: ``pip install mypy``; kvspec's optional extras need not be). For development,
+``KVSPEC_COMPILE=1 pip install --no-build-isolation -e .`` (the editable install then finds mypyc's runtime
+module, which lands at the checkout root), or ``KVSPEC_COMPILE=1 python setup.py build_ext --inplace`` under
+the compat editable install (``--config-settings editable_mode=compat``: the checkout root is on sys.path;
+setuptools' default editable finder does not list a module built beside it). Delete the ``.so`` files to go
+back to pure.
 With ``KVSPEC_COMPILE=1`` the build is compiled or fails saying why (no mypyc, no C compiler, a module
 mypyc refuses); it never falls back to pure Python without a word. ``kvspec inspect`` says which build runs.
 """

@@ -55,6 +55,9 @@ class KVEventIndex:
         "_decode",
         "_decode_maps",
         "_repeats",
+        "group_holders",
+        "group_windows",
+        "groups",
         "holders",
         "num_events",
         "num_instances",
@@ -62,7 +65,7 @@ class KVEventIndex:
         "untracked_groups",
     )
 
-    def __init__(self, num_instances: int) -> None:
+    def __init__(self, num_instances: int, *, groups: bool = False) -> None:
         self._decode = msgspec.msgpack.Decoder().decode
         # 0.32/0.34 maps decode straight into the few fields read (token ids are skipped, not built);
         # anything else (0.23's arrays, a malformed payload) takes the general path below.
@@ -79,6 +82,12 @@ class KVEventIndex:
         #: Groups (``group_idx``) whose stores named a kind that keeps no whole prefix (window, Mamba): their
         #: removals are not applied, so one of their hashes never clears a tracked group's copy.
         self.untracked_groups: set[int] = set()
+        #: ``groups``: also keep the untracked groups' residency, each group apart (``group_holders[g]``:
+        #: hash -> bitmask, as ``holders``; ``group_windows[g]``: its window in tokens, None for a Mamba
+        #: state), for :meth:`hybrid_overlap`. Off: those stores and removals cost nothing.
+        self.groups = groups
+        self.group_holders: dict[int, dict[Any, int]] = {}
+        self.group_windows: dict[int, int | None] = {}
 
     def held(self, instance: int) -> set[Any]:
         """The hashes ``instance`` holds (a scan of the index: for tests and reports, not the hot path)."""
@@ -115,6 +124,7 @@ class KVEventIndex:
                             event.get("kv_cache_spec_kind"),
                             event.get("medium", "GPU"),
                             event.get("group_idx"),
+                            event.get("kv_cache_spec_sliding_window"),
                         )
                     )
                 elif kind == "BlockRemoved":
@@ -133,7 +143,8 @@ class KVEventIndex:
                     spec_kind = event[STORED_KIND_AT] if len(event) > STORED_KIND_AT else None
                     medium = event[STORED_MEDIUM_AT] if len(event) > STORED_MEDIUM_AT else "GPU"
                     group = event[STORED_GROUP_AT] if len(event) > STORED_GROUP_AT else None
-                    events.append(StoredRead(event[1], spec_kind, medium, group))
+                    window = event[STORED_KIND_AT + 1] if len(event) > STORED_KIND_AT + 1 else None
+                    events.append(StoredRead(event[1], spec_kind, medium, group, window))
                 elif kind == "BlockRemoved":
                     medium = event[REMOVED_MEDIUM_AT] if len(event) > REMOVED_MEDIUM_AT else "GPU"
                     events.append(RemovedRead(event[1], event[3] if len(event) > 3 else None, medium))
@@ -157,7 +168,10 @@ class KVEventIndex:
         for item in events:
             if type(item) is RemovedRead:
                 if untracked and item.group_idx in untracked:
-                    continue  # a window or Mamba group's own copy of a hash full attention may hold too
+                    # A window or Mamba group's own copy of a hash full attention may hold too.
+                    if self.groups and (item.medium == "GPU" or item.medium is None):
+                        self._group_removed(instance, item)
+                    continue
                 if item.medium != "GPU" and item.medium is not None:
                     self._apply_offloaded(instance, item)
                     continue
@@ -184,6 +198,8 @@ class KVEventIndex:
                 if kind is not None and kind not in PREFIX_KINDS:
                     if item.group_idx is not None:
                         untracked.add(item.group_idx)
+                        if self.groups and (item.medium == "GPU" or item.medium is None):
+                            self._group_stored(instance, item)
                     continue
                 if item.medium != "GPU" and item.medium is not None:
                     self._apply_offloaded(instance, item)
@@ -256,6 +272,61 @@ class KVEventIndex:
                 del holders[h]
         for key in [key for key in self._repeats if key[1] == instance]:
             del self._repeats[key]
+        keep = ~bit
+        for held in self.group_holders.values():
+            for h in [h for h, mask in held.items() if mask & bit]:
+                mask = held[h] & keep
+                if mask:
+                    held[h] = mask
+                else:
+                    del held[h]
+
+    def _group_stored(self, instance: int, item: StoredRead) -> None:
+        group = item.group_idx
+        assert group is not None
+        held = self.group_holders.get(group)
+        if held is None:
+            held = self.group_holders[group] = {}
+            # A Mamba group keeps one state per block boundary; any other untracked kind is read as a
+            # window (its event names it; none named: one block).
+            self.group_windows[group] = (
+                None if item.kv_cache_spec_kind == "mamba" else item.kv_cache_spec_sliding_window or 1
+            )
+        bit = 1 << instance
+        for h in item.block_hashes:
+            held[h] = held.get(h, 0) | bit
+
+    def _group_removed(self, instance: int, item: RemovedRead) -> None:
+        held = self.group_holders.get(item.group_idx if item.group_idx is not None else -1)
+        if held is None:
+            return
+        keep = ~(1 << instance)
+        for h in item.block_hashes:
+            mask = held.get(h, 0) & keep
+            if mask:
+                held[h] = mask
+            else:
+                held.pop(h, None)
+
+    def hybrid_overlap(self, block_hashes: Sequence[Any], block_size: int) -> list[int]:
+        """Per instance, the longest prefix (blocks of ``block_size`` tokens, from block 0) every group can
+        serve, from events alone (llm-d's two-phase idea): full attention's consecutive prefix (:meth:`overlap`),
+        then the largest boundary at or below it where each window group holds the blocks its window reads
+        (the last ``cdiv(window - 1, block_size)`` before the boundary) and each Mamba group holds the state
+        at the boundary (the block ending there). Needs ``groups``; without untracked groups it is
+        :meth:`overlap`."""
+        depth = self.overlap(block_hashes)
+        if not self.group_holders:
+            return depth
+        rules = [
+            (held, None if window is None else max(1, -(-(window - 1) // block_size)))
+            for group, held in self.group_holders.items()
+            for window in (self.group_windows[group],)
+        ]
+        for instance, full in enumerate(depth):
+            if full:
+                depth[instance] = _hybrid_depth(block_hashes, full, 1 << instance, rules)
+        return depth
 
     def overlap(self, block_hashes: Sequence[Any]) -> list[int]:
         """Per instance, how many of ``block_hashes`` it holds consecutively from block 0."""
@@ -273,6 +344,36 @@ class KVEventIndex:
                 alive = still
         _set_depth(depth, alive, len(block_hashes))
         return depth
+
+
+def _hybrid_depth(
+    block_hashes: Sequence[Any], full: int, bit: int, rules: list[tuple[dict[Any, int], int | None]]
+) -> int:
+    """The largest boundary ``p <= full`` (blocks) at which every rule holds for the instance of ``bit``: a
+    state rule (None) holds the block ending at ``p``; a window rule of ``n`` blocks holds the ``n`` before
+    ``p`` (fewer near block 0); 0 when none does."""
+    # Per window rule, the run of consecutive held blocks ending at each position (0-based, < full).
+    runs: list[list[int]] = []
+    states: list[dict[Any, int]] = []
+    needs: list[int] = []
+    for held, need in rules:
+        if need is None:
+            states.append(held)
+            continue
+        run = [0] * full
+        length = 0
+        for position in range(full):
+            length = length + 1 if held.get(block_hashes[position], 0) & bit else 0
+            run[position] = length
+        runs.append(run)
+        needs.append(need)
+    for p in range(full, 0, -1):
+        h = block_hashes[p - 1]
+        if all(held.get(h, 0) & bit for held in states) and all(
+            run[p - 1] >= min(need, p) for run, need in zip(runs, needs)
+        ):
+            return p
+    return 0
 
 
 def _set_depth(depth: list[int], instances: int, value: int) -> None:

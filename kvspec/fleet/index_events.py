@@ -25,6 +25,7 @@ class StoredRead(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
     kv_cache_spec_kind: str | None = None
     medium: str | None = "GPU"
     group_idx: int | None = None
+    kv_cache_spec_sliding_window: int | None = None
 
 
 class RemovedRead(msgspec.Struct, tag="BlockRemoved", tag_field="type", gc=False):

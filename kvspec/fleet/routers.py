@@ -302,6 +302,29 @@ class ExactPrefix(_PrefixScorer):
         return [fleet.cache_hit(i, request) / self._block for i in range(fleet.num_instances)]
 
 
+@router(
+    reads=("loads", "kv_events"),
+    description="kvspec: precise_prefix's scoring with every group's residency from KV events (hybrids)",
+)
+class HybridPrefix(_IndexFed, _PrefixScorer):
+    """llm-d's scoring with a hybrid's servable prefix read from events alone (llm-d's "two-phase" idea):
+    full attention's consecutive prefix, then the largest boundary below it where each window group holds
+    its window and each Mamba group its state (``KVEventIndex.hybrid_overlap``). A model with only full
+    attention scores as ``precise_prefix`` does."""
+
+    name = "hybrid_prefix"
+    settings = PrefixScorerOptions
+
+    def __init__(self, context: RouterContext) -> None:
+        super().__init__(context)
+        self.index = KVEventIndex(context.num_instances, groups=True)
+        self.medium_weights = {"GPU": 1.0}
+        self._block = context.block_size
+
+    def _overlap_blocks(self, request: RouteRequest, fleet: FleetView) -> list[float]:
+        return [float(d) for d in self.index.hybrid_overlap(request.block_hashes, self._block)]
+
+
 class _CostRouter:
     """Dynamo's KV router cost (``kv_cost``), with the overlap from KV events or, in ``exact``, from each
     instance's coordinator."""

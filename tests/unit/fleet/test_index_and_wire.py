@@ -159,6 +159,45 @@ def test_a_window_or_mamba_removal_never_clears_full_attentions_copy_of_a_hash(w
     assert index.overlap(H[:3]) == [1]
 
 
+def _state(hashes: list[bytes], group: int = 2) -> BlockStored:
+    return dataclasses.replace(_stored(hashes, kind="mamba", group=group), kv_cache_spec_sliding_window=None)
+
+
+@pytest.mark.parametrize("wire", ["0.34", "0.23"])
+def test_groups_kept_apart_give_the_prefix_every_group_can_serve(wire: str) -> None:
+    """Issue 52's group-aware index (``groups=True``): full attention holds blocks 0-5 on both instances; a
+    window of 8 tokens (blocks of 4: the 2 blocks before a boundary) and a Mamba state group decide where a
+    hybrid hit can end. A Mamba state and an attention block of one hash are separate entries."""
+    index = KVEventIndex(2, groups=True)
+    window = _stored(H[2:4], kind="sliding_window", group=1)  # window 8: blocks 2-3 before boundary 4
+    batch0 = [_stored(H[:6]), window, _state([H[1], H[3]])]
+    batch1 = [_stored(H[:6]), _stored(H[4:6], kind="sliding_window", group=1), _state([H[1]])]
+    index.apply(0, encode_event_batch(batch0, ts=0, wire=wire))
+    index.apply(1, encode_event_batch(batch1, ts=0, wire=wire))
+    assert index.overlap(H[:6]) == [6, 6]
+    # Instance 0: boundary 4 has the window (blocks 2, 3) and a state (block 3). Instance 1: its window sits
+    # at 6 but no state there; boundary 2 has a state, but its window (blocks 0, 1) is not held.
+    assert index.hybrid_overlap(H[:6], 4) == [4, 0]
+    assert index.group_windows == {1: 8, 2: None}
+    # The Mamba group drops its state of H[3]: the attention block of the same hash stays.
+    index.apply(
+        0, encode_event_batch([BlockRemoved(block_hashes=[H[3]], medium="GPU", group_idx=2)], ts=0, wire=wire)
+    )
+    assert index.overlap(H[:6]) == [6, 6] and index.hybrid_overlap(H[:6], 4) == [0, 0]
+    # A state stored under a hash full attention does not hold claims no attention prefix.
+    index.apply(1, encode_event_batch([_state([H[7]])], ts=0, wire=wire))
+    assert index.overlap([H[7]]) == [0, 0] and index.hybrid_overlap([H[7]], 4) == [0, 0]
+    # A clear drops the instance from every group.
+    index.apply(0, encode_event_batch([AllBlocksCleared()], ts=0, wire=wire))
+    assert all(not mask & 1 for held in index.group_holders.values() for mask in held.values())
+
+
+def test_without_groups_the_index_keeps_no_group_residency() -> None:
+    index = KVEventIndex(1)
+    index.apply(0, encode_event_batch([_stored(H[:2]), _state([H[1]])], ts=0))
+    assert index.group_holders == {} and index.hybrid_overlap(H[:2], 4) == [2]
+
+
 def test_a_bad_payload_names_the_instance() -> None:
     index = KVEventIndex(2)
     with pytest.raises(EventWireError, match="instance 1: a KV event payload that is not msgpack"):

@@ -12,9 +12,17 @@ from kvspec.engine.instance import InstanceLoad
 from kvspec.errors import RouterAccessError, RouterError, RoutingError
 from kvspec.fleet import RouterContext, RouteRequest, register_router, resolve_router, router_names
 from kvspec.fleet.kit import check_router
-from kvspec.fleet.routers import CacheAware, Exact, KvCost, LongestPrefix, PowerOfTwo, PrecisePrefix
+from kvspec.fleet.routers import (
+    CacheAware,
+    Exact,
+    HybridPrefix,
+    KvCost,
+    LongestPrefix,
+    PowerOfTwo,
+    PrecisePrefix,
+)
 from kvspec.fleet.routing import FleetView
-from tests.unit.fleet.test_index_and_wire import _stored
+from tests.unit.fleet.test_index_and_wire import _state, _stored
 
 H = [bytes([i]) * 4 for i in range(16)]
 
@@ -65,6 +73,7 @@ def test_the_builtins_are_registered_and_pass_the_kit() -> None:
         "consistent_hash",
         "exact",
         "exact_prefix",
+        "hybrid_prefix",
         "kv_cost",
         "least_loaded",
         "longest_prefix",
@@ -164,6 +173,27 @@ def test_precise_prefix_weights_prefix_usage_and_queue() -> None:
         ]
     )
     assert router.route(req(4), crowded) == 0  # full and queued: 3 + 0 + 0 < 0 + 2 + 2
+
+
+def test_hybrid_prefix_scores_the_prefix_every_group_can_serve() -> None:
+    """Instance 0 holds six attention blocks and no Mamba state; instance 1 four, with the state at block 4.
+    precise_prefix sees attention only and picks 0; hybrid_prefix sees that 0 can serve no hit and picks 1.
+    On attention alone (no state group) both pick 0."""
+    events = [
+        encode_event_batch([_stored(H[:6]), _state([H[0]], group=1)], ts=0),
+        encode_event_batch([_stored(H[:4]), _state([H[3]], group=1)], ts=0),
+    ]
+    hybrid, precise = HybridPrefix(ctx(2)), PrecisePrefix(ctx(2))
+    for router in (hybrid, precise):
+        for instance, payload in enumerate(events):
+            router.on_kv_events(instance, payload)
+    view = View([load(0), load(1)])
+    assert hybrid.index.hybrid_overlap(H[:6], 16) == [1, 4]
+    assert (hybrid.route(req(6), view), precise.route(req(6), view)) == (1, 0)
+    plain = HybridPrefix(ctx(2))
+    plain.on_kv_events(0, encode_event_batch([_stored(H[:6])], ts=0))
+    plain.on_kv_events(1, encode_event_batch([_stored(H[:4])], ts=0))
+    assert plain.route(req(6), view) == 0
 
 
 def test_power_of_two_takes_the_less_loaded_of_its_pair() -> None:

@@ -91,6 +91,12 @@ def add_fleet_parser(sub: Any) -> None:
         help="the vLLM release whose KV event wire format events travel in (default: the current release)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--per-group",
+        action="store_true",
+        help="a hybrid: each KV-cache group's own reuse and the groups that limited the hits (one more "
+        "search per admission)",
+    )
     p.add_argument("--limit", type=_positive, default=None, help="only the trace's first N requests")
     p.add_argument(
         "--max-output-tokens",
@@ -143,6 +149,7 @@ def _points(args: argparse.Namespace) -> list[Any]:
         "event_lag_ms": args.event_lag_ms,
         "seed": args.seed,
         "router_options": tuple(args.router_option),
+        "per_group": args.per_group,
     }
     for name in (
         "event_wire",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from kvspec.blocks.events import BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.blocks.request import Request
 from kvspec.coordinator import KVCacheCoordinator
-from kvspec.engine.replay import PromptAdmission, TraceClock
+from kvspec.engine.replay import PromptAdmission, TraceClock, cached_group_ids, count_group_hits
 from kvspec.engine.scheduler import ScheduledRequest, Scheduler
 from kvspec.engine.stats import TimedReplayStats, percentile
 from kvspec.engine.step_time import StepBatch, StepTime, StepTimeModel
@@ -100,15 +100,18 @@ class EngineInstance:
         "_expected_new",
         "_first",
         "_generated",
+        "_group_probe",
         "_items",
         "_model",
         "_quiet_blocks",
+        "_searched_groups",
         "connector",
         "coordinator",
         "fast_decode",
         "index",
         "now_ms",
         "on_finish",
+        "per_group",
         "record_requests",
         "scheduler",
         "stats",
@@ -126,6 +129,7 @@ class EngineInstance:
         index: int = 0,
         on_finish: Callable[[TraceRequest], None] | None = None,
         tiers: TierConnector | None = None,
+        per_group: bool = False,
     ) -> None:
         if max_num_batched_tokens < coordinator.scheduler_block_size:
             raise SchedulingError(
@@ -146,6 +150,16 @@ class EngineInstance:
         self.scheduler.connector = tiers
         self._block_tokens = coordinator.scheduler_block_size
         self.stats = TimedReplayStats(tiers=None if tiers is None else tiers.stats)
+        #: Count each group's own hit at every first admission (a hybrid's limiting group; one more search
+        #: per admission): ``stats.group_hit_tokens`` and ``group_limited_requests``.
+        self.per_group = per_group
+        self._group_probe: dict[str, tuple[int, ...]] = {}
+        self._searched_groups = cached_group_ids(coordinator)
+        if per_group:
+            num_groups = len(coordinator.kv_cache_config.kv_cache_groups)
+            self.stats.group_hit_tokens = [0] * num_groups
+            self.stats.group_limited_requests = [0] * num_groups
+            self.scheduler.before_lookup = self._probe_groups
         if tiers is not None:
             tiers.publish = coordinator.options.enable_kv_cache_events
         self.now_ms = 0.0
@@ -268,6 +282,15 @@ class EngineInstance:
             )
         return duration
 
+    def _probe_groups(self, request: Request) -> None:
+        """Before a first admission's lookup: each group's own hit now (the last lookup before the admission
+        counts; the admission then caches the request's own blocks, which a later search would find)."""
+        if request.request_id not in self._admitted_once:
+            _, lengths = self.coordinator.find_longest_cache_hit_per_group(
+                request.block_hashes, request.num_tokens - 1
+            )
+            self._group_probe[request.request_id] = lengths
+
     def _account(self, scheduled_requests: list[ScheduledRequest], start: float, now: float) -> None:
         """The step's effects on each scheduled request and the stats: admissions' hits and queueing, the
         prompt's end (TTFT), one generated token per request that finished its prompt, and finishes."""
@@ -288,6 +311,11 @@ class EngineInstance:
                     self._admitted_once.add(rid)
                     self._expected_new.pop(rid, None)
                     hit = scheduled.num_computed
+                    probe = self._group_probe.pop(rid, None)
+                    if probe is not None:
+                        count_group_hits(
+                            probe, self._searched_groups, stats.group_hit_tokens, stats.group_limited_requests
+                        )
                     stats.first_admission_hit_tokens += hit
                     stats.first_admission_hit_blocks += cdiv(
                         hit, item.hash_block_size or coordinator.hash_block_size

@@ -165,6 +165,7 @@ def replay_cache(
     num_groups = len(coordinator.kv_cache_config.kv_cache_groups) if per_group else 0
     group_hits = [0] * num_groups
     group_limited = [0] * num_groups
+    searched = cached_group_ids(coordinator) if per_group else ()
     for item in requests:
         num_tokens = item.input_length
         if clock is not None:
@@ -177,7 +178,10 @@ def replay_cache(
         else:
             request = trace_request(item, hasher)
             if num_groups:
-                _note_group_hits(coordinator, request, num_tokens - 1, group_hits, group_limited)
+                _, lengths = coordinator.find_longest_cache_hit_per_group(
+                    request.block_hashes, num_tokens - 1
+                )
+                count_group_hits(lengths, searched, group_hits, group_limited)
             computed, hit, uncached = coordinator.lookup_prefix(request, num_tokens - 1)
             junction = shared_prefix_junction(hit, uncached)
             request.shared_prefix_boundary = junction
@@ -209,21 +213,27 @@ def replay_cache(
     )
 
 
-def _note_group_hits(
-    coordinator: KVCacheCoordinator, request: Request, max_length: int, hits: list[int], limited: list[int]
+def count_group_hits(
+    lengths: Sequence[int], searched: Sequence[int], hits: list[int], limited: list[int]
 ) -> None:
-    """Add each cached group's own hit (tokens) to ``hits``; count a request in ``limited`` for the groups
-    whose own hit was the shortest while another's was longer. Groups never cached are left out."""
-    _, lengths = coordinator.find_longest_cache_hit_per_group(request.block_hashes, max_length)
-    searched = [g for g, t in enumerate(coordinator.traits) if t.prefix_cacheable]
+    """Fold one request's per-group own hits (``lengths``, tokens, from ``find_longest_cache_hit_per_group``)
+    into ``hits``; count it in ``limited`` for the groups whose own hit was the shortest while another's was
+    longer (the groups that limited its hit). Only the ``searched`` groups (those prefix-cached) count. The
+    pure replay and a timed instance (``per_group``) both count with it."""
     for g in searched:
         hits[g] += lengths[g]
     if searched:
         own = [lengths[g] for g in searched]
-        if min(own) < max(own):
+        low = min(own)
+        if low < max(own):
             for g in searched:
-                if lengths[g] == min(own):
+                if lengths[g] == low:
                     limited[g] += 1
+
+
+def cached_group_ids(coordinator: KVCacheCoordinator) -> tuple[int, ...]:
+    """The groups a prefix hit is searched in (prefix-cacheable ones)."""
+    return tuple(g for g, t in enumerate(coordinator.traits) if t.prefix_cacheable)
 
 
 class PromptAdmission:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvspec.blocks.request import Request
@@ -73,6 +73,9 @@ class Scheduler:
         #: Offload tiers below the GPU cache (None: none): an admission's hit extends past the GPU's with
         #: the tokens they hold, as vLLM's KV connector's external computed tokens.
         self.connector: TierConnector | None = None
+        #: Called with each waiting request just before its prefix lookup (None: nothing): a per-group
+        #: count reads the groups' own hits there, before the admission caches the request's blocks.
+        self.before_lookup: Callable[[Request], None] | None = None
         self._aligned_block = (
             coordinator.scheduler_block_size
             if coordinator.enable_caching and any(t.hits_at_own_block_boundaries for t in coordinator.traits)
@@ -143,6 +146,8 @@ class Scheduler:
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if self.before_lookup is not None:
+                self.before_lookup(request)
             computed, num_computed, uncached = coord.lookup_prefix(request, request.num_tokens - 1)
             coord.record_prefix_hit(request, num_computed)
             external = 0

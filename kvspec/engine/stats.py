@@ -53,6 +53,10 @@ class TimedReplayStats:
     ttft_ms: list[float] = field(default_factory=list)
     e2e_ms: list[float] = field(default_factory=list)
     queue_ms: list[float] = field(default_factory=list)
+    #: With ``per_group`` (a hybrid): per KV-cache group, the tokens its own search found at each request's
+    #: first admission, and the requests whose hit it limited (see ``kvspec.engine.replay.note_group_hits``).
+    group_hit_tokens: list[int] = field(default_factory=list)
+    group_limited_requests: list[int] = field(default_factory=list)
     #: Per finished request (only when the instance records them): trace line, first admission's hit
     #: tokens, queueing, TTFT and end-to-end ms, in finishing order.
     per_request: list[tuple[int, int, float, float, float]] = field(default_factory=list)
@@ -125,6 +129,22 @@ class TimedReplayStats:
             if seconds
             else 0.0,
             **self.tier_figures(),
+            **self.group_figures(),
+        }
+
+    def group_figures(self) -> dict[str, Any]:
+        """Per group (when counted): each group's own reuse ratio, the requests it limited, and the groups
+        that limited the most (several when they limited the same requests); empty when not counted."""
+        if not self.group_hit_tokens:
+            return {}
+        limited = self.group_limited_requests
+        most = max(limited, default=0)
+        return {
+            "group_reuse_ratios": [
+                round(t / self.prompt_tokens, 4) if self.prompt_tokens else 0.0 for t in self.group_hit_tokens
+            ],
+            "group_limited_requests": list(limited),
+            "limiting_groups": [g for g, n in enumerate(limited) if n == most] if most else [],
         }
 
     def summary(self) -> dict[str, float | int]:
@@ -149,6 +169,10 @@ class TimedReplayStats:
         }
 
 
+#: The per-group counts: lists summed element by element when instances merge, not joined.
+_PER_GROUP = frozenset({"group_hit_tokens", "group_limited_requests"})
+
+
 def merge_stats(parts: Sequence[TimedReplayStats]) -> TimedReplayStats:
     """The stats of several instances as one: counts and lists summed, the simulated time the longest."""
     total = TimedReplayStats()
@@ -160,7 +184,12 @@ def merge_stats(parts: Sequence[TimedReplayStats]) -> TimedReplayStats:
             value = getattr(part, f.name)
             if f.name == "tiers":
                 continue
-            if isinstance(value, list):
+            if f.name in _PER_GROUP:  # one count per group: summed group by group
+                summed = getattr(total, f.name)
+                summed.extend([0] * (len(value) - len(summed)))
+                for g, count in enumerate(value):
+                    summed[g] += count
+            elif isinstance(value, list):
                 getattr(total, f.name).extend(value)
             elif f.name == "simulated_ms":
                 total.simulated_ms = max(total.simulated_ms, value)

@@ -73,6 +73,9 @@ class FleetSettings:
     quiet_decode: bool = True
     #: Offload tiers: host memory per instance and one pool all instances share (None: the GPU cache only).
     tiers: TierSettings | None = None
+    #: Count each KV-cache group's own hit at every first admission (``FleetReport`` then gives each group's
+    #: reuse and the groups that limited the hits; one more search per admission).
+    per_group: bool = False
 
     def __post_init__(self) -> None:
         count: object = self.num_instances
@@ -208,6 +211,7 @@ def _start_instances(
             index=i,
             on_finish=on_request,
             tiers=None if tiers is None else build_connector(coordinators[i], tiers, pool=pool),
+            per_group=settings.per_group,
         )
         for i in range(n)
     ]

@@ -67,6 +67,8 @@ class SweepPoint:
     pool_link: str = "default"
     #: Cap every request's output at this many tokens (Mooncake's Fig. 10 caps them at 1); None: the trace's.
     max_output_tokens: int | None = None
+    #: Count each KV-cache group's own hit (``FleetSettings.per_group``); left out of the key when off.
+    per_group: bool = False
 
     def __post_init__(self) -> None:
         if (self.memory is None) == (self.num_blocks is None):
@@ -77,6 +79,8 @@ class SweepPoint:
     def key(self) -> str:
         """The point's identity in a sweep file: its settings as sorted JSON."""
         fields = dataclasses.asdict(self)
+        if not fields["per_group"]:
+            del fields["per_group"]
         for name in _TIER_FIELDS:
             if fields[name] == _TIER_DEFAULTS[name]:
                 del fields[name]
@@ -157,6 +161,7 @@ def fleet_settings(point: SweepPoint, max_num_batched_tokens: int | None = None)
         speedup=point.speedup,
         seed=point.seed,
         tiers=tier_settings(point),
+        per_group=point.per_group,
     )
 
 

@@ -245,3 +245,25 @@ def test_a_request_over_the_context_is_refused_at_the_door_and_counted() -> None
     assert (total["requests"], total["finished"], total["refused"], total["refused_at_door"]) == (3, 2, 1, 1)
     assert total["prompt_tokens"] == 2 * 128 + 5000 and total["prompt_blocks"] == 2 * 8 + 313
     assert sum(row["requests"] for row in report.instances) == 2
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_per_group_names_the_window_that_limits_the_hits(n: int) -> None:
+    """Issue 52: a full + sliding-window hybrid under sparse retention, per_group on. Each group's own reuse
+    is at least the fleet's (the hit is where every group can resume), the window's equals it and limits
+    the hits full attention alone would have taken; the run's other figures are those of a run without it."""
+    config = make_config([full_spec(16), sw_spec(32)], 80)
+    trace = family_trace([0, 0, 1, 0, 1, 1])
+    plain = run_fleet(trace, config, LIMITS, _settings(n, "round_robin")).total
+    counted = run_fleet(
+        trace, config, LIMITS, dataclasses.replace(_settings(n, "round_robin"), per_group=True)
+    ).total
+    groups = ("group_reuse_ratios", "group_limited_requests", "limiting_groups")
+    assert {k: v for k, v in counted.items() if k not in groups and k != "wall_seconds"} == {
+        k: v for k, v in plain.items() if k != "wall_seconds"
+    }
+    full, window = counted["group_reuse_ratios"]
+    assert full > window == counted["reuse_ratio"]
+    assert counted["group_limited_requests"][0] == 0 < counted["group_limited_requests"][1]
+    assert counted["limiting_groups"] == [1]
+    assert not any(k in plain for k in groups)

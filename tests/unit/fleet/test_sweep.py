@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -266,3 +267,10 @@ def test_a_bad_trace_fails_fleet_and_simulate_alike(
     for command in (["fleet", "--num-blocks", "400", "--instances", "2,3"], ["fleet"], ["simulate"]):
         assert main([command[0], "llama-3.1-8b", "--trace", str(path), *command[1:]]) == 1, command
         assert message in capsys.readouterr().err
+
+
+def test_a_points_key_names_per_group_only_when_on() -> None:
+    """Sweep files written before --per-group resume: the key leaves the setting out at its default."""
+    point = SweepPoint(model="llama-3.1-8b", trace="t", num_instances=1, memory=1 << 30)
+    assert "per_group" not in json.loads(point.key())
+    assert json.loads(dataclasses.replace(point, per_group=True).key())["per_group"] is True

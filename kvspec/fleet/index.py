@@ -24,7 +24,7 @@ speed are as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -40,6 +40,7 @@ from kvspec.fleet.index_events import (
     RemovedRead,
     StoredRead,
 )
+from kvspec.intmath import cdiv
 
 #: Group kinds whose stores say "this prefix is servable" (llm-d's accepted kinds).
 PREFIX_KINDS: Final = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
@@ -167,10 +168,11 @@ class KVEventIndex:
         self.num_events += len(events)
         for item in events:
             if type(item) is RemovedRead:
-                if untracked and item.group_idx in untracked:
+                group = item.group_idx
+                if untracked and group is not None and group in untracked:
                     # A window or Mamba group's own copy of a hash full attention may hold too.
                     if self.groups and (item.medium == "GPU" or item.medium is None):
-                        self._group_removed(instance, item)
+                        self._group_removed(instance, group, item)
                     continue
                 if item.medium != "GPU" and item.medium is not None:
                     self._apply_offloaded(instance, item)
@@ -218,17 +220,9 @@ class KVEventIndex:
         """A store or removal on an offloaded medium (the tiers' events: one copy per key)."""
         bit = 1 << instance
         if type(item) is StoredRead:  # of a prefix kind: the caller checked
-            held = self.offloaded.setdefault(str(item.medium), {})
-            for h in item.block_hashes:
-                held[h] = held.get(h, 0) | bit
+            _add_holder(self.offloaded.setdefault(str(item.medium), {}), item.block_hashes, bit)
         elif type(item) is RemovedRead:
-            held = self.offloaded.get(str(item.medium), {})
-            for h in item.block_hashes:
-                mask = held.get(h, 0) & ~bit
-                if mask:
-                    held[h] = mask
-                else:
-                    held.pop(h, None)
+            _drop_holder(self.offloaded.get(str(item.medium), {}), item.block_hashes, bit)
 
     def weighted_overlap(self, block_hashes: Sequence[Any], weights: dict[str, float]) -> list[float]:
         """Per instance, the sum over its consecutive blocks from block 0 of the best weight among the media
@@ -263,23 +257,11 @@ class KVEventIndex:
 
     def _cleared(self, instance: int) -> None:
         bit = 1 << instance
-        holders = self.holders
-        for h in self.held(instance):
-            mask = holders[h] ^ bit
-            if mask:
-                holders[h] = mask
-            else:
-                del holders[h]
+        _drop_holder(self.holders, self.held(instance), bit)
         for key in [key for key in self._repeats if key[1] == instance]:
             del self._repeats[key]
-        keep = ~bit
         for held in self.group_holders.values():
-            for h in [h for h, mask in held.items() if mask & bit]:
-                mask = held[h] & keep
-                if mask:
-                    held[h] = mask
-                else:
-                    del held[h]
+            _drop_holder(held, [h for h, mask in held.items() if mask & bit], bit)
 
     def _group_stored(self, instance: int, item: StoredRead) -> None:
         group = item.group_idx
@@ -292,21 +274,12 @@ class KVEventIndex:
             self.group_windows[group] = (
                 None if item.kv_cache_spec_kind == "mamba" else item.kv_cache_spec_sliding_window or 1
             )
-        bit = 1 << instance
-        for h in item.block_hashes:
-            held[h] = held.get(h, 0) | bit
+        _add_holder(held, item.block_hashes, 1 << instance)
 
-    def _group_removed(self, instance: int, item: RemovedRead) -> None:
-        held = self.group_holders.get(item.group_idx if item.group_idx is not None else -1)
-        if held is None:
-            return
-        keep = ~(1 << instance)
-        for h in item.block_hashes:
-            mask = held.get(h, 0) & keep
-            if mask:
-                held[h] = mask
-            else:
-                held.pop(h, None)
+    def _group_removed(self, instance: int, group: int, item: RemovedRead) -> None:
+        held = self.group_holders.get(group)
+        if held is not None:
+            _drop_holder(held, item.block_hashes, 1 << instance)
 
     def hybrid_overlap(self, block_hashes: Sequence[Any], block_size: int) -> list[int]:
         """Per instance, the longest prefix (blocks of ``block_size`` tokens, from block 0) every group can
@@ -318,11 +291,10 @@ class KVEventIndex:
         depth = self.overlap(block_hashes)
         if not self.group_holders:
             return depth
-        rules = [
-            (held, None if window is None else max(1, -(-(window - 1) // block_size)))
-            for group, held in self.group_holders.items()
-            for window in (self.group_windows[group],)
-        ]
+        rules: list[tuple[dict[Any, int], int | None]] = []
+        for group, held in self.group_holders.items():
+            window = self.group_windows[group]
+            rules.append((held, None if window is None else max(1, cdiv(window - 1, block_size))))
         for instance, full in enumerate(depth):
             if full:
                 depth[instance] = _hybrid_depth(block_hashes, full, 1 << instance, rules)
@@ -344,6 +316,23 @@ class KVEventIndex:
                 alive = still
         _set_depth(depth, alive, len(block_hashes))
         return depth
+
+
+def _add_holder(held: dict[Any, int], hashes: Iterable[Any], bit: int) -> None:
+    """Set ``bit`` (one instance) on each of ``hashes`` in a hash -> bitmask map."""
+    for h in hashes:
+        held[h] = held.get(h, 0) | bit
+
+
+def _drop_holder(held: dict[Any, int], hashes: Iterable[Any], bit: int) -> None:
+    """Clear ``bit`` on each of ``hashes``; a hash no instance holds any longer leaves the map."""
+    keep = ~bit
+    for h in hashes:
+        mask = held.get(h, 0) & keep
+        if mask:
+            held[h] = mask
+        else:
+            held.pop(h, None)
 
 
 def _hybrid_depth(

@@ -225,8 +225,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         check_options(args)
     except OptionError as exc:
-        print(f"kvspec: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse(exc)
     if args.trace is not None:
         return cmd_replay_trace(args)
     try:

@@ -111,7 +111,6 @@ class EngineInstance:
         "index",
         "now_ms",
         "on_finish",
-        "per_group",
         "record_requests",
         "scheduler",
         "stats",
@@ -150,9 +149,8 @@ class EngineInstance:
         self.scheduler.connector = tiers
         self._block_tokens = coordinator.scheduler_block_size
         self.stats = TimedReplayStats(tiers=None if tiers is None else tiers.stats)
-        #: Count each group's own hit at every first admission (a hybrid's limiting group; one more search
-        #: per admission): ``stats.group_hit_tokens`` and ``group_limited_requests``.
-        self.per_group = per_group
+        # ``per_group``: count each group's own hit at every first admission (a hybrid's limiting group; one
+        # more search per admission) into ``stats.group_hit_tokens`` and ``group_limited_requests``.
         self._group_probe: dict[str, tuple[int, ...]] = {}
         self._searched_groups = cached_group_ids(coordinator)
         if per_group:

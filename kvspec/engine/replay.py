@@ -24,6 +24,7 @@ from kvspec.blocks.request import Request
 from kvspec.contracts.release import DEFAULT_PROFILE
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.coordinator import KVCacheBlocks, KVCacheCoordinator, shared_prefix_junction
+from kvspec.engine.stats import limiting_groups, per_group_figures
 from kvspec.engine.traces import TraceRequest, prompt_tokens
 from kvspec.errors import SchedulingError
 from kvspec.intmath import cdiv
@@ -58,11 +59,8 @@ class ReplayStats:
 
     @property
     def limiting_groups(self) -> tuple[int, ...]:
-        """The groups that limited the most hits (several when they limit the same requests, as the layers of
-        one kind split into groups do); empty when no group did."""
-        limited = self.group_limited_requests
-        most = max(limited, default=0)
-        return tuple(g for g, n in enumerate(limited) if n == most) if most else ()
+        """The groups that limited the most hits (:func:`kvspec.engine.stats.limiting_groups`)."""
+        return limiting_groups(self.group_limited_requests)
 
     @property
     def block_hit_rate(self) -> float:
@@ -78,17 +76,8 @@ class ReplayStats:
             "hit_blocks": self.hit_blocks,
             "block_hit_rate": round(self.block_hit_rate, 4),
             "refused": self.refused,
-            **(
-                {
-                    "group_hit_rates": [
-                        round(t / self.prompt_tokens, 4) if self.prompt_tokens else 0.0
-                        for t in self.group_hit_tokens
-                    ],
-                    "group_limited_requests": list(self.group_limited_requests),
-                    "limiting_groups": list(self.limiting_groups),
-                }
-                if self.group_hit_tokens
-                else {}
+            **per_group_figures(
+                self.group_hit_tokens, self.group_limited_requests, self.prompt_tokens, "group_hit_rates"
             ),
         }
 

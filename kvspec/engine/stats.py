@@ -54,7 +54,7 @@ class TimedReplayStats:
     e2e_ms: list[float] = field(default_factory=list)
     queue_ms: list[float] = field(default_factory=list)
     #: With ``per_group`` (a hybrid): per KV-cache group, the tokens its own search found at each request's
-    #: first admission, and the requests whose hit it limited (see ``kvspec.engine.replay.note_group_hits``).
+    #: first admission, and the requests whose hit it limited (see ``kvspec.engine.replay.count_group_hits``).
     group_hit_tokens: list[int] = field(default_factory=list)
     group_limited_requests: list[int] = field(default_factory=list)
     #: Per finished request (only when the instance records them): trace line, first admission's hit
@@ -133,19 +133,11 @@ class TimedReplayStats:
         }
 
     def group_figures(self) -> dict[str, Any]:
-        """Per group (when counted): each group's own reuse ratio, the requests it limited, and the groups
-        that limited the most (several when they limited the same requests); empty when not counted."""
-        if not self.group_hit_tokens:
-            return {}
-        limited = self.group_limited_requests
-        most = max(limited, default=0)
-        return {
-            "group_reuse_ratios": [
-                round(t / self.prompt_tokens, 4) if self.prompt_tokens else 0.0 for t in self.group_hit_tokens
-            ],
-            "group_limited_requests": list(limited),
-            "limiting_groups": [g for g, n in enumerate(limited) if n == most] if most else [],
-        }
+        """Per group (when counted): each group's own reuse ratio at first admission, the requests it
+        limited, the groups that limited the most; empty when not counted."""
+        return per_group_figures(
+            self.group_hit_tokens, self.group_limited_requests, self.prompt_tokens, "group_reuse_ratios"
+        )
 
     def summary(self) -> dict[str, float | int]:
         """The one-instance replay's summary (``kvspec replay-trace``): counts, hit rates, median and p99
@@ -167,6 +159,28 @@ class TimedReplayStats:
             "e2e_ms_p99": round(percentile(self.e2e_ms, 0.99), 1),
             **self.tier_figures(),
         }
+
+
+def limiting_groups(limited: Sequence[int]) -> tuple[int, ...]:
+    """The groups that limited the most hits, from each group's count of limited requests (several when they
+    limited the same requests, as the layers of one kind split into groups do); empty when none did."""
+    most = max(limited, default=0)
+    return tuple(g for g, n in enumerate(limited) if n == most) if most else ()
+
+
+def per_group_figures(
+    hit_tokens: Sequence[int], limited: Sequence[int], prompt_tokens: int, rate_name: str
+) -> dict[str, Any]:
+    """A per-group count's figures (empty when not counted): each group's own hit tokens over the prompt
+    tokens under ``rate_name``, the requests each limited, and the :func:`limiting_groups`. The pure replay
+    and the timed one name the rate differently (a hit rate, a reuse ratio at first admission)."""
+    if not hit_tokens:
+        return {}
+    return {
+        rate_name: [round(t / prompt_tokens, 4) if prompt_tokens else 0.0 for t in hit_tokens],
+        "group_limited_requests": list(limited),
+        "limiting_groups": list(limiting_groups(limited)),
+    }
 
 
 #: The per-group counts: lists summed element by element when instances merge, not joined.
@@ -198,4 +212,11 @@ def merge_stats(parts: Sequence[TimedReplayStats]) -> TimedReplayStats:
     return total
 
 
-__all__ = ["TimedReplayStats", "latency_figures", "merge_stats", "percentile"]
+__all__ = [
+    "TimedReplayStats",
+    "latency_figures",
+    "limiting_groups",
+    "merge_stats",
+    "per_group_figures",
+    "percentile",
+]

@@ -18,7 +18,7 @@ from typing import Literal
 from kvspec.contracts.spec import SchedulerLimits
 from kvspec.contracts.traits import SpecTraits, traits_of
 from kvspec.coordinator.layout import resolve_block_sizes
-from kvspec.planning.config import KVCacheConfig
+from kvspec.planning.config import KVCacheConfig, scheduler_spec
 
 Severity = Literal["impossible", "limited"]
 
@@ -85,7 +85,9 @@ def diagnose_prefix_caching(
                 remedy="turn it on (vLLM: --enable-prefix-caching; kvspec simulate: drop --no-prefix-caching)",
             ),
         )
-    traits = [traits_of(g.kv_cache_spec) for g in groups]
+    # As the coordinator reads them (resolve_block_sizes): a uniform-type group by its representative spec.
+    specs = [scheduler_spec(g.kv_cache_spec) for g in groups]
+    traits = [traits_of(spec) for spec in specs]
     findings: list[PrefixCachingFinding] = []
     never = tuple(i for i, t in enumerate(traits) if not t.supports_prefix_caching)
     if never:
@@ -101,8 +103,8 @@ def diagnose_prefix_caching(
         )
     uncached_states = tuple(
         i
-        for i, (g, t) in enumerate(zip(groups, traits, strict=True))
-        if t.kind == "mamba" and getattr(g.kv_cache_spec, "mamba_cache_mode", "none") == "none"
+        for i, (spec, t) in enumerate(zip(specs, traits, strict=True))
+        if t.kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "none"
     )
     if uncached_states:
         findings.append(
@@ -121,9 +123,10 @@ def diagnose_prefix_caching(
     cached = [i for i, t in enumerate(traits) if t.prefix_cacheable]
     if len(groups) > 1 and cached:
         hit_block, _ = resolve_block_sizes(config, limits, True, None)
-        sizes = sorted({groups[i].kv_cache_spec.block_size for i in cached})
+        tokens = {i: traits[i].block_tokens(specs[i].block_size) for i in cached}
+        sizes = sorted(set(tokens.values()))
         if hit_block > sizes[0]:
-            coarse = tuple(i for i in cached if groups[i].kv_cache_spec.block_size != hit_block)
+            coarse = tuple(i for i in cached if tokens[i] != hit_block)
             findings.append(
                 PrefixCachingFinding(
                     code="coarse_hit_block",

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+# Only light modules at import time: `kvspec --help` must not load torch. The commands import the
+# library when they run.
 from kvspec.cli.args import (
     block_size,
     capacity_message,
@@ -23,9 +25,6 @@ from kvspec.cli.args import (
     refuse,
 )
 from kvspec.cli.args import positive_int as _positive
-
-# Only light modules at import time: `kvspec --help` must not load torch. The commands import the
-# library when they run.
 from kvspec.cli.plots import pyplot, save_figure
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_line, print_table

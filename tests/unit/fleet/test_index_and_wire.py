@@ -192,6 +192,17 @@ def test_groups_kept_apart_give_the_prefix_every_group_can_serve(wire: str) -> N
     assert all(not mask & 1 for held in index.group_holders.values() for mask in held.values())
 
 
+def test_a_window_reads_the_tokens_before_the_boundary_not_the_boundary_itself() -> None:
+    """A 9-token window at 4-token blocks: the token after a hit at boundary 4 (token 16) reads tokens 8-15,
+    two blocks (cdiv(9 - 1, 4)), not three."""
+    index = KVEventIndex(1, groups=True)
+    window = dataclasses.replace(
+        _stored(H[2:4], kind="sliding_window", group=1), kv_cache_spec_sliding_window=9
+    )
+    index.apply(0, encode_event_batch([_stored(H[:4]), window], ts=0))
+    assert index.group_windows == {1: 9} and index.hybrid_overlap(H[:4], 4) == [4]
+
+
 def test_without_groups_the_index_keeps_no_group_residency() -> None:
     index = KVEventIndex(1)
     index.apply(0, encode_event_batch([_stored(H[:2]), _state([H[1]])], ts=0))

@@ -13,6 +13,7 @@ from kvspec.cli.plots import pyplot, save_figure
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
 from kvspec.cli.tiers import add_tier_options, check_tier_options
+from kvspec.contracts.release import DEFAULT_BLOCK_SIZE
 from kvspec.errors import InsufficientKVCacheMemoryError, KVSpecError, OptionError
 
 #: Per-instance KV blocks when neither --memory nor --num-blocks is given: DynoSim's default.
@@ -72,7 +73,12 @@ def add_fleet_parser(sub: Any) -> None:
         help=f"KV cache blocks per instance (default {DEFAULT_BLOCKS}, DynoSim's)",
     )
     p.add_argument("--eviction", type=_list(str), default=["lru"], metavar="POLICY[,...]", help="default lru")
-    p.add_argument("--block-size", type=block_size, default=16, help="tokens per block (default 16)")
+    p.add_argument(
+        "--block-size",
+        type=block_size,
+        default=DEFAULT_BLOCK_SIZE,
+        help=f"tokens per block (default {DEFAULT_BLOCK_SIZE}, vLLM 0.34's)",
+    )
     p.add_argument(
         "--step-time",
         default="default",

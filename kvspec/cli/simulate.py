@@ -29,6 +29,7 @@ from kvspec.cli.tiers import check_tier_options, given_tier_options, tier_settin
 
 # Only light modules at import time (the parser is built for `kvspec --help`); the command imports
 # the engine, torch and the library when it runs.
+from kvspec.contracts.release import DEFAULT_BLOCK_SIZE
 from kvspec.engine.workloads import make_workload
 from kvspec.errors import (
     InsufficientKVCacheMemoryError,
@@ -53,8 +54,6 @@ UNLIMITED_MEMORY = 1 << 50
 DEFAULT_TRACE_CHUNK = 8192
 #: Running requests at most in a timed replay (vLLM's default max_num_seqs on GPUs).
 DEFAULT_TRACE_SEQS = 256
-#: Tokens per block when --block-size is not given (a layout file's own block sizes apply to it).
-DEFAULT_BLOCK_SIZE = 16
 #: Simulations are bounded: past this many requests a run takes minutes and says nothing new.
 MAX_REQUESTS = 100_000
 

@@ -9,8 +9,9 @@ from typing import Any
 from kvspec.cli.args import block_size, bounded_int, parse_bytes
 from kvspec.cli.args import positive_int as _positive
 from kvspec.cli.plugins import add_plugin_options
-from kvspec.cli.simulate import DEFAULT_BLOCK_SIZE, MAX_REQUESTS, cmd_simulate
+from kvspec.cli.simulate import MAX_REQUESTS, cmd_simulate
 from kvspec.cli.tiers import add_tier_options
+from kvspec.contracts.release import DEFAULT_BLOCK_SIZE
 from kvspec.engine.workloads import WORKLOADS
 
 

@@ -15,10 +15,12 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from kvspec.contracts.traits import SpecTraits
 from kvspec.errors import UnsupportedConfigurationError
+
+if TYPE_CHECKING:  # the profiles load without torch (the CLI's help and option defaults read them)
+    from kvspec.contracts.traits import SpecTraits
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -353,6 +355,9 @@ PROFILES: Final[Mapping[str, ReleaseProfile]] = MappingProxyType(
 )
 #: The profile used when none is given: the current vLLM release.
 DEFAULT_PROFILE = VLLM_0_34
+#: Tokens per block when none is given, in every command and API that takes a block size: the default
+#: profile's (vLLM 0.34's ``DEFAULT_BLOCK_SIZE``, 64).
+DEFAULT_BLOCK_SIZE: Final = DEFAULT_PROFILE.default_block_size
 
 
 def profile_for_vllm_version(version: str) -> ReleaseProfile:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvspec.blocks.request import Request
+from kvspec.contracts.release import DEFAULT_BLOCK_SIZE
 from kvspec.contracts.spec import KVCacheSpec, SchedulerLimits
 from kvspec.coordinator import KVCacheCoordinator
 from kvspec.engine.model import TinyDecoder, TinyModelConfig
@@ -113,7 +114,7 @@ class Engine:
         model_config: TinyModelConfig,
         *,
         num_blocks: int,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         enable_caching: bool = True,
         max_num_batched_tokens: int = 64,
         max_num_seqs: int = 8,

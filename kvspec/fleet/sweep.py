@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvspec.contracts.release import DEFAULT_EVENT_RELEASE
+from kvspec.contracts.release import DEFAULT_BLOCK_SIZE, DEFAULT_EVENT_RELEASE
 from kvspec.engine.traces import TraceRequest
 from kvspec.errors import FleetConfigError, KVSpecError, TraceFormatError
 from kvspec.tiers.connector import FAMILIES
@@ -46,7 +46,7 @@ class SweepPoint:
     memory: int | None = None
     num_blocks: int | None = None
     limit: int | None = None
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     step_time: str = "default"
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256

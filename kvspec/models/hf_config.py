@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 
+from kvspec.contracts.release import DEFAULT_BLOCK_SIZE
 from kvspec.contracts.spec import KVCacheSpec, MambaCacheMode
 from kvspec.errors import KVSpecError, ModelConfigError
 from kvspec.models import families as _families  # noqa: F401  (registers the built-in families)
@@ -161,7 +162,7 @@ def _split_stages(
 def build_model_layout(
     model: str = DEFAULT_MODEL,
     *,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     dtype: str | None = None,
     kv_cache_dtype: str = "auto",
     tensor_parallel_size: int = 1,
@@ -249,7 +250,7 @@ def layout_from_config(
     cfg: Mapping[str, Any],
     *,
     name: str = "config",
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     dtype: str | None = None,
     kv_cache_dtype: str = "auto",
     tensor_parallel_size: int = 1,

@@ -350,7 +350,7 @@ def test_simulate_default_demo_shows_prefix_caching_and_a_starved_pool_says_why(
     assert main(["simulate", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["prefix_cache_hit_rate"] > 0.5 and report["preemptions"] == 0 and not report["notes"]
-    assert main(["simulate", "--json", "--num-blocks", "64"]) == 0
+    assert main(["simulate", "--json", "--num-blocks", "16"]) == 0  # 16 blocks of 64 tokens
     starved = json.loads(capsys.readouterr().out)
     assert starved["prefix_cache_hit_rate"] < report["prefix_cache_hit_rate"] / 4
     assert any("ran full" in note and "--num-blocks" in note for note in starved["notes"])
@@ -464,13 +464,13 @@ def test_simulate_trace_sweep_hit_rate_grows_with_the_cache(
     assert main(["simulate", "llama-3.1-8b", "--trace", trace, "--json", "--sweep", "4"]) == 0
     sweep = json.loads(capsys.readouterr().out)["sweep"]
     blocks = [row["num_blocks"] for row in sweep]
-    # Cached: 3 shared first blocks (32 blocks of 16 each) + 12 own second blocks (488 tokens: 30 full
-    # blocks; the 8-token tails are never cached); plus the longest prompt's 63 blocks.
-    assert blocks[-1] == 3 * 32 + 12 * 30 + 63 and blocks == sorted(blocks) and len(blocks) == 4
+    # 64-token blocks (the default). Cached: 3 shared first blocks (8 blocks of 64 each) + 12 own second
+    # blocks (488 tokens: 7 full blocks; the 40-token tails are never cached); plus the longest prompt's 16.
+    assert blocks[-1] == 3 * 8 + 12 * 7 + 16 and blocks == sorted(blocks) and len(blocks) == 4
     assert blocks[0] == round(blocks[-1] / 10)
     rates = [row["token_hit_rate"] for row in sweep]
     assert rates == sorted(rates) and sweep[-1]["hit_tokens"] == unlimited["hit_tokens"] == 9 * 512
-    assert sweep[0]["refused"] == 12 and sweep[0]["hit_tokens"] == 0  # 52 blocks hold no 63-block prompt
+    assert sweep[0]["refused"] == 12 and sweep[0]["hit_tokens"] == 0  # 12 blocks hold no 16-block prompt
 
 
 def test_simulate_trace_runs_a_sweep_in_a_process_pool_with_the_same_rows(
@@ -514,10 +514,10 @@ def test_simulate_trace_compares_policies_and_refuses_an_unknown_one(
     assert report["eviction"] == ["lru", "lfu"]
     sweep = report["sweep"]
     assert [(row["policy"], row["num_blocks"]) for row in sweep] == [
-        ("lru", 52),
-        ("lru", 519),
-        ("lfu", 52),
-        ("lfu", 519),
+        ("lru", 12),
+        ("lru", 124),
+        ("lfu", 12),
+        ("lfu", 124),
     ]
     assert sweep[1]["hit_tokens"] == sweep[3]["hit_tokens"] == 9 * 512
     plot = tmp_path / "policies.png"
@@ -543,12 +543,14 @@ def test_simulate_trace_retains_sliding_window_blocks_as_vllm_034_plans(
     """Gemma 3 (1,024-token windows) on three prompts sharing four 512-token trace blocks. Dense window caching
     lets the second and third hit all 2,048 shared tokens. vLLM 0.34's planned retention (0, the default)
     keeps window blocks only at replay boundaries and junctions: the second hits nothing and pins the
-    junction at 2,048, which the third hits. Every 1,536 tokens also keeps a window tail at 1,536."""
+    junction at 2,048, which the third hits. Every 1,536 tokens also keeps a window tail at 1,536. 16-token
+    blocks: at 64 the replay tail before 2,560 starts at 1,536 and completes the second request's 2,048 hit."""
     rows = [
         {"timestamp": i, "input_length": 2600, "output_length": 1, "hash_ids": [1, 2, 3, 4, 10 + i, 20 + i]}
         for i in range(3)
     ]
-    argv = ["simulate", "google/gemma-3-27b-it", "--trace", _trace(tmp_path, rows), "--json"]
+    trace = _trace(tmp_path, rows)
+    argv = ["simulate", "google/gemma-3-27b-it", "--trace", trace, "--json", "--block-size", "16"]
     assert main(argv + ([] if retention is None else ["--retention-interval", retention])) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["prefix_cache_retention_interval"], report["hit_tokens"]) == (shown, hit_tokens)

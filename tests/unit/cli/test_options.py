@@ -153,9 +153,9 @@ def test_a_replay_refuses_prompts_over_the_models_context(
     assert main(["simulate", "Qwen/Qwen3-8B", "--trace", trace, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["max_model_len"] == 40_960 and report["refused"] == 1
-    # The third (600 tokens) hits the first's ids 1 and 2 up to its last whole 16-token block before its last
-    # token (592); the refused one is not cached.
-    assert report["hit_tokens"] == 592
+    # The third (600 tokens) hits the first's ids 1 and 2 up to its last whole 64-token block before its last
+    # token (576); the refused one is not cached.
+    assert report["hit_tokens"] == 576
     assert main(["simulate", "Qwen/Qwen3-8B", "--trace", trace, "--json", "--max-model-len", "1000"]) == 0
     assert json.loads(capsys.readouterr().out)["refused"] == 2
     assert run(["simulate", "Qwen/Qwen3-8B", "--trace", trace, "--max-model-len", "65536"]) == 2
@@ -229,8 +229,9 @@ def test_reports_print_values_not_python_reprs(tmp_path: Path, capsys: pytest.Ca
 
 def test_the_pool_full_note_fires_for_a_hybrid(capsys: pytest.CaptureFixture[str]) -> None:
     """The tiny hybrid's pool peaks at 95.65% of 23 usable blocks (its groups take blocks in steps), which
-    never reached the old 100% test, while its hit rate fell to 0; 256 blocks hold the workload."""
-    assert main(["simulate", "tiny-hybrid", "--num-blocks", "24", "--json"]) == 0
+    never reached the old 100% test, while its hit rate fell to 0; 256 blocks hold the workload. (Blocks of 16
+    tokens.)"""
+    assert main(["simulate", "tiny-hybrid", "--num-blocks", "24", "--block-size", "16", "--json"]) == 0
     small = json.loads(capsys.readouterr().out)
     assert small["peak_block_usage"] < 1.0 and any("ran full" in n for n in small["notes"])
     assert main(["simulate", "tiny-hybrid", "--num-blocks", "256", "--json"]) == 0
@@ -257,7 +258,7 @@ def test_the_plot_path_is_opened_before_any_work_and_left_as_it_was(tmp_path: Pa
 def test_a_timed_replay_with_host_memory_reports_reuse_per_tier(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The first and third prompts share hash id 1 (512 tokens); 40 GPU blocks of 16 hold one prompt, so the
+    """The first and third prompts share hash id 1 (512 tokens); 10 GPU blocks of 64 hold one prompt, so the
     second evicts the first: the third finds the shared block in host memory. The tiers' reuse adds up with
     the GPU's."""
     rows = [
@@ -271,7 +272,7 @@ def test_a_timed_replay_with_host_memory_reports_reuse_per_tier(
         _trace(tmp_path, rows),
         "--timed",
         "--num-blocks",
-        "40",
+        "10",
         "--json",
     ]
     assert main([*argv, "--host-memory", "1GiB"]) == 0
@@ -298,3 +299,29 @@ def test_per_group_reports_each_groups_hits(tmp_path: Path, capsys: pytest.Captu
     assert "group hit rates" in text and f"{groups - 1} full_attention: " in text
     assert main([*argv, "--json"]) == 0
     assert "group_hit_rates" not in json.loads(capsys.readouterr().out)
+
+
+def test_every_command_and_the_api_default_to_vllm_034s_block_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One default block size (issue 51): vLLM 0.34's 64 tokens in `plan`, `simulate`, `fleet`, the layout
+    builders, the tiny engine and a fleet sweep point. Before, only `plan` used 64; the rest used 16."""
+    from kvspec.cli.main import make_parser
+    from kvspec.contracts.release import DEFAULT_BLOCK_SIZE, VLLM_0_34
+    from kvspec.engine import TINY_FULL, Engine
+    from kvspec.fleet.sweep import SweepPoint
+    from kvspec.models import build_model_layout, layout_from_config, load_model_config
+
+    assert DEFAULT_BLOCK_SIZE == VLLM_0_34.default_block_size == 64
+    assert main(["plan", "llama-3.1-8b", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["requested_block_size"] == 64
+    assert main(["simulate", "llama-3.1-8b", "--trace", _trace(tmp_path, ROWS), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["block_size"] == 64
+    fleet = make_parser().parse_args(["fleet", "llama-3.1-8b", "--trace", "t.jsonl"])
+    assert fleet.block_size == 64
+    assert SweepPoint(model="m", trace="t", num_instances=1, num_blocks=8).block_size == 64
+    layout = build_model_layout("llama-3.1-8b")
+    assert {spec.block_size for spec in layout.layer_specs.values()} == {64}
+    _, cfg = load_model_config("llama-3.1-8b")
+    assert {spec.block_size for spec in layout_from_config(cfg).layer_specs.values()} == {64}
+    assert Engine.tiny(TINY_FULL, num_blocks=8).coordinator.scheduler_block_size == 64

@@ -17,8 +17,14 @@ from kvspec.engine import TINY_FULL, TINY_HYBRID, Engine, TinyDecoder, TinyModel
 def run(
     cfg: TinyModelConfig, prompts: list[list[int]], max_tokens: int, *, caching: bool, num_blocks: int
 ) -> tuple[list[list[int]], Engine]:
+    # 16-token blocks: prompts of 56-90 tokens then span several blocks, and small pools preempt.
     engine = Engine.tiny(
-        cfg, num_blocks=num_blocks, enable_caching=caching, max_num_batched_tokens=48, max_num_seqs=6
+        cfg,
+        num_blocks=num_blocks,
+        block_size=16,
+        enable_caching=caching,
+        max_num_batched_tokens=48,
+        max_num_seqs=6,
     )
     ids = [engine.add_request(p, max_tokens) for p in prompts]
     outputs = engine.run()
@@ -61,7 +67,7 @@ def test_chunked_prefill_longer_than_window() -> None:
 
 
 def test_engine_rejects_impossible_prompt() -> None:
-    engine = Engine.tiny(TINY_FULL, num_blocks=3, max_num_batched_tokens=64)
+    engine = Engine.tiny(TINY_FULL, num_blocks=3, block_size=16, max_num_batched_tokens=64)
     engine.add_request(list(range(80)), 2)
     with pytest.raises(SchedulingError, match="'0' can never be admitted"):
         engine.run()

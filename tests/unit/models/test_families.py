@@ -150,7 +150,7 @@ def test_gpt_oss_alternates_windows_and_full_attention() -> None:
     assert layout.family == "gpt-oss (attention sinks)"
     assert isinstance(specs[0], SlidingWindowSpec) and isinstance(specs[1], FullAttentionSpec)
     assert all(s.sliding_window == 128 for s in specs if isinstance(s, SlidingWindowSpec))
-    assert specs[1].page_size_bytes == 16 * 2 * 8 * 64 * BF16
+    assert specs[1].page_size_bytes == 64 * 2 * 8 * 64 * BF16  # 64-token blocks: vLLM 0.34's default
 
 
 def test_gemma3_without_max_position_embeddings_takes_131072() -> None:

@@ -20,7 +20,7 @@ from kvspec import (
 from kvspec.errors import ModelConfigError
 from kvspec.models import build_model_layout, layout_from_config, load_model_config, preset_names
 
-B = 16
+B = 64  # tokens per block when none is given: vLLM 0.34's DEFAULT_BLOCK_SIZE
 BF16 = 2
 
 
@@ -54,7 +54,7 @@ def test_llama_3_1_8b() -> None:
     # 32 layers, 8 KV heads of 128, bf16: K+V = 2*8*128*2 = 4096 bytes per token and layer
     spec = build_model_layout("meta-llama/Llama-3.1-8B").layer_specs["model.layers.0"]
     assert isinstance(spec, FullAttentionSpec)
-    assert spec.page_size_bytes == B * 2 * 8 * 128 * BF16 == 65_536
+    assert spec.page_size_bytes == B * 2 * 8 * 128 * BF16 == 262_144
     assert token_bytes("llama-3.1-8b") == 32 * 4096 == 131_072
     assert build_model_layout("llama-3.1-8b").max_model_len == 131_072
 
@@ -68,7 +68,7 @@ def test_mistral_sliding_window() -> None:
     layout = build_model_layout("mistralai/Mistral-7B-v0.1")
     spec = layout.layer_specs["model.layers.31"]
     assert isinstance(spec, SlidingWindowSpec) and spec.sliding_window == 4096
-    assert spec.page_size_bytes == 65_536
+    assert spec.page_size_bytes == B * 2 * 8 * 128 * BF16 == 262_144
     assert token_bytes("mistral-7b") == 131_072
 
 
@@ -77,7 +77,7 @@ def test_gemma2_alternates() -> None:
     specs = list(layout.layer_specs.values())
     expected: list[type] = [SlidingWindowSpec, FullAttentionSpec] * 2
     assert [type(s) for s in specs[:4]] == expected
-    assert specs[0].page_size_bytes == B * 2 * 8 * 256 * BF16 == 131_072
+    assert specs[0].page_size_bytes == B * 2 * 8 * 256 * BF16 == 524_288
     assert token_bytes("gemma-2-9b") == 42 * 2 * 8 * 256 * BF16 == 344_064
 
 
@@ -94,7 +94,7 @@ def test_deepseek_v3_mla() -> None:
     spec = build_model_layout("deepseek-ai/DeepSeek-V3", tensor_parallel_size=8).layer_specs["model.layers.0"]
     assert isinstance(spec, MLAAttentionSpec)
     assert spec.head_size == 512 + 64 and spec.num_kv_heads == 1  # the latent is not split by TP
-    assert spec.page_size_bytes == B * 576 * BF16 == 18_432
+    assert spec.page_size_bytes == B * 576 * BF16 == 73_728
     assert token_bytes("deepseek-v3") == 61 * 576 * BF16 == 70_272
     fp8 = build_model_layout("deepseek-v3", kv_cache_dtype="fp8_ds_mla").layer_specs["model.layers.0"]
     assert fp8.page_size_bytes == B * 656
@@ -120,11 +120,12 @@ def test_jamba_mamba_hybrid() -> None:
     assert mamba.unpadded_page_size_bytes == state == 311_296
     attn = specs["model.layers.4"]
     per_token = 2 * 8 * 128 * BF16
-    # attention block grows to hold one state: 16 * ceil(311296 / (16 * 4096)) = 80 tokens
-    assert attn.block_size == 80 and attn.page_size_bytes == 80 * per_token == 327_680
+    # attention block grows, in steps of the 64-token block (vLLM 0.34), to hold one state:
+    # 64 * ceil(311296 / (64 * 4096)) = 128 tokens
+    assert attn.block_size == 128 and attn.page_size_bytes == 128 * per_token == 524_288
     assert mamba.page_size_bytes == attn.page_size_bytes
     assert mamba.block_size == layout.max_model_len  # one state per request without prefix caching
-    assert any("raised from 16 to 80" in n for n in layout.notes)
+    assert any("raised from 64 to 128" in n for n in layout.notes)
 
 
 def test_whisper_cross_attention() -> None:
@@ -133,7 +134,7 @@ def test_whisper_cross_attention() -> None:
     assert kinds("whisper-large-v3") == {"FullAttentionSpec": 32, "CrossAttentionSpec": 32}
     cross = specs["model.decoder.layers.0.encoder_attn"]
     assert isinstance(cross, CrossAttentionSpec)
-    assert cross.page_size_bytes == B * 2 * 20 * 64 * 2 == 81_920  # fp16
+    assert cross.page_size_bytes == B * 2 * 20 * 64 * 2 == 327_680  # fp16
     assert layout.max_num_encoder_input_tokens == 1500 and layout.max_model_len == 448
 
 
@@ -149,9 +150,9 @@ def test_tensor_and_pipeline_parallel() -> None:
 
 def test_dtypes() -> None:
     fp8 = build_model_layout("llama-3.1-8b", kv_cache_dtype="fp8").layer_specs["model.layers.0"]
-    assert fp8.page_size_bytes == 32_768 and fp8.dtype == torch.float8_e4m3fn  # type: ignore[attr-defined]
+    assert fp8.page_size_bytes == B * 2 * 8 * 128 == 131_072 and fp8.dtype == torch.float8_e4m3fn  # type: ignore[attr-defined]
     fp32 = build_model_layout("llama-3.1-8b", dtype="fp32").layer_specs["model.layers.0"]
-    assert fp32.page_size_bytes == 131_072
+    assert fp32.page_size_bytes == B * 2 * 8 * 128 * 4 == 524_288
     with pytest.raises(ModelConfigError, match="Unknown dtype 'fp7'"):
         build_model_layout("llama-3.1-8b", dtype="fp7")
     with pytest.raises(ModelConfigError, match="MLA"):

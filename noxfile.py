@@ -283,6 +283,25 @@ def compiled(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11", default=False)
+def ray(session: nox.Session) -> None:
+    """The Ray executor on a real Ray (``kvspec[ray]``, Ray 2.60.0): a local Ray the sweep starts and stops,
+    and docs/FLEET.md's ``ray start`` recipe, each giving the rows of the process pool and of one process
+    (``tests/unit/fleet/test_sweep.py``; about a minute). Run by ``.ci/run``."""
+    session.install("-c", "constraints.txt", "torch==2.13.0")
+    session.install("-c", "constraints.txt", "-e", ".[dev]", "ray==2.60.0")
+    session.run(
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "tests/unit/fleet/test_sweep.py",
+        "-k",
+        "ray",
+        *session.posargs,
+        env={"KVSPEC_REAL_RAY": "1", "KVSPEC_TYPECHECK": "full"},
+    )
+
+
+@nox.session(python="3.11", default=False)
 def wheel(session: nox.Session) -> None:
     """README's install as a user does it: build kvspec's wheel from this checkout (pure; with
     ``KVSPEC_COMPILE=1`` the mypyc-compiled one, a few minutes), install it with its extras into this fresh

@@ -314,8 +314,26 @@ def check_ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) 
     except OSError as exc:
         raise FleetConfigError(
             f"no Ray cluster answers at {address} within {timeout_s:g} s ({exc.strerror or exc}); start one "
-            "(ray start --head --node-ip-address 127.0.0.1 --port PORT) or leave out --ray-address for a "
+            "(ray start --head --port PORT --dashboard-host 127.0.0.1) or leave out --ray-address for a "
             "local Ray"
+        ) from None
+
+
+def _start_ray(ray: Any, ray_address: str | None) -> None:
+    """``ray.init``; a cluster that answers but refuses this driver (Ray 2.5x's ``ray start`` turns on token
+    authentication, which a driver sends only under ``RAY_AUTH_MODE=token``) is one FleetConfigError line
+    naming the address, not Ray's traceback."""
+    try:
+        ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
+    except (ConnectionError, RuntimeError) as exc:
+        hint = (
+            ""
+            if os.environ.get("RAY_AUTH_MODE") == "token"
+            else "; a cluster started by `ray start` authenticates by token: run with RAY_AUTH_MODE=token"
+        )
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FleetConfigError(
+            f"the Ray cluster at {ray_address or 'a new local Ray'} refused this driver ({reason}){hint}"
         ) from None
 
 
@@ -330,7 +348,7 @@ def _run_on_ray(
     if started:
         if ray_address is not None and ray_address not in ("auto", "local"):
             check_ray_reachable(ray_address)  # Ray itself retries an unreachable cluster without a word
-        ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
+        _start_ray(ray, ray_address)
     try:
         remote = ray.remote(_ray_run)
         # Points that share a trace file and limit share one object: the trace is shipped once.

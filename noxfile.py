@@ -308,8 +308,8 @@ def ray(session: nox.Session) -> None:
     """The Ray executor on a real Ray (``kvspec[ray]``, Ray 2.60.0): a local Ray the sweep starts and stops,
     and docs/FLEET.md's ``ray start`` recipe, each giving the rows of the process pool and of one process
     (``tests/unit/fleet/test_sweep.py``; about a minute). Run by ``.ci/run``."""
-    session.install("-c", "constraints.txt", "torch==2.13.0")
-    session.install("-c", "constraints.txt", "-e", ".[dev]", "ray==2.60.0")
+    _install(session)
+    session.install("ray==2.60.0")
     session.run(
         "pytest",
         "-p",

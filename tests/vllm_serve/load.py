@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import sys
@@ -207,7 +208,7 @@ def run_load(name: str, work_dir: Path, num_requests: int, clients: int) -> dict
     env = dict(config.plugin_env)
     if env:
         env.update(KVSPEC_LOAD_PROBE=str(probe), PYTHONPATH=str(REPO))
-    config = ServerConfig(label=config.label, events=False, plugin_env=env)
+    config = dataclasses.replace(config, plugin_env=env)
     asks = load_workload(num_requests)
     with running_server(model_dir(work_dir, MODEL), MODEL, config, work_dir) as server:
         outcomes, wall_s = asyncio.run(drive(server.base_url, asks, clients))

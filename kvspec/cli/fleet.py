@@ -9,7 +9,7 @@ from typing import Any
 
 from kvspec.cli.args import block_size, capacity_message, comma_list, event_release, parse_bytes, refuse
 from kvspec.cli.args import positive_int as _positive
-from kvspec.cli.plots import pyplot, save_figure
+from kvspec.cli.plots import pyplot, save_figure, write_plot
 from kvspec.cli.plugins import add_plugin_options, load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
 from kvspec.cli.tiers import add_tier_options, check_tier_options
@@ -408,8 +408,5 @@ def cmd_fleet(args: argparse.Namespace) -> int:
             print("  ".join(str(inst[k]).rjust(12) for k in keys))
     else:
         print_sweep(rows)
-    if args.plot:
-        plot_fleet(rows, args.plot, f"{args.model}, {args.trace.rsplit('/', 1)[-1]}")
-        if not args.json:
-            print(f"plot written to {args.plot}")
+    write_plot(args, lambda path: plot_fleet(rows, path, f"{args.model}, {args.trace.rsplit('/', 1)[-1]}"))
     return 0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -25,4 +27,12 @@ def save_figure(fig: Any, path: str) -> None:
     pyplot().close(fig)
 
 
-__all__ = ["pyplot", "save_figure"]
+def write_plot(args: argparse.Namespace, draw: Callable[[str], None]) -> None:
+    """A command's ``--plot``: ``draw`` to the path asked for, then say where (not when stdout is ``--json``)."""
+    if args.plot:
+        draw(args.plot)
+        if not args.json:
+            print(f"plot written to {args.plot}")
+
+
+__all__ = ["pyplot", "save_figure", "write_plot"]

@@ -22,7 +22,7 @@ from kvspec.cli.args import (
     parse_bytes,
     refuse,
 )
-from kvspec.cli.plots import pyplot, save_figure
+from kvspec.cli.plots import pyplot, save_figure, write_plot
 from kvspec.cli.plugins import load_installed_plugins
 from kvspec.cli.terminal import print_report, shows_progress
 from kvspec.cli.tiers import check_tier_options, given_tier_options, tier_settings
@@ -292,10 +292,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print_report(report)
-    if args.plot:
-        plot_run(engine.stats, args.plot, f"{args.model}, {args.workload}, {args.requests} requests")
-        if not args.json:
-            print(f"plot written to {args.plot}")
+    title = f"{args.model}, {args.workload}, {args.requests} requests"
+    write_plot(args, lambda path: plot_run(engine.stats, path, title))
     return 0
 
 
@@ -778,7 +776,4 @@ def _print_trace_report(
             )
     else:
         print_report(report)
-    if args.plot:
-        plot_sweep(rows, args.plot, f"{args.model}, {args.trace.rsplit('/', 1)[-1]}")
-        if not args.json:
-            print(f"plot written to {args.plot}")
+    write_plot(args, lambda path: plot_sweep(rows, path, f"{args.model}, {args.trace.rsplit('/', 1)[-1]}"))

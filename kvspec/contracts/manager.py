@@ -141,6 +141,12 @@ class HitQuery(NamedTuple):
     pcp_world_size: int = 1
     fine_block_hashes: Sequence[bytes] | None = None
 
+    @property
+    def block_tokens(self) -> int:
+        """Tokens per block of the searched groups: the spec's block size as its traits count it (a
+        compressed spec stores fewer), before any context-parallel scaling."""
+        return self.traits.block_tokens(self.kv_cache_spec.block_size)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BlockCopy:

@@ -21,18 +21,16 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
             raise UnsupportedConfigurationError(
                 "Chunked local attention prefix caching does not support context parallelism."
             )
-        block_hashes, kv_cache_group_ids, block_pool = (
-            query.block_hashes,
-            query.kv_cache_group_ids,
-            query.block_pool,
-        )
-        max_length, alignment_tokens = query.max_length, query.alignment_tokens
-        block_size = query.traits.block_tokens(query.kv_cache_spec.block_size)
-        if block_size != alignment_tokens:
+        block_size = query.block_tokens
+        if block_size != query.alignment_tokens:
             raise UnsupportedConfigurationError(
                 f"Chunked local attention needs hits aligned to its own block size {block_size}, "
-                f"got an alignment of {alignment_tokens} tokens."
+                f"got an alignment of {query.alignment_tokens} tokens."
             )
+        block_hashes = query.block_hashes
+        block_pool = query.block_pool
+        kv_cache_group_ids = query.kv_cache_group_ids
+        max_length = query.max_length
         chunk = declared_span(
             query.kv_cache_spec, query.traits, "attention_chunk_size", "ChunkedLocalAttentionManager"
         )

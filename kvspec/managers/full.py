@@ -20,16 +20,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
-        block_hashes, kv_cache_group_ids, block_pool = (
-            query.block_hashes,
-            query.kv_cache_group_ids,
-            query.block_pool,
-        )
-        block_size = (
-            query.traits.block_tokens(query.kv_cache_spec.block_size)
-            * query.dcp_world_size
-            * query.pcp_world_size
-        )
+        block_hashes = query.block_hashes
+        block_pool = query.block_pool
+        kv_cache_group_ids = query.kv_cache_group_ids
+        block_size = query.block_tokens * query.dcp_world_size * query.pcp_world_size
         computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in kv_cache_group_ids)
         max_num_blocks = min(query.max_length // block_size, len(block_hashes))
         lookup = block_pool.get_cached_block

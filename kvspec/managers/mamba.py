@@ -78,13 +78,14 @@ class MambaManager(SingleTypeKVCacheManager):
     def find_longest_cache_hit(cls, query: HitQuery) -> HitResult:
         if query.dcp_world_size * query.pcp_world_size != 1:
             raise UnsupportedConfigurationError("Mamba prefix caching does not support context parallelism.")
-        block_hashes, kv_cache_group_ids, block_pool = (
-            query.block_hashes,
-            query.kv_cache_group_ids,
-            query.block_pool,
+        block_hashes = query.block_hashes
+        block_pool = query.block_pool
+        kv_cache_group_ids = query.kv_cache_group_ids
+        max_length, alignment_tokens, block_size = (
+            query.max_length,
+            query.alignment_tokens,
+            query.block_tokens,
         )
-        max_length, alignment_tokens = query.max_length, query.alignment_tokens
-        block_size = query.traits.block_tokens(query.kv_cache_spec.block_size)
         max_num_blocks = min(max_length // block_size, len(block_hashes))
         null = block_pool.null_block
         computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in kv_cache_group_ids)

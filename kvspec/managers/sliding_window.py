@@ -36,13 +36,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                 "Sliding-window prefix caching does not support context parallelism."
             )
         window = declared_span(query.kv_cache_spec, query.traits, "sliding_window", "SlidingWindowManager")
-        block_hashes, kv_cache_group_ids, block_pool = (
-            query.block_hashes,
-            query.kv_cache_group_ids,
-            query.block_pool,
-        )
-        use_eagle, alignment_tokens = query.use_eagle, query.alignment_tokens
-        block_size = query.traits.block_tokens(query.kv_cache_spec.block_size)
+        block_hashes = query.block_hashes
+        block_pool = query.block_pool
+        kv_cache_group_ids = query.kv_cache_group_ids
+        use_eagle, alignment_tokens, block_size = query.use_eagle, query.alignment_tokens, query.block_tokens
         max_length = query.max_length
         need = cdiv(window - 1, block_size) + (1 if use_eagle else 0)
         max_num_blocks = min(max_length // block_size, len(block_hashes))

@@ -164,19 +164,6 @@ class _Driver:
 class _Scenario(_Driver):
     """check_plugin's fixed scenario (admit, hit, decode, preempt, refuse, finish, reset, events)."""
 
-    def __init__(
-        self,
-        config: KVCacheConfig,
-        limits: SchedulerLimits,
-        registry: AnyRegistry,
-        caching: bool,
-        report: ConformanceReport,
-        label: str,
-        profile: ReleaseProfile | None = None,
-    ) -> None:
-        super().__init__(config, limits, registry, caching, label, profile)
-        self.report = report
-
     def admit_whole(self, request: Request) -> int:
         hit = self.admit(request)
         if hit is None:
@@ -193,8 +180,8 @@ class _Scenario(_Driver):
             if not self.step(request, 1):
                 raise _fail(f"[{self.label}] a one-token decode step was refused with free blocks left.")
 
-    def run(self, traits: SpecTraits) -> None:
-        coord, report, label = self.coord, self.report, self.label
+    def run(self, traits: SpecTraits, report: ConformanceReport) -> None:
+        coord, label = self.coord, self.label
         bs = coord.scheduler_block_size
         shared = [1 + (i % 97) for i in range(3 * bs)]
         # 1. a prompt of exactly three scheduler blocks, then decode
@@ -356,7 +343,7 @@ def check_plugin(
         modes = [True, False] if traits.supports_prefix_caching else [False]
         for caching in modes:
             tag = f"{label}, caching {'on' if caching else 'off'}"
-            _Scenario(config, limits, scratch, caching, report, tag, profile).run(traits)
+            _Scenario(config, limits, scratch, caching, tag, profile).run(traits, report)
     registration = scratch.lookup(type(spec))
     identifier = registration.capabilities.identifier if registration and registration.capabilities else None
     report.checks.append(f"event kind {event_kind(traits, identifier)!r}")

@@ -110,6 +110,7 @@ class EngineInstance:
         "fast_decode",
         "index",
         "now_ms",
+        "on_done",
         "on_finish",
         "record_requests",
         "scheduler",
@@ -162,6 +163,9 @@ class EngineInstance:
             tiers.publish = coordinator.options.enable_kv_cache_events
         self.now_ms = 0.0
         self.on_finish = on_finish
+        #: Called with the id of each request that leaves this instance, finished or refused after it was
+        #: added (a router that tracks what it routed learns it, as Dynamo's router does from the stream).
+        self.on_done: Callable[[str], None] | None = None
         self._items: dict[str, TraceRequest] = {}
         self._generated: dict[str, int] = {}
         self._admitted_once: set[str] = set()
@@ -242,6 +246,8 @@ class EngineInstance:
             if connector is not None:
                 connector.finished(refused.request_id)
             stats.refused += 1
+            if self.on_done is not None:
+                self.on_done(refused.request_id)
             return
         stats.steps += 1
         now = start + self._step_duration(output.scheduled)
@@ -348,6 +354,8 @@ class EngineInstance:
                     stats.per_request.append((item.line, hit, queued, ttft, now - item.arrival_ms))
                 if self.on_finish is not None:
                     self.on_finish(item)
+                if self.on_done is not None:
+                    self.on_done(rid)
         stats.simulated_ms = now
 
     def _usable_and_held(self) -> tuple[int, int]:

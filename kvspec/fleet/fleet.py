@@ -17,6 +17,7 @@ imbalance.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 import time
@@ -39,7 +40,15 @@ from kvspec.errors import FleetConfigError, RoutingError
 from kvspec.eviction import resolve_eviction_policy
 from kvspec.fleet.registry import build_router, resolve_router
 from kvspec.fleet.report import FleetReport, fleet_report, tier_settings
-from kvspec.fleet.routing import ReadsKVEvents, Router, RouterContext, RouteRequest, RouterSpec, require_read
+from kvspec.fleet.routing import (
+    ReadsKVEvents,
+    Router,
+    RouterContext,
+    RouteRequest,
+    RouterSpec,
+    TracksRequests,
+    require_read,
+)
 from kvspec.intmath import cdiv
 from kvspec.planning.config import KVCacheConfig
 from kvspec.tiers.settings import TierSettings
@@ -243,6 +252,9 @@ class _Replay:
         self.on_events = (
             router.on_kv_events if "kv_events" in spec.reads and isinstance(router, ReadsKVEvents) else None
         )
+        if isinstance(router, TracksRequests):
+            for i, instance in enumerate(instances):
+                instance.on_done = functools.partial(router.on_request_done, i)
         self.lag = settings.event_lag_ms
         self.wire = profile_for_event_wire(settings.event_wire).events.wire
         self.hasher = instances[0].coordinator.make_block_hasher(seed="kvspec-replay")

@@ -327,7 +327,12 @@ class HybridPrefix(_IndexFed, _PrefixScorer):
 
 class _CostRouter:
     """Dynamo's KV router cost (``kv_cost``), with the overlap from KV events or, in ``exact``, from each
-    instance's coordinator."""
+    instance's coordinator.
+
+    The decode term is Dynamo's potential active blocks: the blocks the instance holds for its requests,
+    plus the request's full blocks that none of the requests this router sent there and that have not
+    finished already holds (Dynamo's ``new_blocks``, counted over the block hashes it tracks per routed
+    request). A prefix that requests in flight on an instance share is charged to it once."""
 
     name: ClassVar[str]
     settings: ClassVar[type[CostOptions]]
@@ -341,6 +346,9 @@ class _CostRouter:
             raise RouterError(f"Router {self.name!r}: temperature must be >= 0, got {self._temperature:g}")
         self._block = context.block_size
         self._rng = random.Random(context.seed)
+        #: Per instance, how many of the requests routed there and not yet done hold each block hash.
+        self._in_flight: list[dict[bytes, int]] = [{} for _ in range(context.num_instances)]
+        self._routed: dict[str, tuple[int, tuple[bytes, ...]]] = {}
 
     def _overlap_blocks(self, request: RouteRequest, fleet: FleetView) -> list[float]:
         raise NotImplementedError
@@ -349,19 +357,39 @@ class _CostRouter:
         loads = fleet.loads()
         overlap = self._overlap_blocks(request, fleet)
         block = self._block
-        incoming = request.num_tokens / block
+        hashes = tuple(request.block_hashes)  # the prompt's: the engine's list grows as the request decodes
         costs = []
         for i, load in enumerate(loads):
             prefill = (load.prefill_tokens + request.num_tokens) / block
             adjusted = max(0.0, prefill - self._credit * overlap[i])
-            decode = load.active_blocks + math.ceil(incoming)
-            costs.append(self._scale * adjusted + decode)
+            held = self._in_flight[i]
+            new_blocks = sum(1 for h in hashes if h not in held) if held else len(hashes)
+            costs.append(self._scale * adjusted + load.active_blocks + new_blocks)
         if self._temperature > 0:
             high, low = max(costs), min(costs)
             span = (high - low) or 1.0
             weights = [math.exp(-((c - low) / span) / self._temperature) for c in costs]
-            return self._rng.choices(range(len(costs)), weights=weights)[0]
-        return _pick_tied(costs, min(costs), self._rng)
+            choice = self._rng.choices(range(len(costs)), weights=weights)[0]
+        else:
+            choice = _pick_tied(costs, min(costs), self._rng)
+        held = self._in_flight[choice]
+        for h in hashes:
+            held[h] = held.get(h, 0) + 1
+        self._routed[request.request_id] = (choice, hashes)
+        return choice
+
+    def on_request_done(self, instance: int, request_id: str) -> None:
+        """``request_id`` left ``instance``: its blocks no longer count as in flight there."""
+        routed = self._routed.pop(request_id, None)
+        if routed is None:
+            return
+        held = self._in_flight[routed[0]]
+        for h in routed[1]:
+            left = held[h] - 1
+            if left:
+                held[h] = left
+            else:
+                del held[h]
 
 
 @router(

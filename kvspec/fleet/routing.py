@@ -12,7 +12,8 @@ through a :class:`FleetView`, only what its registration declares it reads (:dat
 - ``"cache"``: the hit each instance's coordinator would really give the request now
   (:meth:`FleetView.cache_hit`; kvspec's ``exact`` router).
 
-Its own routing history is its own state and always allowed. Reading anything undeclared raises
+Its own routing history is its own state and always allowed: a router that implements
+:class:`TracksRequests` is told when each request it routed leaves its instance. Reading anything undeclared raises
 :class:`~kvspec.errors.RouterAccessError`. A router is built per run by its factory from a
 :class:`RouterContext` (instance count, block size, seed, options) and must be deterministic under the seed.
 """
@@ -83,6 +84,16 @@ class ReadsKVEvents(Protocol):
     def on_kv_events(self, instance: int, payload: bytes) -> None: ...
 
 
+@runtime_checkable
+class TracksRequests(Protocol):
+    """A router that keeps its own record of what it routed implements this: the fleet calls it when a
+    request it routed to ``instance`` leaves it (finished, or refused by the instance after routing), as a
+    real router learns from the end of the response stream. Part of a router's own history: no read to
+    declare."""
+
+    def on_request_done(self, instance: int, request_id: str) -> None: ...
+
+
 RouterFactory = Callable[[RouterContext], Router]
 
 
@@ -127,6 +138,7 @@ __all__ = [
     "RouterContext",
     "RouterFactory",
     "RouterSpec",
+    "TracksRequests",
     "require_read",
     "router_options",
 ]

@@ -76,6 +76,32 @@ def test_every_request_is_routed_once_and_finishes(router: str) -> None:
     assert report.total["generated_tokens"] == 2 * len(trace)
 
 
+def test_a_router_that_tracks_its_requests_hears_each_leave_the_instance_it_chose() -> None:
+    log: list[tuple[str, int, str]] = []
+
+    class Tracking:
+        def __init__(self, context: RouterContext) -> None:
+            self.n = context.num_instances
+            self.turn = 0
+
+        def route(self, request: RouteRequest, fleet: FleetView) -> int:
+            self.turn += 1
+            log.append(("routed", self.turn % self.n, request.request_id))
+            return self.turn % self.n
+
+        def on_request_done(self, instance: int, request_id: str) -> None:
+            log.append(("done", instance, request_id))
+
+    register_router("test.tracking", Tracking)
+    trace = family_trace(ORDER, gap_ms=3.0)
+    run_fleet(trace, make_config([full_spec(16)], 60), LIMITS, _settings(3, "test.tracking"))
+    routed = sorted((i, rid) for what, i, rid in log if what == "routed")
+    assert len(routed) == len(trace)
+    assert sorted((i, rid) for what, i, rid in log if what == "done") == routed  # each once, where it ran
+    last_route = max(n for n, entry in enumerate(log) if entry[0] == "routed")
+    assert any(entry[0] == "done" for entry in log[:last_route])  # told as they finish, not at the end
+
+
 def test_round_robin_deals_the_requests_in_turn() -> None:
     report = run_fleet(
         family_trace(ORDER), make_config([full_spec(16)], 60), LIMITS, _settings(4, "round_robin")

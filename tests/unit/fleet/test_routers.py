@@ -129,6 +129,27 @@ def test_kv_cost_is_prefill_left_after_the_overlap_plus_active_blocks() -> None:
     assert scaled.route(req(6), View([load(0, prefill=10_000), load(1, active=1)])) == 0
 
 
+def test_kv_cost_charges_a_prefix_its_requests_in_flight_share_once() -> None:
+    """Dynamo's potential active blocks: an instance's active blocks plus the request's full blocks that no
+    request routed there and not yet done holds (``new_blocks``). Four-block prompts of 64 tokens."""
+
+    def prompt(request_id: str) -> RouteRequest:
+        return RouteRequest(request_id=request_id, arrival_ms=0.0, num_tokens=64, block_hashes=H[:4])
+
+    router = KvCost(ctx())
+    assert router.route(prompt("a"), View([load(0), load(1, active=5)])) == 0  # 4+0+4 = 8 vs 4+5+4 = 13
+    # a's four blocks are held on 0; b asks for the same four: 4+4+0 = 8 against 4+1+4 = 9 (charging
+    # them again, 12 against 9, would send b to 1).
+    held = [load(0, active=4), load(1, active=1)]
+    assert router.route(prompt("b"), View(held)) == 0
+    router.on_request_done(0, "a")
+    assert router.route(prompt("c"), View(held)) == 0  # b is still in flight there
+    router.on_request_done(0, "b")
+    router.on_request_done(0, "c")
+    router.on_request_done(0, "never-routed")  # a request it does not know is ignored
+    assert router.route(prompt("d"), View(held)) == 1  # nothing in flight on 0 now: 12 against 9
+
+
 def test_exact_takes_its_overlap_from_the_instances_caches() -> None:
     loads = [load(0, active=5), load(1)]
     assert Exact(ctx(overlap_score_credit=2.0)).route(req(6), View(loads, hits=[64, 0])) == 0

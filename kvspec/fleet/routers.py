@@ -325,6 +325,20 @@ class HybridPrefix(_IndexFed, _PrefixScorer):
         return [float(d) for d in self.index.hybrid_overlap(request.block_hashes, self._block)]
 
 
+def _held_depth(hashes: Sequence[bytes], held: dict[bytes, int]) -> int:
+    """How many of ``hashes`` from block 0 on ``held`` holds (Dynamo's overlap depth with the prompts in
+    flight). Chained hashes make what is held prefix-closed (a block's hash names its whole prefix, so a
+    prompt holding block k holds blocks 0..k-1 too), so the depth is found by bisection."""
+    low, high = 0, len(hashes) if held else 0
+    while low < high:
+        middle = (low + high) // 2
+        if hashes[middle] in held:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
 class _CostRouter:
     """Dynamo's KV router cost (``kv_cost``), with the overlap from KV events or, in ``exact``, from each
     instance's coordinator.
@@ -362,8 +376,7 @@ class _CostRouter:
         for i, load in enumerate(loads):
             prefill = (load.prefill_tokens + request.num_tokens) / block
             adjusted = max(0.0, prefill - self._credit * overlap[i])
-            held = self._in_flight[i]
-            new_blocks = sum(1 for h in hashes if h not in held) if held else len(hashes)
+            new_blocks = len(hashes) - _held_depth(hashes, self._in_flight[i])
             costs.append(self._scale * adjusted + load.active_blocks + new_blocks)
         if self._temperature > 0:
             high, low = max(costs), min(costs)

@@ -6,6 +6,8 @@ import random
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvspec.blocks.event_wire import encode_event_batch
 from kvspec.engine.instance import InstanceLoad
@@ -20,6 +22,7 @@ from kvspec.fleet.routers import (
     LongestPrefix,
     PowerOfTwo,
     PrecisePrefix,
+    _held_depth,
 )
 from kvspec.fleet.routing import FleetView
 from tests.unit.fleet.test_index_and_wire import _state, _stored
@@ -148,6 +151,25 @@ def test_kv_cost_charges_a_prefix_its_requests_in_flight_share_once() -> None:
     router.on_request_done(0, "c")
     router.on_request_done(0, "never-routed")  # a request it does not know is ignored
     assert router.route(prompt("d"), View(held)) == 1  # nothing in flight on 0 now: 12 against 9
+
+
+def _chained(blocks: Sequence[int]) -> list[bytes]:
+    return [repr(tuple(blocks[: i + 1])).encode() for i in range(len(blocks))]
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 2), max_size=6), max_size=5),
+    st.lists(st.integers(0, 2), max_size=8),
+)
+def test_the_held_depth_counts_every_held_block_of_a_chained_prompt(
+    in_flight: list[list[int]], prompt: list[int]
+) -> None:
+    held: dict[bytes, int] = {}
+    for blocks in in_flight:
+        for h in _chained(blocks):
+            held[h] = held.get(h, 0) + 1
+    hashes = _chained(prompt)
+    assert _held_depth(hashes, held) == sum(h in held for h in hashes)
 
 
 def test_exact_takes_its_overlap_from_the_instances_caches() -> None:

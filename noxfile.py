@@ -188,6 +188,18 @@ def vllm_serve_load(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11", default=False)
+def vllm_architectures(session: nox.Session) -> None:
+    """Regenerate kvspec/models/vllm_architectures.py (issue 53): every text-generation architecture vLLM
+    0.34.0's registry lists, with what its model code caches, read from vLLM's source distribution (fetched
+    through pip's index configuration, sha256-checked, cached in .nox/vllm-sdist); kvspec never imports vLLM.
+    The script needs only the standard library; ruff formats what it writes. Arguments after ``--`` go to
+    scripts/vllm_architectures.py."""
+    session.install("ruff>=0.8")
+    session.run("python", "-m", "scripts.vllm_architectures", *session.posargs)
+    session.run("ruff", "format", "kvspec/models/vllm_architectures.py")
+
+
+@nox.session(python="3.11", default=False)
 def dynosim(session: nox.Session) -> None:
     """kvspec's fleet side by side with Dynamo's offline replay (ai-dynamo 1.4.2, ``python -m dynamo.replay``)
     on both Mooncake traces (benchmarks/dynosim.py; docs/FLEET.md): DynoSim's settings, 4 and 8 workers,

@@ -15,7 +15,7 @@ figure; ``assume_dense=True`` (``--assume-dense``) plans it as the dense family 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -167,21 +167,82 @@ def supported_model_types() -> list[str]:
     return sorted(t for family in model_families() for t in family.model_types)
 
 
-def recognise_family(model_type: str, inner_type: str, *, assume_dense: bool = False) -> ModelFamily:
+#: What vLLM's model code keeps beside a per-token K/V cache, in words (markers of vllm_architectures).
+_MARKER_WORDS = {
+    "mamba1": "Mamba1 state layers",
+    "mamba2": "Mamba2 state layers",
+    "short_conv": "short-convolution state layers",
+    "gated_delta_net": "Gated DeltaNet state layers",
+    "linear_attention": "lightning (linear) attention state layers",
+    "kda": "KDA (Kimi Delta Attention) state layers",
+    "mla": "a compressed latent (MLA) cache",
+    "sparse_indexer": "a sparse-attention indexer cache",
+    "chunked_local": "chunked local attention",
+}
+
+
+def _served_architecture(architectures: Sequence[str]) -> tuple[str, str, tuple[str, ...]] | None:
+    """(architecture, vLLM module, cache markers) of the first of ``architectures`` vLLM serves."""
+    from kvspec.models.vllm_architectures import ARCHITECTURES
+
+    for arch in architectures:
+        if arch in ARCHITECTURES:
+            module, markers = ARCHITECTURES[arch]
+            return arch, module, markers
+    return None
+
+
+def recognise_family(
+    model_type: str, inner_type: str, *, assume_dense: bool = False, architectures: Sequence[str] = ()
+) -> ModelFamily:
     """The family of a config whose ``model_type`` is ``model_type`` (``inner_type``: its text config's, the
-    one that decides for multimodal wrappers such as Gemma 3's)."""
+    one that decides for multimodal wrappers such as Gemma 3's).
+
+    A type no family covers is refused. When the config's ``architectures`` name one vLLM serves, the
+    refusal says what that architecture's code caches (:mod:`kvspec.models.vllm_architectures`), and
+    ``assume_dense`` plans it as a dense decoder only if that code shows no state, latent, indexer or
+    chunked cache: planned as dense, such a model would be sized wrong without a word."""
+    from kvspec.models.vllm_architectures import VLLM_RELEASE
+
     families = model_families()
     by_type = {t: family for family in families for t in family.model_types}
     family = by_type.get(inner_type) or by_type.get(model_type)
     if family is not None:
         return family
+    unknown = f"kvspec does not know model_type {inner_type!r}" + (
+        f" (in a {model_type!r} config)" if inner_type != model_type else ""
+    )
+    served = _served_architecture(architectures)
+    beyond = [m for m in served[2] if m in _MARKER_WORDS] if served is not None else []
+    if served is not None and beyond:
+        arch, module, _ = served
+        raise ModelConfigError(
+            f"{unknown}. vLLM {VLLM_RELEASE} serves its architecture {arch} (model code {module!r}) with "
+            f"{', '.join(_MARKER_WORDS[m] for m in beyond)}, which no kvspec family plans yet, so it is refused"
+            + (
+                " even with --assume-dense: planned as a dense decoder it would be sized wrong"
+                if assume_dense
+                else ""
+            )
+            + "."
+        )
     if assume_dense:
         return FAMILIES.entry(DENSE).item
     names = "; ".join(f"{f.name}: {', '.join(f.model_types)}" for f in families)
+    if served is not None:
+        arch, module, markers = served
+        windows = (
+            " (its code reads per-layer sliding windows: the config's layer_types say which)"
+            if "sliding_window" in markers
+            else ""
+        )
+        raise ModelConfigError(
+            f"{unknown}. vLLM {VLLM_RELEASE} serves its architecture {arch} (model code {module!r}) as an "
+            f"attention decoder with no state, latent or indexer cache{windows}. Supported families: {names}. "
+            "Pass --assume-dense (assume_dense=True) to plan it as a dense decoder."
+        )
     raise ModelConfigError(
-        f"kvspec does not know model_type {inner_type!r}"
-        + (f" (in a {model_type!r} config)" if inner_type != model_type else "")
-        + f", so it cannot tell which layers hold which cache. Supported families: {names}. "
+        f"{unknown}, so it cannot tell which layers hold which cache. Supported families: {names}. "
         "If the model is a plain decoder (full attention in every layer), pass --assume-dense "
         "(assume_dense=True) to plan it as one."
     )

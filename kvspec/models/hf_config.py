@@ -279,7 +279,15 @@ def layout_from_config(
     text = _text_config(cfg)
     inner = text.get("model_type")
     inner_type = inner if isinstance(inner, str) else model_type
-    family = recognise_family(model_type, inner_type, assume_dense=assume_dense)
+    architectures = cfg.get("architectures")
+    family = recognise_family(
+        model_type,
+        inner_type,
+        assume_dense=assume_dense,
+        architectures=[a for a in architectures if isinstance(a, str)]
+        if isinstance(architectures, list)
+        else (),
+    )
     model_dtype = resolve_model_dtype(dtype, cfg)
     kv_dtype, quant = _kv_dtype(kv_cache_dtype, model_dtype)
     if kv_cache_dtype == "fp8_ds_mla" and not family.latent_attention:

@@ -160,6 +160,98 @@ def test_assume_dense_plans_an_unknown_type_as_the_dense_family() -> None:
         recognise_family("acme_new", "acme_new")
 
 
+def _unknown(model_type: str, architecture: str) -> dict[str, object]:
+    return {
+        "model_type": model_type,
+        "architectures": [architecture],
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "max_position_embeddings": 4096,
+    }
+
+
+@pytest.mark.parametrize(
+    ("model_type", "architecture", "module", "caches"),
+    [
+        ("qwen3_5", "Qwen3_5ForCausalLM", "vllm.models.qwen3_5", "Gated DeltaNet state layers"),
+        ("mamba", "MambaForCausalLM", "mamba", "Mamba1 state layers"),
+        ("zaya", "ZayaForCausalLM", "zaya", "short-convolution state layers"),
+        ("minicpm3", "MiniCPM3ForCausalLM", "minicpm3", r"a compressed latent \(MLA\) cache"),
+    ],
+)
+def test_an_architecture_vllm_serves_with_state_or_latent_caches_is_never_planned_as_dense(
+    model_type: str, architecture: str, module: str, caches: str
+) -> None:
+    """vLLM 0.34's table (kvspec.models.vllm_architectures) names what the architecture's code caches; a
+    dense plan of such a model would be sized wrong, so --assume-dense does not override the refusal."""
+    said = (
+        rf"kvspec does not know model_type '{model_type}'\. vLLM 0\.34\.0 serves its architecture "
+        rf"{architecture} \(model code '{module}'\) with {caches}"
+    )
+    with pytest.raises(
+        ModelConfigError, match=said + r"[^.]*, which no kvspec family plans yet, so it is refused\.$"
+    ):
+        layout_from_config(_unknown(model_type, architecture))
+    with pytest.raises(
+        ModelConfigError, match=said + r".*refused even with --assume-dense: planned as a dense"
+    ):
+        layout_from_config(_unknown(model_type, architecture), assume_dense=True)
+
+
+def test_an_attention_architecture_vllm_serves_is_named_and_planned_dense_on_request() -> None:
+    raw = _unknown("phi3_next", "Phi3ForCausalLM")
+    with pytest.raises(
+        ModelConfigError,
+        match=r"serves its architecture Phi3ForCausalLM \(model code 'phi3'\) as an attention decoder with no "
+        r"state, latent or indexer cache \(its code reads per-layer sliding windows: the config's layer_types "
+        r"say which\)\. Supported families: dense decoder: llama.*\. Pass --assume-dense",
+    ):
+        layout_from_config(raw)
+    layout = layout_from_config(raw, assume_dense=True)
+    assert layout.assumed_dense and len(layout.layer_specs) == 4
+    # A config naming no architecture vLLM serves keeps the families' list.
+    with pytest.raises(ModelConfigError, match="Supported families: dense decoder: llama"):
+        layout_from_config(_unknown("acme_new", "AcmeForCausalLM"))
+
+
+def test_the_architecture_table_is_vllm_034s_registry() -> None:
+    """126 text-generation architectures in vLLM 0.34.0's registry; what kvspec plans through a family
+    shows the caches that family builds (a check that the table's markers read the code right)."""
+    from kvspec.models.vllm_architectures import ARCHITECTURES, VLLM_RELEASE
+
+    assert VLLM_RELEASE == "0.34.0" and len(ARCHITECTURES) == 126
+    markers = {m for _, found in ARCHITECTURES.values() for m in found}
+    assert markers <= {
+        "mamba1",
+        "mamba2",
+        "short_conv",
+        "gated_delta_net",
+        "linear_attention",
+        "kda",
+        "mla",
+        "sparse_indexer",
+        "chunked_local",
+        "sliding_window",
+    }
+    expected = {
+        "JambaForCausalLM": "mamba1",
+        "NemotronHForCausalLM": "mamba2",
+        "GraniteMoeHybridForCausalLM": "mamba2",
+        "FalconH1ForCausalLM": "mamba2",
+        "Zamba2ForCausalLM": "mamba2",
+        "Qwen3NextForCausalLM": "gated_delta_net",
+        "Lfm2ForCausalLM": "short_conv",
+        "DeepseekV3ForCausalLM": "mla",
+        "Llama4ForCausalLM": "chunked_local",
+    }
+    for architecture, marker in expected.items():
+        assert marker in ARCHITECTURES[architecture][1], architecture
+    for plain in ("LlamaForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM"):
+        assert not set(ARCHITECTURES[plain][1]) - {"sliding_window"}, plain
+
+
 def _family_identity_tests(source: str) -> list[int]:
     """Lines comparing with ``is``/``is not`` against a family constant or a name ending in _FAMILY, or
     looking a family up in a table keyed by family (the forms models/hf_config.py used)."""

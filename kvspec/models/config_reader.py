@@ -62,6 +62,36 @@ FULL_AND_STATE: LayerCaches = ("full", "state")
 _SINGLE: Mapping[str, LayerCaches] = {"full": FULL, "sliding": SLIDING, "chunked": CHUNKED, "state": STATE}
 
 
+#: Older spellings of the keys every decoder reads, as Hugging Face's config classes map them
+#: (``attribute_map``: GPT-2, GPT-J and Bloom's ``n_layer``, ``n_head``, ``n_embd``, ``n_positions``; ChatGLM's
+#: ``num_layers`` and ``seq_length``): a config.json that spells them so is read as its class reads it.
+STANDARD_NAMES: Mapping[str, tuple[str, ...]] = {
+    "num_hidden_layers": ("n_layer", "num_layers"),
+    "num_attention_heads": ("n_head",),
+    "hidden_size": ("n_embd",),
+    "max_position_embeddings": ("n_positions", "seq_length"),
+}
+#: Where a config gives its KV heads, in the order vLLM 0.34 looks (``CONFIG_FIELD_ALIASES``); none:
+#: one KV head per attention head.
+KV_HEAD_KEYS = (
+    "n_head_kv",
+    "num_kv_heads",
+    "num_key_value_heads",
+    "multi_query_group_num",
+    "num_attention_groups",
+)
+
+
+def with_standard_names(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``cfg`` with each :data:`STANDARD_NAMES` key it leaves unset taken from its older spelling."""
+    missing = {
+        key: next(cfg[old] for old in olds if cfg.get(old) is not None)
+        for key, olds in STANDARD_NAMES.items()
+        if cfg.get(key) is None and any(cfg.get(old) is not None for old in olds)
+    }
+    return {**cfg, **missing} if missing else cfg
+
+
 def single_cache(kind: str) -> LayerCaches:
     """A layer holding one cache of ``kind`` (a name :meth:`ConfigReader.layer_types` returned)."""
     caches = _SINGLE.get(kind)
@@ -171,11 +201,14 @@ class ConfigReader:
 
 __all__ = [
     "ATTENTION_TYPES",
+    "KV_HEAD_KEYS",
     "LAYER_TYPE_NAMES",
     "MAX_CONFIG_VALUES",
     "MODEL_DTYPES",
+    "STANDARD_NAMES",
     "ConfigReader",
     "LayerCaches",
     "LayerKind",
     "single_cache",
+    "with_standard_names",
 ]

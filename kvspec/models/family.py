@@ -22,10 +22,13 @@ from types import MappingProxyType
 import torch
 
 from kvspec.errors import ModelConfigError, ModelFamilyError, UnknownModelFamilyError
-from kvspec.models.config_reader import ATTENTION_TYPES, ConfigReader, LayerCaches, single_cache
+from kvspec.models.config_reader import ATTENTION_TYPES, KV_HEAD_KEYS, ConfigReader, LayerCaches, single_cache
 from kvspec.models.decoder import BuildSettings, FamilyLayers, build_decoder
 from kvspec.models.state_shapes import StateLayout
 from kvspec.named_registry import NamedRegistry
+
+#: Falcon's model types: without ``new_decoder_architecture`` its ``multi_query`` means one KV head.
+_FALCON_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel"})
 
 #: The keys every attention decoder reads.
 ATTENTION_KEYS = (
@@ -103,12 +106,25 @@ class ModelFamily:
         return [("full",)] * num_layers
 
     def attention_dims(self, config: ConfigReader, tp: int) -> tuple[int, int]:
-        """(KV heads on one of ``tp`` ranks, head size) of the attention layers: ``head_dim``, else (or
-        with ``head_size_from_hidden``) ``hidden_size / num_attention_heads``."""
+        """(KV heads on one of ``tp`` ranks, head size) of the attention layers, read as vLLM 0.34's
+        architecture convertor reads them: the KV heads under the first of :data:`KV_HEAD_KEYS` the config
+        sets (one for Falcon's multi-query attention), else one per attention head; the head size
+        ``head_dim`` (when positive), else ``hidden_size_per_head``, else (or with
+        ``head_size_from_hidden``) ``hidden_size / num_attention_heads``."""
         heads = config.positive_int("num_attention_heads")
-        kv_heads = config.positive_int("num_key_value_heads", heads)
+        kv_key = next((k for k in KV_HEAD_KEYS if config.has(k)), None)
+        if (
+            config.model_type in _FALCON_TYPES
+            and config.get("multi_query")
+            and not config.get("new_decoder_architecture")
+        ):
+            kv_heads = 1
+        else:
+            kv_heads = heads if kv_key is None else config.positive_int(kv_key)
         head_dim = None if self.head_size_from_hidden else config.get("head_dim")
-        if head_dim is None:
+        if head_dim is None or head_dim == 0:
+            head_dim = config.get("hidden_size_per_head")
+        if head_dim is None or self.head_size_from_hidden:
             head_dim = config.positive_int("hidden_size") // heads
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
             raise ModelConfigError(

@@ -22,7 +22,7 @@ from kvspec.contracts.release import DEFAULT_BLOCK_SIZE
 from kvspec.contracts.spec import KVCacheSpec, MambaCacheMode
 from kvspec.errors import KVSpecError, ModelConfigError
 from kvspec.models import families as _families  # noqa: F401  (registers the built-in families)
-from kvspec.models.config_reader import MODEL_DTYPES, ConfigReader
+from kvspec.models.config_reader import MODEL_DTYPES, ConfigReader, with_standard_names
 from kvspec.models.decoder import BuildSettings
 from kvspec.models.family import recognise_family
 from kvspec.models.layout_file import is_layout_file, layer_specs_from_layout
@@ -303,7 +303,7 @@ def layout_from_config(
         mamba_cache_mode=mamba_cache_mode,
         align_to_block_size=align_to_block_size,
     )
-    built = family.build(ConfigReader(text, inner_type), settings)
+    built = family.build(ConfigReader(with_standard_names(text), inner_type), settings)
     max_len = built.max_len
     notes = list(built.notes)
     if max_model_len is not None and max_model_len > max_len:

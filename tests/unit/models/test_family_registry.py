@@ -216,6 +216,59 @@ def test_an_attention_architecture_vllm_serves_is_named_and_planned_dense_on_req
         layout_from_config(_unknown("acme_new", "AcmeForCausalLM"))
 
 
+@pytest.mark.parametrize(
+    ("raw", "layers", "kv_heads", "head_size"),
+    [
+        # GPT-2 small as its config.json spells it (GPT2Config's attribute_map): 12 layers, 12 heads of
+        # 768 / 12 = 64, one KV head per head, 1,024 positions.
+        (
+            {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 12, "n_head": 12}
+            | {"n_embd": 768, "n_positions": 1024},
+            12,
+            12,
+            64,
+        ),
+        # Falcon-7B: multi-query attention without the new decoder architecture is one KV head (vLLM's
+        # Falcon convertor); 4,544 / 71 = 64.
+        (
+            {"model_type": "falcon", "architectures": ["FalconForCausalLM"], "num_hidden_layers": 32}
+            | {"num_attention_heads": 71, "hidden_size": 4544, "multi_query": True}
+            | {"new_decoder_architecture": False, "max_position_embeddings": 2048},
+            32,
+            1,
+            64,
+        ),
+        # Falcon-40B: the new decoder architecture reads num_kv_heads (8) whatever multi_query says.
+        (
+            {"model_type": "falcon", "architectures": ["FalconForCausalLM"], "num_hidden_layers": 60}
+            | {"num_attention_heads": 128, "hidden_size": 8192, "multi_query": True, "num_kv_heads": 8}
+            | {"new_decoder_architecture": True, "max_position_embeddings": 2048},
+            60,
+            8,
+            64,
+        ),
+        # ChatGLM3-6B: num_layers, seq_length and multi_query_group_num (2 KV heads); 4,096 / 32 = 128.
+        (
+            {"model_type": "chatglm", "architectures": ["ChatGLMModel"], "num_layers": 28}
+            | {"num_attention_heads": 32, "hidden_size": 4096, "multi_query_group_num": 2}
+            | {"seq_length": 8192},
+            28,
+            2,
+            128,
+        ),
+    ],
+)
+def test_assume_dense_reads_the_older_spellings_vllm_reads(
+    raw: dict[str, object], layers: int, kv_heads: int, head_size: int
+) -> None:
+    """Each page is 2 (K and V) x 16 tokens x KV heads x head size x 2 bytes (float16)."""
+    layout = layout_from_config(raw, assume_dense=True, dtype="float16", block_size=16)
+    specs = list(layout.layer_specs.values())
+    assert len(specs) == layers and layout.assumed_dense
+    assert {(s.num_kv_heads, s.head_size) for s in specs} == {(kv_heads, head_size)}  # type: ignore[attr-defined]
+    assert {s.page_size_bytes for s in specs} == {2 * 16 * kv_heads * head_size * 2}
+
+
 def test_the_architecture_table_is_vllm_034s_registry() -> None:
     """126 text-generation architectures in vLLM 0.34.0's registry; what kvspec plans through a family
     shows the caches that family builds (a check that the table's markers read the code right)."""

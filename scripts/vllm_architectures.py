@@ -69,7 +69,7 @@ def _module_text(module: str, sources: dict[str, str]) -> str:
         files = [sources.get(f"model_executor/models/{module}.py", "")]
     text = "\n".join(files)
     imported = {m for m, names in IMPORTED.findall(text) if m != module and MODEL_CODE.search(names)}
-    return text + "\n".join(sources.get(f"model_executor/models/{m}.py", "") for m in sorted(imported))
+    return "\n".join([text, *(sources.get(f"model_executor/models/{m}.py", "") for m in sorted(imported))])
 
 
 def classify(text: str) -> tuple[str, ...]:

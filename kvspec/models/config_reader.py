@@ -84,11 +84,11 @@ KV_HEAD_KEYS = (
 
 def with_standard_names(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """``cfg`` with each :data:`STANDARD_NAMES` key it leaves unset taken from its older spelling."""
-    missing = {
-        key: next(cfg[old] for old in olds if cfg.get(old) is not None)
-        for key, olds in STANDARD_NAMES.items()
-        if cfg.get(key) is None and any(cfg.get(old) is not None for old in olds)
-    }
+    missing: dict[str, Any] = {}
+    for key, olds in STANDARD_NAMES.items():
+        spelled = next((old for old in olds if cfg.get(old) is not None), None)
+        if cfg.get(key) is None and spelled is not None:
+            missing[key] = cfg[spelled]
     return {**cfg, **missing} if missing else cfg
 
 

@@ -25,6 +25,7 @@ from kvspec.errors import ModelConfigError, ModelFamilyError, UnknownModelFamily
 from kvspec.models.config_reader import ATTENTION_TYPES, KV_HEAD_KEYS, ConfigReader, LayerCaches, single_cache
 from kvspec.models.decoder import BuildSettings, FamilyLayers, build_decoder
 from kvspec.models.state_shapes import StateLayout
+from kvspec.models.vllm_architectures import ARCHITECTURES, VLLM_RELEASE
 from kvspec.named_registry import NamedRegistry
 
 #: Falcon's model types: without ``new_decoder_architecture`` its ``multi_query`` means one KV head.
@@ -112,7 +113,6 @@ class ModelFamily:
         ``head_dim`` (when positive), else ``hidden_size_per_head``, else (or with
         ``head_size_from_hidden``) ``hidden_size / num_attention_heads``."""
         heads = config.positive_int("num_attention_heads")
-        kv_key = next((k for k in KV_HEAD_KEYS if config.has(k)), None)
         if (
             config.model_type in _FALCON_TYPES
             and config.get("multi_query")
@@ -120,11 +120,13 @@ class ModelFamily:
         ):
             kv_heads = 1
         else:
+            kv_key = next((k for k in KV_HEAD_KEYS if config.has(k)), None)
             kv_heads = heads if kv_key is None else config.positive_int(kv_key)
-        head_dim = None if self.head_size_from_hidden else config.get("head_dim")
-        if head_dim is None or head_dim == 0:
-            head_dim = config.get("hidden_size_per_head")
-        if head_dim is None or self.head_size_from_hidden:
+        head_dim: object = None
+        if not self.head_size_from_hidden:
+            # A head_dim of 0 is unset, as vLLM reads it (some config classes fill it in as 0).
+            head_dim = config.get("head_dim") or config.get("hidden_size_per_head")
+        if head_dim is None:
             head_dim = config.positive_int("hidden_size") // heads
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
             raise ModelConfigError(
@@ -199,8 +201,6 @@ _MARKER_WORDS = {
 
 def _served_architecture(architectures: Sequence[str]) -> tuple[str, str, tuple[str, ...]] | None:
     """(architecture, vLLM module, cache markers) of the first of ``architectures`` vLLM serves."""
-    from kvspec.models.vllm_architectures import ARCHITECTURES
-
     for arch in architectures:
         if arch in ARCHITECTURES:
             module, markers = ARCHITECTURES[arch]
@@ -218,8 +218,6 @@ def recognise_family(
     refusal says what that architecture's code caches (:mod:`kvspec.models.vllm_architectures`), and
     ``assume_dense`` plans it as a dense decoder only if that code shows no state, latent, indexer or
     chunked cache: planned as dense, such a model would be sized wrong without a word."""
-    from kvspec.models.vllm_architectures import VLLM_RELEASE
-
     families = model_families()
     by_type = {t: family for family in families for t in family.model_types}
     family = by_type.get(inner_type) or by_type.get(model_type)
@@ -231,10 +229,10 @@ def recognise_family(
     served = _served_architecture(architectures)
     beyond = [m for m in served[2] if m in _MARKER_WORDS] if served is not None else []
     if served is not None and beyond:
-        arch, module, _ = served
         raise ModelConfigError(
-            f"{unknown}. vLLM {VLLM_RELEASE} serves its architecture {arch} (model code {module!r}) with "
-            f"{', '.join(_MARKER_WORDS[m] for m in beyond)}, which no kvspec family plans yet, so it is refused"
+            f"{unknown}. vLLM {VLLM_RELEASE} serves its architecture {served[0]} (model code {served[1]!r}) "
+            f"with {', '.join(_MARKER_WORDS[m] for m in beyond)}, which no kvspec family plans yet, so it is "
+            "refused"
             + (
                 " even with --assume-dense: planned as a dense decoder it would be sized wrong"
                 if assume_dense
